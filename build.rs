@@ -1,0 +1,27 @@
+//! Compiles `bpf/*.bpf.c` into libbpf-rs skeletons when the `bpf` feature
+//! is on. Without it (an analysis-only build) nothing here needs clang.
+
+fn main() {
+    #[cfg(feature = "bpf")]
+    bpf::build();
+}
+
+#[cfg(feature = "bpf")]
+mod bpf {
+    use std::path::PathBuf;
+
+    pub fn build() {
+        let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
+        for entry in std::fs::read_dir("bpf").expect("bpf/ exists") {
+            let path = entry.expect("readable bpf/").path();
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
+            let Some(stem) = name.strip_suffix(".bpf.c") else { continue };
+            libbpf_cargo::SkeletonBuilder::new()
+                .source(&path)
+                .clang_args(["-I", "bpf", "-Wall", "-O2"])
+                .build_and_generate(out.join(format!("{stem}.skel.rs")))
+                .unwrap_or_else(|e| panic!("building {}: {e:#}", path.display()));
+        }
+        println!("cargo:rerun-if-changed=bpf");
+    }
+}

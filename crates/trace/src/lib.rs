@@ -1,0 +1,43 @@
+//! The memleak trace format: what a recording looks like on disk, and the
+//! only code that reads or writes it.
+//!
+//! A trace is a directory laid out like a Hive/Spark dataset, so that
+//! DuckDB, pyarrow and Spark read it without help:
+//!
+//! ```text
+//! trace.parquet/
+//!   meta.json                 format version, host, clocks, command, counters
+//!   events/part-00000.parquet one row per allocator event
+//!   stacks/part-00000.parquet stack_id -> raw frame addresses
+//!   frames/part-00000.parquet (pid, addr) -> normalized + symbolized frame
+//!   maps/part-00000.parquet   /proc/PID/maps snapshots
+//! ```
+//!
+//! This crate owns the schema ([`schema`]), the metadata file ([`meta`]),
+//! the segmented writer ([`writer`]) and the validating, streaming reader
+//! ([`reader`]). It has no BPF or symbolizer dependency, so a laptop without
+//! clang can open any trace.
+//!
+//! ```no_run
+//! use memleak_trace::{Trace, EventColumns};
+//! let trace = Trace::open("trace.parquet")?;
+//! let mut n = 0;
+//! for batch in trace.events(EventColumns::ALL)? {
+//!     n += batch?.len();
+//! }
+//! println!("{n} events, {} lost", trace.meta().counters.lost_total());
+//! # Ok::<(), memleak_trace::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod error;
+pub mod meta;
+pub mod reader;
+pub mod schema;
+pub mod writer;
+
+pub use error::{Error, Result};
+pub use meta::{Counters, Meta};
+pub use reader::{EventBatch, EventColumns, Trace};
+pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord};
+pub use writer::{TraceWriter, WriterOptions};

@@ -1,0 +1,210 @@
+//! `meta.json`: what was recorded, where, when, and what was lost.
+
+use std::collections::BTreeMap;
+use std::fs;
+use std::io::Write;
+use std::path::Path;
+
+use serde::{Deserialize, Serialize};
+
+use crate::error::{Error, Result};
+use crate::schema::{FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME};
+
+/// A pair of clock readings taken back to back, to convert event
+/// timestamps (CLOCK_MONOTONIC) to wall-clock time.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ClockPair {
+    /// CLOCK_MONOTONIC in nanoseconds.
+    pub monotonic_ns: u64,
+    /// CLOCK_REALTIME in nanoseconds since the Unix epoch.
+    pub realtime_ns: u64,
+}
+
+impl ClockPair {
+    /// Reads both clocks now.
+    pub fn now() -> Self {
+        ClockPair { monotonic_ns: clock_ns(libc::CLOCK_MONOTONIC), realtime_ns: clock_ns(libc::CLOCK_REALTIME) }
+    }
+}
+
+/// Reads a clock in nanoseconds.
+pub fn clock_ns(clock: libc::clockid_t) -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: ts is a valid, writable timespec.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Event counts by kind and losses by reason.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Counters {
+    /// Rows written, by kind name.
+    #[serde(default)]
+    pub events: BTreeMap<String, u64>,
+    /// Events lost, by reason (`ring_full`, `stack_failed`, `inflight_full`, …).
+    #[serde(default)]
+    pub lost: BTreeMap<String, u64>,
+}
+
+impl Counters {
+    /// Sum of all lost events.
+    pub fn lost_total(&self) -> u64 {
+        self.lost.values().sum()
+    }
+    /// Sum of all written events.
+    pub fn events_total(&self) -> u64 {
+        self.events.values().sum()
+    }
+}
+
+/// The contents of `meta.json`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Meta {
+    /// Always `memleak-trace`.
+    pub format: String,
+    /// `MAJOR.MINOR`.
+    pub format_version: String,
+    /// Version of the memleak that wrote the trace.
+    #[serde(default)]
+    pub tool_version: String,
+    /// Host name.
+    #[serde(default)]
+    pub host: String,
+    /// Kernel release (`uname -r`).
+    #[serde(default)]
+    pub kernel: String,
+    /// Clocks read when recording started.
+    #[serde(default)]
+    pub clock: ClockPair,
+    /// The memleak command line.
+    #[serde(default)]
+    pub command: Vec<String>,
+    /// Traced processes.
+    #[serde(default)]
+    pub pids: Vec<u32>,
+    /// Recording options, free-form.
+    #[serde(default)]
+    pub options: serde_json::Value,
+    /// CLOCK_MONOTONIC ns when recording started.
+    #[serde(default)]
+    pub start_ns: u64,
+    /// CLOCK_MONOTONIC ns when recording ended (0 while recording).
+    #[serde(default)]
+    pub end_ns: u64,
+    /// False while recording, or if the recorder was killed.
+    #[serde(default)]
+    pub complete: bool,
+    /// Event counts and losses.
+    #[serde(default)]
+    pub counters: Counters,
+    /// Exit status of the traced command in `-c` mode.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_code: Option<i32>,
+    /// Anything a newer minor version added; preserved on rewrite.
+    #[serde(flatten)]
+    pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+impl Default for Meta {
+    fn default() -> Self {
+        Meta {
+            format: FORMAT_NAME.to_string(),
+            format_version: format!("{FORMAT_MAJOR}.{FORMAT_MINOR}"),
+            tool_version: String::new(),
+            host: String::new(),
+            kernel: String::new(),
+            clock: ClockPair::default(),
+            command: Vec::new(),
+            pids: Vec::new(),
+            options: serde_json::Value::Null,
+            start_ns: 0,
+            end_ns: 0,
+            complete: false,
+            counters: Counters::default(),
+            exit_code: None,
+            extra: BTreeMap::new(),
+        }
+    }
+}
+
+impl Meta {
+    /// A fresh meta for this host, with clocks read now.
+    pub fn for_this_host(tool_version: &str) -> Self {
+        let clock = ClockPair::now();
+        Meta {
+            tool_version: tool_version.to_string(),
+            host: uname_field(|u| &u.nodename),
+            kernel: uname_field(|u| &u.release),
+            clock,
+            start_ns: clock.monotonic_ns,
+            ..Meta::default()
+        }
+    }
+
+    /// Parses `MAJOR.MINOR` from `format_version`.
+    pub fn version(&self) -> Option<(u32, u32)> {
+        let (a, b) = self.format_version.split_once('.')?;
+        Some((a.parse().ok()?, b.parse().ok()?))
+    }
+
+    /// Reads and validates `dir/meta.json`.
+    pub fn load(dir: &Path) -> Result<Meta> {
+        let path = dir.join("meta.json");
+        let text = match fs::read_to_string(&path) {
+            Ok(t) => t,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+                return Err(Error::NotATrace { path: dir.to_path_buf(), reason: "no meta.json".into() })
+            }
+            Err(e) => return Err(Error::io(&path, e)),
+        };
+        let value: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| Error::Corrupt { path: path.clone(), reason: format!("invalid JSON: {e}") })?;
+        if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
+            return Err(Error::NotATrace {
+                path: dir.to_path_buf(),
+                reason: format!("meta.json has no \"format\": \"{FORMAT_NAME}\""),
+            });
+        }
+        let meta: Meta = serde_json::from_value(value)
+            .map_err(|e| Error::Corrupt { path: path.clone(), reason: format!("meta.json: {e}") })?;
+        match meta.version() {
+            None => Err(Error::Corrupt {
+                path,
+                reason: format!("bad format_version {:?}", meta.format_version),
+            }),
+            Some((major, _)) if major > FORMAT_MAJOR => Err(Error::NewerVersion {
+                path: dir.to_path_buf(),
+                found: meta.format_version.clone(),
+                supported: format!("{FORMAT_MAJOR}.x"),
+            }),
+            Some(_) => Ok(meta),
+        }
+    }
+
+    /// Writes `dir/meta.json` atomically (temp file, fsync, rename), so a
+    /// crash leaves either the old or the new version, never half of one.
+    pub fn store(&self, dir: &Path) -> Result<()> {
+        let path = dir.join("meta.json");
+        let tmp = dir.join(".meta.json.tmp");
+        let text = serde_json::to_string_pretty(self).expect("meta serializes");
+        let write = || -> std::io::Result<()> {
+            let mut f = crate::writer::create_private(&tmp)?;
+            f.write_all(text.as_bytes())?;
+            f.write_all(b"\n")?;
+            f.sync_all()?;
+            fs::rename(&tmp, &path)
+        };
+        write().map_err(|e| Error::io(&path, e))
+    }
+}
+
+fn uname_field(pick: impl Fn(&libc::utsname) -> &[libc::c_char; 65]) -> String {
+    // SAFETY: utsname is plain old data; uname fills it.
+    let mut u: libc::utsname = unsafe { std::mem::zeroed() };
+    if unsafe { libc::uname(&mut u) } != 0 {
+        return String::new();
+    }
+    let field = pick(&u);
+    let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    String::from_utf8_lossy(&bytes).into_owned()
+}

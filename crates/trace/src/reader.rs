@@ -1,0 +1,515 @@
+//! The validating, streaming reader.
+//!
+//! [`Trace::open`] checks `meta.json` and every segment footer up front, so
+//! a bad trace fails before any work starts, with one line naming the file.
+//! Events are then streamed one row group at a time, with only the columns
+//! asked for.
+
+use std::collections::BTreeMap;
+use std::fs::{self, File};
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use arrow_array::cast::AsArray;
+use arrow_array::types::{Int8Type, UInt32Type, UInt64Type};
+use arrow_array::{Array, RecordBatch};
+use arrow_schema::DataType;
+use parquet::arrow::arrow_reader::{
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+};
+use parquet::arrow::ProjectionMask;
+
+use crate::error::{Error, Result};
+use crate::meta::Meta;
+use crate::schema::{EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table, TABLE_KEY};
+
+/// A set of `events` columns to decode.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct EventColumns(u16);
+
+impl EventColumns {
+    /// `ts_ns`.
+    pub const TS: Self = Self(1);
+    /// `pid`.
+    pub const PID: Self = Self(2);
+    /// `tid`.
+    pub const TID: Self = Self(4);
+    /// `kind`.
+    pub const KIND: Self = Self(8);
+    /// `addr`.
+    pub const ADDR: Self = Self(16);
+    /// `size`.
+    pub const SIZE: Self = Self(32);
+    /// `old_addr`.
+    pub const OLD_ADDR: Self = Self(64);
+    /// `stack_id`.
+    pub const STACK_ID: Self = Self(128);
+    /// `old_size`.
+    pub const OLD_SIZE: Self = Self(256);
+    /// Every column.
+    pub const ALL: Self = Self(511);
+    /// What replay needs: everything but `tid`.
+    pub const REPLAY: Self = Self(511 & !4);
+
+    const NAMES: [&'static str; 9] =
+        ["ts_ns", "pid", "tid", "kind", "addr", "size", "old_addr", "stack_id", "old_size"];
+
+    /// Whether `other` is included.
+    pub fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+
+    fn names(self) -> impl Iterator<Item = &'static str> {
+        (0..9).filter(move |i| self.0 & (1 << i) != 0).map(|i| Self::NAMES[i])
+    }
+}
+
+impl std::ops::BitOr for EventColumns {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+/// Decoded events, one vector per column. Columns that were not requested
+/// are empty. Nulls are stored as 0 (no valid block lives at address 0, and
+/// stack ids start at 1).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct EventBatch {
+    /// `ts_ns`.
+    pub ts_ns: Vec<u64>,
+    /// `pid`.
+    pub pid: Vec<u32>,
+    /// `tid`.
+    pub tid: Vec<u32>,
+    /// `kind`.
+    pub kind: Vec<EventKind>,
+    /// `addr`.
+    pub addr: Vec<u64>,
+    /// `size`.
+    pub size: Vec<u64>,
+    /// `old_addr`, 0 for null.
+    pub old_addr: Vec<u64>,
+    /// `stack_id`, 0 for null.
+    pub stack_id: Vec<u64>,
+    /// `old_size`, 0 for null.
+    pub old_size: Vec<u64>,
+    rows: usize,
+}
+
+impl EventBatch {
+    /// Number of rows.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    /// True when there are no rows.
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Row `i` as an [`crate::Event`] (requires every column).
+    pub fn event(&self, i: usize) -> crate::Event {
+        crate::Event {
+            ts_ns: self.ts_ns[i],
+            pid: self.pid[i],
+            tid: self.tid[i],
+            kind: self.kind[i],
+            addr: self.addr[i],
+            size: self.size[i],
+            old_addr: Some(self.old_addr[i]).filter(|&a| a != 0),
+            old_size: Some(self.old_size[i]).filter(|&a| a != 0),
+            stack_id: Some(self.stack_id[i]).filter(|&a| a != 0),
+        }
+    }
+}
+
+/// One row group of one events segment: the unit of parallel decoding.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RowGroupUnit {
+    /// Index into the trace's events segments.
+    pub segment: usize,
+    /// Row group within the segment.
+    pub row_group: usize,
+    /// Rows in it.
+    pub rows: u64,
+}
+
+struct Segment {
+    path: PathBuf,
+    meta: ArrowReaderMetadata,
+}
+
+/// An opened, validated trace.
+pub struct Trace {
+    root: PathBuf,
+    meta: Meta,
+    segments: BTreeMap<&'static str, Vec<Segment>>,
+    warnings: Vec<String>,
+}
+
+impl std::fmt::Debug for Trace {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Trace").field("root", &self.root).field("meta", &self.meta).finish_non_exhaustive()
+    }
+}
+
+const PARQUET_MAGIC: &[u8; 4] = b"PAR1";
+
+impl Trace {
+    /// Opens and validates a trace directory.
+    pub fn open(path: impl AsRef<Path>) -> Result<Trace> {
+        let root = path.as_ref().to_path_buf();
+        let md = fs::metadata(&root).map_err(|e| match e.kind() {
+            std::io::ErrorKind::NotFound => Error::Missing(root.clone()),
+            _ => Error::io(&root, e),
+        })?;
+        if !md.is_dir() {
+            let mut magic = [0u8; 4];
+            let is_parquet = File::open(&root).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == PARQUET_MAGIC;
+            return Err(if is_parquet {
+                Error::Foreign {
+                    path: root,
+                    reason: "a single Parquet file; a memleak trace is a directory with meta.json".into(),
+                }
+            } else {
+                Error::NotATrace { path: root, reason: "not a directory".into() }
+            });
+        }
+        let meta = Meta::load(&root)?;
+        let mut trace = Trace { root, meta, segments: BTreeMap::new(), warnings: Vec::new() };
+        for table in Table::ALL {
+            let segs = trace.open_table(table)?;
+            trace.segments.insert(table.name(), segs);
+        }
+        if !trace.meta.complete {
+            trace.warnings.push(format!(
+                "{}: recording did not finish cleanly (recorder killed or still running); reading what was closed",
+                trace.root.display()
+            ));
+        }
+        Ok(trace)
+    }
+
+    fn open_table(&mut self, table: Table) -> Result<Vec<Segment>> {
+        let dir = self.root.join(table.name());
+        let entries = match fs::read_dir(&dir) {
+            Ok(e) => e,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+            Err(e) => return Err(Error::io(&dir, e)),
+        };
+        let mut paths = Vec::new();
+        for entry in entries {
+            let path = entry.map_err(|e| Error::io(&dir, e))?.path();
+            let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+            if name.ends_with(".parquet") {
+                paths.push(path);
+            } else if name.ends_with(".parquet.inprogress") {
+                self.warnings.push(format!("{}: skipping unfinished segment", path.display()));
+            }
+        }
+        paths.sort();
+        let expected = table.schema();
+        let mut segs = Vec::with_capacity(paths.len());
+        let last = paths.len().saturating_sub(1);
+        for (i, path) in paths.into_iter().enumerate() {
+            let meta = match load_footer(&path) {
+                Ok(m) => m,
+                Err(reason) if i == last => {
+                    self.warnings.push(format!("{}: skipping truncated last segment ({reason})", path.display()));
+                    continue;
+                }
+                Err(reason) => return Err(Error::Corrupt { path, reason }),
+            };
+            let kv = meta.metadata().file_metadata().key_value_metadata();
+            let tag = kv.and_then(|kv| kv.iter().find(|k| k.key == TABLE_KEY)).and_then(|k| k.value.clone());
+            if tag.as_deref() != Some(table.name()) {
+                let reason = match tag {
+                    Some(t) => format!("a memleak {t} segment in the {} directory", table.name()),
+                    None => "not written by memleak".to_string(),
+                };
+                return Err(Error::Foreign { path, reason });
+            }
+            let schema = meta.schema();
+            for field in expected.fields() {
+                match schema.field_with_name(field.name()) {
+                    Ok(found) if compatible(found.data_type(), field.data_type()) => {}
+                    Ok(found) => {
+                        return Err(Error::Foreign {
+                            path,
+                            reason: format!("column {} has type {}, expected {}", field.name(), found.data_type(), field.data_type()),
+                        })
+                    }
+                    Err(_) => {
+                        return Err(Error::Foreign { path, reason: format!("missing column {}", field.name()) })
+                    }
+                }
+            }
+            segs.push(Segment { path, meta });
+        }
+        Ok(segs)
+    }
+
+    /// The trace directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// Contents of `meta.json`.
+    pub fn meta(&self) -> &Meta {
+        &self.meta
+    }
+
+    /// Non-fatal problems found while opening (skipped segments, unfinished
+    /// recording). The CLI prints them as warnings.
+    pub fn warnings(&self) -> &[String] {
+        &self.warnings
+    }
+
+    /// Number of events rows in readable segments.
+    pub fn event_count(&self) -> u64 {
+        self.segments["events"].iter().map(|s| s.meta.metadata().file_metadata().num_rows() as u64).sum()
+    }
+
+    /// Every events row group, in time order.
+    pub fn event_units(&self) -> Vec<RowGroupUnit> {
+        let mut units = Vec::new();
+        for (segment, seg) in self.segments["events"].iter().enumerate() {
+            for (row_group, rg) in seg.meta.metadata().row_groups().iter().enumerate() {
+                units.push(RowGroupUnit { segment, row_group, rows: rg.num_rows() as u64 });
+            }
+        }
+        units
+    }
+
+    /// Decodes one row group of events.
+    pub fn read_unit(&self, unit: &RowGroupUnit, cols: EventColumns) -> Result<EventBatch> {
+        let seg = &self.segments["events"][unit.segment];
+        let reader = batch_reader(seg, cols.names(), Some(unit.row_group), unit.rows as usize)?;
+        let mut out = EventBatch::default();
+        for batch in reader {
+            let batch = batch.map_err(|e| corrupt(&seg.path, e))?;
+            append_events(&mut out, &batch, &seg.path)?;
+        }
+        Ok(out)
+    }
+
+    /// Streams all events in time order, one row group at a time.
+    pub fn events(&self, cols: EventColumns) -> Result<impl Iterator<Item = Result<EventBatch>> + '_> {
+        Ok(self.event_units().into_iter().map(move |u| self.read_unit(&u, cols)))
+    }
+
+    /// Reads the whole `stacks` table.
+    pub fn stacks(&self) -> Result<Vec<StackRecord>> {
+        let mut out = Vec::new();
+        self.for_each_batch(Table::Stacks, |b, _| {
+            let id = b.column(0).as_primitive::<UInt64Type>();
+            let pid = b.column(1).as_primitive::<UInt32Type>();
+            let kernel = b.column(2).as_boolean();
+            let truncated = b.column(3).as_boolean();
+            let frames = b.column(4).as_list::<i32>();
+            for i in 0..b.num_rows() {
+                let f = frames.value(i);
+                out.push(StackRecord {
+                    stack_id: id.value(i),
+                    pid: pid.value(i),
+                    kernel: kernel.value(i),
+                    truncated: truncated.value(i),
+                    frames: f.as_primitive::<UInt64Type>().values().to_vec(),
+                });
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Reads the whole `frames` table.
+    pub fn frames(&self) -> Result<Vec<FrameRecord>> {
+        let mut out = Vec::new();
+        self.for_each_batch(Table::Frames, |b, _| {
+            let pid = b.column(0).as_primitive::<UInt32Type>();
+            let addr = b.column(1).as_primitive::<UInt64Type>();
+            let s = |i: usize| b.column(i).as_string::<i32>();
+            let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>();
+            let u32c = |i: usize| b.column(i).as_primitive::<UInt32Type>();
+            let inl = b.column(10).as_list::<i32>();
+            for i in 0..b.num_rows() {
+                let list = inl.value(i);
+                let st = list.as_struct();
+                let (f0, f1) = (st.column(0).as_string::<i32>(), st.column(1).as_string::<i32>());
+                let (f2, f3) = (st.column(2).as_primitive::<UInt32Type>(), st.column(3).as_primitive::<UInt32Type>());
+                let inlined = (0..st.len())
+                    .map(|j| InlinedFrame {
+                        function: f0.value(j).to_string(),
+                        file: opt_str(f1, j),
+                        line: opt_prim(f2, j),
+                        column: opt_prim(f3, j),
+                    })
+                    .collect();
+                out.push(FrameRecord {
+                    pid: pid.value(i),
+                    addr: addr.value(i),
+                    build_id: opt_str(s(2), i),
+                    path: opt_str(s(3), i),
+                    file_offset: opt_prim(u64c(4), i),
+                    function: opt_str(s(5), i),
+                    func_offset: opt_prim(u64c(6), i),
+                    file: opt_str(s(7), i),
+                    line: opt_prim(u32c(8), i),
+                    column: opt_prim(u32c(9), i),
+                    inlined,
+                });
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Reads the whole `maps` table.
+    pub fn maps(&self) -> Result<Vec<MapRecord>> {
+        let mut out = Vec::new();
+        self.for_each_batch(Table::Maps, |b, _| {
+            let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>();
+            let s = |i: usize| b.column(i).as_string::<i32>();
+            let pid = b.column(1).as_primitive::<UInt32Type>();
+            for i in 0..b.num_rows() {
+                out.push(MapRecord {
+                    ts_ns: u64c(0).value(i),
+                    pid: pid.value(i),
+                    start: u64c(2).value(i),
+                    end: u64c(3).value(i),
+                    perms: s(4).value(i).to_string(),
+                    offset: u64c(5).value(i),
+                    inode: u64c(6).value(i),
+                    path: opt_str(s(7), i),
+                    build_id: opt_str(s(8), i),
+                });
+            }
+            Ok(())
+        })?;
+        Ok(out)
+    }
+
+    /// Decodes every batch of a table with the known columns only, in
+    /// schema order, so callers can index columns by position.
+    fn for_each_batch(&self, table: Table, mut f: impl FnMut(&RecordBatch, &Path) -> Result<()>) -> Result<()> {
+        let schema = table.schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        for seg in &self.segments[table.name()] {
+            for batch in batch_reader(seg, names.iter().copied(), None, 8192)? {
+                let batch = batch.map_err(|e| corrupt(&seg.path, e))?;
+                // Reorder to schema order: a newer minor may add columns anywhere.
+                let cols = names
+                    .iter()
+                    .map(|n| batch.column_by_name(n).cloned().expect("projected column"))
+                    .collect::<Vec<_>>();
+                let batch = RecordBatch::try_new(schema.clone(), cols)
+                    .map_err(|e| Error::Foreign { path: seg.path.clone(), reason: e.to_string() })?;
+                f(&batch, &seg.path)?;
+            }
+        }
+        Ok(())
+    }
+}
+
+fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
+    a.is_valid(i).then(|| a.value(i).to_string())
+}
+
+fn opt_prim<T: arrow_array::ArrowPrimitiveType>(a: &arrow_array::PrimitiveArray<T>, i: usize) -> Option<T::Native> {
+    a.is_valid(i).then(|| a.value(i))
+}
+
+fn corrupt(path: &Path, e: impl std::fmt::Display) -> Error {
+    Error::Corrupt { path: path.to_path_buf(), reason: e.to_string() }
+}
+
+/// Types a reader accepts for a column: the written type, or for `kind`
+/// plain strings too (what other tools write when they rewrite a trace).
+fn compatible(found: &DataType, expected: &DataType) -> bool {
+    if found == expected {
+        return true;
+    }
+    match (found, expected) {
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Dictionary(_, v)) => **v == DataType::Utf8,
+        (DataType::Dictionary(_, v), DataType::Dictionary(_, w)) => v == w,
+        (DataType::List(a), DataType::List(b)) => compatible(a.data_type(), b.data_type()),
+        _ => false,
+    }
+}
+
+fn load_footer(path: &Path) -> std::result::Result<ArrowReaderMetadata, String> {
+    let file = File::open(path).map_err(|e| e.to_string())?;
+    ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| e.to_string())
+}
+
+fn batch_reader<'a>(
+    seg: &Segment,
+    names: impl IntoIterator<Item = &'a str>,
+    row_group: Option<usize>,
+    batch_size: usize,
+) -> Result<ParquetRecordBatchReader> {
+    let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
+    let mask = ProjectionMask::columns(seg.meta.parquet_schema(), names);
+    let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())
+        .with_projection(mask)
+        .with_batch_size(batch_size.max(1));
+    if let Some(rg) = row_group {
+        builder = builder.with_row_groups(vec![rg]);
+    }
+    builder.build().map_err(|e| corrupt(&seg.path, e))
+}
+
+fn kinds_of(col: &dyn Array, path: &Path) -> Result<Vec<Option<EventKind>>> {
+    if let Some(dict) = col.as_dictionary_opt::<Int8Type>() {
+        let values = dict.values().as_string_opt::<i32>().ok_or_else(|| corrupt(path, "kind dictionary is not strings"))?;
+        let map: Vec<Option<EventKind>> = (0..values.len()).map(|i| EventKind::from_name(values.value(i))).collect();
+        Ok(dict.keys().values().iter().map(|&k| map.get(k as usize).copied().flatten()).collect())
+    } else if let Some(s) = col.as_string_opt::<i32>() {
+        Ok((0..s.len()).map(|i| EventKind::from_name(s.value(i))).collect())
+    } else {
+        Err(Error::Foreign { path: path.to_path_buf(), reason: format!("kind column has type {}", col.data_type()) })
+    }
+}
+
+fn append_events(out: &mut EventBatch, b: &RecordBatch, path: &Path) -> Result<()> {
+    let n = b.num_rows();
+    let kinds = match b.column_by_name("kind") {
+        Some(c) => Some(kinds_of(c.as_ref(), path)?),
+        None => None,
+    };
+    // Rows of kinds this version does not know are skipped, as the format
+    // promises; they can only come from a newer minor version.
+    let keep: Option<Vec<bool>> = kinds.as_ref().filter(|k| k.iter().any(|k| k.is_none())).map(|k| k.iter().map(|k| k.is_some()).collect());
+    let kept = |i: usize| keep.as_ref().is_none_or(|k| k[i]);
+    fn u64col(out: &mut Vec<u64>, b: &RecordBatch, name: &str, kept: &dyn Fn(usize) -> bool) {
+        if let Some(c) = b.column_by_name(name) {
+            let a = c.as_primitive::<UInt64Type>();
+            if a.null_count() == 0 {
+                out.extend((0..a.len()).filter(|&i| kept(i)).map(|i| a.value(i)));
+            } else {
+                out.extend((0..a.len()).filter(|&i| kept(i)).map(|i| if a.is_valid(i) { a.value(i) } else { 0 }));
+            }
+        }
+    }
+    u64col(&mut out.ts_ns, b, "ts_ns", &kept);
+    u64col(&mut out.addr, b, "addr", &kept);
+    u64col(&mut out.size, b, "size", &kept);
+    u64col(&mut out.old_addr, b, "old_addr", &kept);
+    u64col(&mut out.stack_id, b, "stack_id", &kept);
+    u64col(&mut out.old_size, b, "old_size", &kept);
+    for (name, dst) in [("pid", &mut out.pid), ("tid", &mut out.tid)] {
+        if let Some(c) = b.column_by_name(name) {
+            let a = c.as_primitive::<UInt32Type>();
+            dst.extend((0..a.len()).filter(|&i| kept(i)).map(|i| a.value(i)));
+        }
+    }
+    if let Some(k) = kinds {
+        out.kind.extend(k.into_iter().flatten());
+    }
+    out.rows += match &keep {
+        Some(k) => k.iter().filter(|&&x| x).count(),
+        None => n,
+    };
+    Ok(())
+}

@@ -1,0 +1,535 @@
+//! The segmented writer.
+//!
+//! Each table is written as a sequence of segments. A segment is written to
+//! `part-NNNNN.parquet.inprogress` and renamed to `part-NNNNN.parquet` only
+//! after its footer is on disk, so every `*.parquet` file a reader (or a
+//! DuckDB glob) sees is complete, even while recording continues, and a
+//! killed or out-of-space recorder never damages a closed segment.
+//!
+//! All tables rotate together: when an events segment closes, the stacks,
+//! frames and maps it refers to are closed too.
+
+use std::fs::{self, File, OpenOptions};
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use arrow_array::builder::{
+    BooleanBuilder, ListBuilder, StringBuilder, StructBuilder, UInt32Builder, UInt64Builder,
+};
+use arrow_array::types::Int8Type;
+use arrow_array::{ArrayRef, DictionaryArray, Int8Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use parquet::arrow::ArrowWriter;
+use parquet::basic::{Compression, Encoding, ZstdLevel};
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::schema::types::ColumnPath;
+
+use crate::error::{Error, Result};
+use crate::meta::Meta;
+use crate::schema::{
+    inlined_fields, Event, EventKind, FrameRecord, MapRecord, StackRecord, Table, TABLE_KEY,
+};
+
+/// Tuning of the writer. The defaults are what `memleak record` uses.
+#[derive(Debug, Clone)]
+pub struct WriterOptions {
+    /// Close an events segment after this many rows.
+    pub segment_rows: usize,
+    /// Close the segments after this much time, so a killed recorder loses
+    /// at most this much.
+    pub segment_duration: Duration,
+    /// Rows per Parquet row group (the unit of parallel replay).
+    pub row_group_rows: usize,
+    /// zstd level.
+    pub zstd_level: i32,
+    /// Replace an existing trace at the path.
+    pub force: bool,
+}
+
+impl Default for WriterOptions {
+    fn default() -> Self {
+        WriterOptions {
+            segment_rows: 16 << 20,
+            segment_duration: Duration::from_secs(30),
+            row_group_rows: 1 << 20,
+            zstd_level: 3,
+            force: false,
+        }
+    }
+}
+
+/// Creates a file readable by its owner only: traces hold addresses and
+/// command lines of other people's processes.
+pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
+    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
+}
+
+/// Buffers rows of one table and turns them into Arrow batches.
+trait Rows {
+    fn len(&self) -> usize;
+    fn take_batch(&mut self) -> RecordBatch;
+}
+
+/// One table's sequence of segments.
+struct TableSegments<R: Rows> {
+    table: Table,
+    dir: PathBuf,
+    rows: R,
+    props: WriterProperties,
+    open: Option<(ArrowWriter<File>, PathBuf)>,
+    next_index: u32,
+    batch_rows: usize,
+    rows_in_segment: usize,
+}
+
+impl<R: Rows> TableSegments<R> {
+    fn new(root: &Path, table: Table, rows: R, props: WriterProperties, batch_rows: usize) -> Self {
+        TableSegments {
+            table,
+            dir: root.join(table.name()),
+            rows,
+            props,
+            open: None,
+            next_index: 0,
+            batch_rows,
+            rows_in_segment: 0,
+        }
+    }
+
+    fn final_path(&self, index: u32) -> PathBuf {
+        self.dir.join(format!("part-{index:05}.parquet"))
+    }
+
+    /// Moves buffered rows into the open segment, opening one if needed.
+    fn drain(&mut self) -> Result<()> {
+        if self.rows.len() == 0 {
+            return Ok(());
+        }
+        if self.open.is_none() {
+            if !self.dir.exists() {
+                fs::DirBuilder::new().mode(0o700).create(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+            }
+            let path = self.final_path(self.next_index).with_extension("parquet.inprogress");
+            let file = create_private(&path).map_err(|e| Error::io(&path, e))?;
+            let writer = ArrowWriter::try_new(file, self.table.schema(), Some(self.props.clone()))
+                .map_err(|e| Error::parquet_write(&path, e))?;
+            self.open = Some((writer, path));
+            self.rows_in_segment = 0;
+        }
+        let batch = self.rows.take_batch();
+        self.rows_in_segment += batch.num_rows();
+        let (writer, path) = self.open.as_mut().expect("opened above");
+        writer.write(&batch).map_err(|e| Error::parquet_write(path, e))
+    }
+
+    fn maybe_drain(&mut self) -> Result<()> {
+        if self.rows.len() >= self.batch_rows {
+            self.drain()?;
+        }
+        Ok(())
+    }
+
+    /// Closes the open segment: footer, fsync, rename into place.
+    fn close_segment(&mut self) -> Result<()> {
+        self.drain()?;
+        if let Some((writer, tmp)) = self.open.take() {
+            let file = writer.into_inner().map_err(|e| Error::parquet_write(&tmp, e))?;
+            file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+            let path = self.final_path(self.next_index);
+            fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
+            self.next_index += 1;
+        }
+        Ok(())
+    }
+}
+
+/// Writes a trace directory.
+pub struct TraceWriter {
+    root: PathBuf,
+    opts: WriterOptions,
+    meta: Meta,
+    events: TableSegments<EventRows>,
+    stacks: TableSegments<StackRows>,
+    frames: TableSegments<FrameRows>,
+    maps: TableSegments<MapRows>,
+    segment_started: Instant,
+    events_written: u64,
+}
+
+impl TraceWriter {
+    /// Creates the trace directory and writes an initial `meta.json` with
+    /// `complete: false`. Refuses an existing path unless `opts.force`.
+    pub fn create(root: impl AsRef<Path>, meta: Meta, opts: WriterOptions) -> Result<Self> {
+        let root = root.as_ref().to_path_buf();
+        if root.exists() || root.symlink_metadata().is_ok() {
+            if !opts.force {
+                return Err(Error::Exists(root));
+            }
+            let removed = if root.is_dir() { fs::remove_dir_all(&root) } else { fs::remove_file(&root) };
+            removed.map_err(|e| Error::io(&root, e))?;
+        }
+        fs::DirBuilder::new().mode(0o700).create(&root).map_err(|e| Error::io(&root, e))?;
+        meta.store(&root)?;
+        let batch = 64 * 1024;
+        let mut writer = TraceWriter {
+            events: TableSegments::new(&root, Table::Events, EventRows::default(), events_props(&opts), batch),
+            stacks: TableSegments::new(&root, Table::Stacks, StackRows::default(), plain_props(Table::Stacks, &opts), 8192),
+            frames: TableSegments::new(&root, Table::Frames, FrameRows::default(), plain_props(Table::Frames, &opts), 8192),
+            maps: TableSegments::new(&root, Table::Maps, MapRows::default(), plain_props(Table::Maps, &opts), 8192),
+            root,
+            opts,
+            meta,
+            segment_started: Instant::now(),
+            events_written: 0,
+        };
+        writer.meta.complete = false;
+        Ok(writer)
+    }
+
+    /// The trace directory.
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
+    /// The metadata that [`finish`](Self::finish) will write; counters may
+    /// be updated through it.
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        &mut self.meta
+    }
+
+    /// Appends an event.
+    pub fn push_event(&mut self, ev: &Event) -> Result<()> {
+        self.events.rows.push(ev);
+        *self.meta.counters.events.entry(ev.kind.name().to_string()).or_insert(0) += 1;
+        self.events_written += 1;
+        self.events.maybe_drain()?;
+        if self.events.rows_in_segment + self.events.rows.len() >= self.opts.segment_rows {
+            self.rotate()?;
+        }
+        Ok(())
+    }
+
+    /// Appends a stack.
+    pub fn push_stack(&mut self, s: &StackRecord) -> Result<()> {
+        self.stacks.rows.push(s);
+        self.stacks.maybe_drain()
+    }
+
+    /// Appends a symbolized frame.
+    pub fn push_frame(&mut self, f: &FrameRecord) -> Result<()> {
+        self.frames.rows.push(f);
+        self.frames.maybe_drain()
+    }
+
+    /// Appends a memory-map line.
+    pub fn push_map(&mut self, m: &MapRecord) -> Result<()> {
+        self.maps.rows.push(m);
+        self.maps.maybe_drain()
+    }
+
+    /// Rows written to `events` so far.
+    pub fn events_written(&self) -> u64 {
+        self.events_written
+    }
+
+    /// Closes the segments if the segment duration has passed. Call it
+    /// from the recorder's timer.
+    pub fn tick(&mut self) -> Result<()> {
+        if self.segment_started.elapsed() >= self.opts.segment_duration {
+            self.rotate()?;
+        }
+        Ok(())
+    }
+
+    /// Closes every open segment, making all data so far durable, and
+    /// rewrites `meta.json` with the current counters.
+    pub fn rotate(&mut self) -> Result<()> {
+        // Stacks, frames and maps first: a closed events segment must never
+        // refer to a stack that is not in a closed stacks segment.
+        self.stacks.close_segment()?;
+        self.frames.close_segment()?;
+        self.maps.close_segment()?;
+        self.events.close_segment()?;
+        self.segment_started = Instant::now();
+        self.meta.store(&self.root)
+    }
+
+    /// Closes everything and writes the final `meta.json` with
+    /// `complete: true`.
+    pub fn finish(mut self) -> Result<Meta> {
+        self.rotate()?;
+        if self.meta.end_ns == 0 {
+            self.meta.end_ns = crate::meta::clock_ns(libc::CLOCK_MONOTONIC);
+        }
+        self.meta.complete = true;
+        self.meta.store(&self.root)?;
+        Ok(self.meta)
+    }
+}
+
+fn base_props(table: Table, opts: &WriterOptions) -> parquet::file::properties::WriterPropertiesBuilder {
+    let level = ZstdLevel::try_new(opts.zstd_level).unwrap_or_default();
+    WriterProperties::builder()
+        .set_compression(Compression::ZSTD(level))
+        .set_max_row_group_row_count(Some(opts.row_group_rows))
+        .set_statistics_enabled(EnabledStatistics::Chunk)
+        .set_key_value_metadata(Some(vec![
+            KeyValue::new(TABLE_KEY.to_string(), table.name().to_string()),
+            KeyValue::new(
+                "memleak.format_version".to_string(),
+                format!("{}.{}", crate::schema::FORMAT_MAJOR, crate::schema::FORMAT_MINOR),
+            ),
+        ]))
+}
+
+/// Encodings chosen by measurement (docs/format.md): timestamps are
+/// monotonic, so delta encoding makes them a few bits each; everything else
+/// repeats heavily and is dictionary-encoded.
+fn events_props(opts: &WriterOptions) -> WriterProperties {
+    base_props(Table::Events, opts)
+        .set_column_dictionary_enabled(ColumnPath::from("ts_ns"), false)
+        .set_column_encoding(ColumnPath::from("ts_ns"), Encoding::DELTA_BINARY_PACKED)
+        .set_dictionary_page_size_limit(4 << 20)
+        .build()
+}
+
+fn plain_props(table: Table, opts: &WriterOptions) -> WriterProperties {
+    base_props(table, opts).build()
+}
+
+#[derive(Default)]
+struct EventRows {
+    ts: Vec<u64>,
+    pid: Vec<u32>,
+    tid: Vec<u32>,
+    kind: Vec<i8>,
+    addr: Vec<u64>,
+    size: Vec<u64>,
+    old_addr: Vec<Option<u64>>,
+    old_size: Vec<Option<u64>>,
+    stack_id: Vec<Option<u64>>,
+}
+
+impl EventRows {
+    fn push(&mut self, e: &Event) {
+        self.ts.push(e.ts_ns);
+        self.pid.push(e.pid);
+        self.tid.push(e.tid);
+        self.kind.push(kind_key(e.kind));
+        self.addr.push(e.addr);
+        self.size.push(e.size);
+        self.old_addr.push(e.old_addr);
+        self.old_size.push(e.old_size);
+        self.stack_id.push(e.stack_id);
+    }
+}
+
+/// Index of a kind in the dictionary written with every batch.
+fn kind_key(kind: EventKind) -> i8 {
+    EventKind::ALL.iter().position(|&k| k == kind).expect("kind in ALL") as i8
+}
+
+fn kind_dictionary() -> Arc<StringArray> {
+    Arc::new(StringArray::from_iter_values(EventKind::ALL.iter().map(|k| k.name())))
+}
+
+impl Rows for EventRows {
+    fn len(&self) -> usize {
+        self.ts.len()
+    }
+
+    fn take_batch(&mut self) -> RecordBatch {
+        let kinds = DictionaryArray::<Int8Type>::try_new(
+            Int8Array::from(std::mem::take(&mut self.kind)),
+            kind_dictionary(),
+        )
+        .expect("kind keys are in range");
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.ts))),
+            Arc::new(UInt32Array::from(std::mem::take(&mut self.pid))),
+            Arc::new(UInt32Array::from(std::mem::take(&mut self.tid))),
+            Arc::new(kinds),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.addr))),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.size))),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.old_addr))),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.old_size))),
+            Arc::new(UInt64Array::from(std::mem::take(&mut self.stack_id))),
+        ];
+        RecordBatch::try_new(Table::Events.schema(), cols).expect("events batch matches schema")
+    }
+}
+
+struct StackRows {
+    stack_id: UInt64Builder,
+    pid: UInt32Builder,
+    kernel: BooleanBuilder,
+    truncated: BooleanBuilder,
+    frames: ListBuilder<UInt64Builder>,
+    n: usize,
+}
+
+impl Default for StackRows {
+    fn default() -> Self {
+        let item = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::UInt64, false));
+        StackRows {
+            stack_id: UInt64Builder::new(),
+            pid: UInt32Builder::new(),
+            kernel: BooleanBuilder::new(),
+            truncated: BooleanBuilder::new(),
+            frames: ListBuilder::new(UInt64Builder::new()).with_field(item),
+            n: 0,
+        }
+    }
+}
+
+impl StackRows {
+    fn push(&mut self, s: &StackRecord) {
+        self.stack_id.append_value(s.stack_id);
+        self.pid.append_value(s.pid);
+        self.kernel.append_value(s.kernel);
+        self.truncated.append_value(s.truncated);
+        self.frames.values().append_slice(&s.frames);
+        self.frames.append(true);
+        self.n += 1;
+    }
+}
+
+impl Rows for StackRows {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn take_batch(&mut self) -> RecordBatch {
+        self.n = 0;
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.stack_id.finish()),
+            Arc::new(self.pid.finish()),
+            Arc::new(self.kernel.finish()),
+            Arc::new(self.truncated.finish()),
+            Arc::new(self.frames.finish()),
+        ];
+        RecordBatch::try_new(Table::Stacks.schema(), cols).expect("stacks batch matches schema")
+    }
+}
+
+struct FrameRows {
+    pid: UInt32Builder,
+    addr: UInt64Builder,
+    build_id: StringBuilder,
+    path: StringBuilder,
+    file_offset: UInt64Builder,
+    function: StringBuilder,
+    func_offset: UInt64Builder,
+    file: StringBuilder,
+    line: UInt32Builder,
+    column: UInt32Builder,
+    inlined: ListBuilder<StructBuilder>,
+    n: usize,
+}
+
+impl Default for FrameRows {
+    fn default() -> Self {
+        let fields = inlined_fields();
+        let item = Arc::new(arrow_schema::Field::new(
+            "item",
+            arrow_schema::DataType::Struct(fields.clone()),
+            false,
+        ));
+        FrameRows {
+            pid: UInt32Builder::new(),
+            addr: UInt64Builder::new(),
+            build_id: StringBuilder::new(),
+            path: StringBuilder::new(),
+            file_offset: UInt64Builder::new(),
+            function: StringBuilder::new(),
+            func_offset: UInt64Builder::new(),
+            file: StringBuilder::new(),
+            line: UInt32Builder::new(),
+            column: UInt32Builder::new(),
+            inlined: ListBuilder::new(StructBuilder::from_fields(fields, 0)).with_field(item),
+            n: 0,
+        }
+    }
+}
+
+impl FrameRows {
+    fn push(&mut self, f: &FrameRecord) {
+        self.pid.append_value(f.pid);
+        self.addr.append_value(f.addr);
+        self.build_id.append_option(f.build_id.as_deref());
+        self.path.append_option(f.path.as_deref());
+        self.file_offset.append_option(f.file_offset);
+        self.function.append_option(f.function.as_deref());
+        self.func_offset.append_option(f.func_offset);
+        self.file.append_option(f.file.as_deref());
+        self.line.append_option(f.line);
+        self.column.append_option(f.column);
+        let s = self.inlined.values();
+        for i in &f.inlined {
+            s.field_builder::<StringBuilder>(0).expect("function").append_value(&i.function);
+            s.field_builder::<StringBuilder>(1).expect("file").append_option(i.file.as_deref());
+            s.field_builder::<UInt32Builder>(2).expect("line").append_option(i.line);
+            s.field_builder::<UInt32Builder>(3).expect("column").append_option(i.column);
+            s.append(true);
+        }
+        self.inlined.append(true);
+        self.n += 1;
+    }
+}
+
+impl Rows for FrameRows {
+    fn len(&self) -> usize {
+        self.n
+    }
+    fn take_batch(&mut self) -> RecordBatch {
+        self.n = 0;
+        let cols: Vec<ArrayRef> = vec![
+            Arc::new(self.pid.finish()),
+            Arc::new(self.addr.finish()),
+            Arc::new(self.build_id.finish()),
+            Arc::new(self.path.finish()),
+            Arc::new(self.file_offset.finish()),
+            Arc::new(self.function.finish()),
+            Arc::new(self.func_offset.finish()),
+            Arc::new(self.file.finish()),
+            Arc::new(self.line.finish()),
+            Arc::new(self.column.finish()),
+            Arc::new(self.inlined.finish()),
+        ];
+        RecordBatch::try_new(Table::Frames.schema(), cols).expect("frames batch matches schema")
+    }
+}
+
+#[derive(Default)]
+struct MapRows {
+    rows: Vec<MapRecord>,
+}
+
+impl MapRows {
+    fn push(&mut self, m: &MapRecord) {
+        self.rows.push(m.clone());
+    }
+}
+
+impl Rows for MapRows {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+    fn take_batch(&mut self) -> RecordBatch {
+        let rows = std::mem::take(&mut self.rows);
+        let u64col = |f: fn(&MapRecord) -> u64| -> ArrayRef { Arc::new(UInt64Array::from_iter_values(rows.iter().map(f))) };
+        let cols: Vec<ArrayRef> = vec![
+            u64col(|m| m.ts_ns),
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|m| m.pid))),
+            u64col(|m| m.start),
+            u64col(|m| m.end),
+            Arc::new(StringArray::from_iter_values(rows.iter().map(|m| m.perms.as_str()))),
+            u64col(|m| m.offset),
+            u64col(|m| m.inode),
+            Arc::new(StringArray::from_iter(rows.iter().map(|m| m.path.as_deref()))),
+            Arc::new(StringArray::from_iter(rows.iter().map(|m| m.build_id.as_deref()))),
+        ];
+        RecordBatch::try_new(Table::Maps.schema(), cols).expect("maps batch matches schema")
+    }
+}

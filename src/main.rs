@@ -1,0 +1,55 @@
+//! `memleak`: record allocations of live processes with eBPF, analyze them
+//! anywhere.
+//!
+//! The binary is thin: `record` wires the probes (`probes`, the only module
+//! that touches libbpf) to the recording pipeline in `memleak-recorder`;
+//! `analyze` and `info` read traces through `memleak-trace` and
+//! `memleak-analyze`, and build without BPF (`--no-default-features`).
+
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+mod analyze_cmd;
+mod info_cmd;
+#[cfg(feature = "bpf")]
+mod probes;
+#[cfg(feature = "bpf")]
+mod record_cmd;
+
+/// eBPF memory-leak tracer with record and replay.
+#[derive(Parser)]
+#[command(name = "memleak", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Record allocations of a process (-p PID) or a command (-c / --) into a trace.
+    #[cfg(feature = "bpf")]
+    Record(record_cmd::RecordArgs),
+    /// Replay a trace and report outstanding allocations by stack.
+    Analyze(analyze_cmd::AnalyzeArgs),
+    /// Print a trace's metadata, tables and counters.
+    Info(info_cmd::InfoArgs),
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let result = match cli.command {
+        #[cfg(feature = "bpf")]
+        Command::Record(args) => record_cmd::run(args),
+        Command::Analyze(args) => analyze_cmd::run(args),
+        Command::Info(args) => info_cmd::run(args),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            // One line, whole cause chain: scripts grep it, people read it.
+            eprintln!("memleak: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
