@@ -1,17 +1,239 @@
-//! `memleak analyze`.
+//! `memleak analyze`: replay a trace and report outstanding allocations.
 
-use std::path::PathBuf;
+use std::fs;
+use std::io::Write;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use memleak_analyze::progress::Progress;
+use memleak_analyze::time::parse_duration;
+use memleak_analyze::{
+    analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
+};
+
+/// Output formats.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum Format {
+    /// Top stacks, age histograms and a summary.
+    Text,
+    /// The report as JSON (docs/json.md).
+    Json,
+    /// Folded stacks for flamegraph tools.
+    Folded,
+    /// A flamegraph SVG.
+    Svg,
+    /// All four, into the directory given with -o.
+    All,
+}
+
+/// Sort orders.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum SortArg {
+    /// Most outstanding bytes first.
+    Bytes,
+    /// Most outstanding allocations first.
+    Count,
+    /// Oldest outstanding allocation first.
+    Age,
+}
+
+/// Flamegraph weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum WeightArg {
+    /// Outstanding bytes.
+    Bytes,
+    /// Outstanding allocations.
+    Count,
+    /// Bytes allocated during the trace, freed or not.
+    AllocatedBytes,
+    /// Allocations made during the trace, freed or not.
+    Allocations,
+}
+
+/// Event scopes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// User-space allocators.
+    User,
+    /// Kernel allocators.
+    Kernel,
+    /// Both.
+    All,
+}
 
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
 pub struct AnalyzeArgs {
     /// Trace directory written by `memleak record`.
     pub trace: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: Format,
+    /// Write to this file instead of stdout (a directory for --format all).
+    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Number of stacks shown in text and JSON (0: all).
+    #[arg(short = 'T', long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+    /// Order of the stacks.
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub sort: SortArg,
+    /// What flamegraph widths measure (folded and svg).
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub weight: WeightArg,
+    /// Evaluate the state and ages at this time since the recording
+    /// started (e.g. 30s) instead of at its end.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub at: Option<u64>,
+    /// Only these processes (repeat or separate with commas).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
+    #[arg(long, value_name = "AGE", value_parser = parse_duration)]
+    pub older_than: Option<u64>,
+    /// Only allocations of at least this size (bytes; k, M, G suffixes).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+    /// Only allocations of at most this size (bytes; k, M, G suffixes).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// Only allocations made at or after this time since the start.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub from: Option<u64>,
+    /// Only allocations made before this time since the start.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    pub to: Option<u64>,
+    /// User-space allocations, kernel ones, or both.
+    #[arg(long, value_enum, default_value = "all")]
+    pub kind: KindArg,
+    /// Worker threads (default: one per core).
+    #[arg(short = 'j', long, value_name = "N")]
+    pub jobs: Option<usize>,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+/// Parses `4096`, `4k`, `4KiB`, `1M`, `2G` (binary multiples).
+fn parse_size(text: &str) -> Result<u64, String> {
+    let t = text.trim();
+    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let n: u64 = num.parse().map_err(|_| format!("invalid size {text:?}"))?;
+    let shift = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 0,
+        "k" | "kb" | "kib" => 10,
+        "m" | "mb" | "mib" => 20,
+        "g" | "gb" | "gib" => 30,
+        other => return Err(format!("invalid size {text:?}: unknown unit {other:?}")),
+    };
+    n.checked_mul(1 << shift)
+        .ok_or_else(|| format!("size {text:?} is too large"))
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
+    if let Some(j) = args.jobs {
+        // Only fails if the pool was already built, which cannot happen here.
+        let _ = rayon_pool(j);
+    }
+    if args.format == Format::All && args.output.is_none() {
+        bail!("--format all writes four files: give a directory with -o");
+    }
+    if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
+        if a > b {
+            bail!("--min-size {a} is larger than --max-size {b}");
+        }
+    }
     let trace = memleak_trace::Trace::open(&args.trace)?;
-    println!("{} events", trace.event_count());
+    for w in trace.warnings() {
+        eprintln!("memleak: warning: {w}");
+    }
+    let opts = AnalyzeOptions {
+        filter: Filter {
+            pids: args.pids.clone(),
+            kind: match args.kind {
+                KindArg::User => KindScope::User,
+                KindArg::Kernel => KindScope::Kernel,
+                KindArg::All => KindScope::All,
+            },
+            min_size: args.min_size,
+            max_size: args.max_size,
+            from_ns: args.from,
+            to_ns: args.to,
+            older_than_ns: args.older_than,
+        },
+        at_ns: args.at,
+        top: args.top,
+        sort: match args.sort {
+            SortArg::Bytes => SortKey::Bytes,
+            SortArg::Count => SortKey::Count,
+            SortArg::Age => SortKey::Age,
+        },
+        partitions: 0,
+    };
+    let weight = match args.weight {
+        WeightArg::Bytes => Weight::Bytes,
+        WeightArg::Count => Weight::Count,
+        WeightArg::AllocatedBytes => Weight::AllocatedBytes,
+        WeightArg::Allocations => Weight::Allocations,
+    };
+    let progress = Progress::new(trace.event_count(), args.quiet);
+    let advance = |rows: u64| progress.advance(rows);
+    let report = analyze_trace(&trace, &opts, Some(&advance));
+    progress.finish();
+    let report = report?;
+
+    match args.format {
+        Format::Text => emit(args.output.as_deref(), text::render(&report).as_bytes())?,
+        Format::Json => emit(args.output.as_deref(), json::render(&report).as_bytes())?,
+        Format::Folded => emit(
+            args.output.as_deref(),
+            folded::render(&report, weight).as_bytes(),
+        )?,
+        Format::Svg => {
+            let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
+            emit(args.output.as_deref(), &svg)?
+        }
+        Format::All => {
+            let dir = args.output.as_deref().expect("checked above");
+            fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+            write_file(&dir.join("report.txt"), text::render(&report).as_bytes())?;
+            write_file(&dir.join("report.json"), json::render(&report).as_bytes())?;
+            write_file(
+                &dir.join("stacks.folded"),
+                folded::render(&report, weight).as_bytes(),
+            )?;
+            let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
+            write_file(&dir.join("flamegraph.svg"), &svg)?;
+            eprintln!(
+                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
+                dir.display()
+            );
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+fn rayon_pool(threads: usize) -> Result<(), String> {
+    memleak_analyze::replay::set_threads(threads)
+}
+
+fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+    match path {
+        Some(p) => write_file(p, bytes),
+        None => {
+            let mut out = std::io::stdout().lock();
+            match out.write_all(bytes).and_then(|_| out.flush()) {
+                // A closed pipe (`| head`) is the reader's choice, not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                r => r.context("writing to stdout"),
+            }
+        }
+    }
+}
+
+fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
+    fs::write(path, bytes).with_context(|| format!("{}", path.display()))
 }

@@ -1,0 +1,39 @@
+//! memleak's offline analysis: replays a recorded trace and reports which
+//! call stacks hold memory that was never freed, how much, and how old.
+//!
+//! This crate owns everything after recording and needs no BPF, root or
+//! target binaries: the parallel, partitioned [`replay`] of the events,
+//! the [`report`] built from it (outstanding allocations by stack with
+//! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
+//! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
+//! [`folded`] stacks and [`svg`] flamegraphs.
+//!
+//! ```no_run
+//! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
+//! let opts = AnalyzeOptions { top: 5, sort: SortKey::Bytes, ..Default::default() };
+//! let report = analyze("trace.parquet", &opts)?;
+//! for s in report.top_stacks() {
+//!     println!("{} bytes in {} allocations from stack {}", s.bytes, s.count, s.stack_id);
+//! }
+//! print!("{}", memleak_analyze::text::render(&report));
+//! # Ok::<(), memleak_trace::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod filter;
+pub mod folded;
+pub mod hash;
+pub mod histogram;
+pub mod json;
+pub mod progress;
+pub mod ranges;
+pub mod replay;
+pub mod report;
+pub mod svg;
+pub mod text;
+pub mod time;
+
+pub use filter::{Filter, KindScope};
+pub use folded::Weight;
+pub use histogram::AgeHistogram;
+pub use report::{analyze, analyze_trace, AnalyzeOptions, Report, SortKey, StackReport, Summary};

@@ -1,0 +1,185 @@
+//! Leak-age histograms in log2 buckets, as bcc prints latencies.
+
+use serde::Serialize;
+
+/// Number of buckets: enough for any `u64` of microseconds.
+pub const BUCKETS: usize = 65;
+
+/// How old outstanding allocations are, in log2 buckets of age in
+/// microseconds. Bucket 0 holds ages under 1 µs; bucket `i > 0` holds ages
+/// in `[2^(i-1), 2^i - 1]` µs. Microseconds keep the bucket bounds exact
+/// integers people can read, and leaks younger than 1 µs are not a
+/// question anyone asks.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AgeHistogram {
+    counts: [u64; BUCKETS],
+    bytes: [u64; BUCKETS],
+}
+
+impl Default for AgeHistogram {
+    fn default() -> Self {
+        AgeHistogram {
+            counts: [0; BUCKETS],
+            bytes: [0; BUCKETS],
+        }
+    }
+}
+
+/// One non-empty-range bucket, as written to JSON.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Bucket {
+    /// Lowest age in the bucket, µs, inclusive.
+    pub low_us: u64,
+    /// Highest age in the bucket, µs, inclusive.
+    pub high_us: u64,
+    /// Allocations in the bucket.
+    pub count: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// Bucket index of an age in nanoseconds.
+#[inline]
+pub fn bucket_of(age_ns: u64) -> usize {
+    let us = age_ns / 1000;
+    (64 - us.leading_zeros()) as usize
+}
+
+/// Inclusive bounds in µs of bucket `i`.
+pub fn bucket_bounds(i: usize) -> (u64, u64) {
+    match i {
+        0 => (0, 0),
+        64 => (1 << 63, u64::MAX),
+        _ => (1 << (i - 1), (1u64 << i) - 1),
+    }
+}
+
+impl AgeHistogram {
+    /// Records `count` allocations of `bytes` total at age `age_ns`.
+    #[inline]
+    pub fn add(&mut self, age_ns: u64, count: u64, bytes: u64) {
+        let b = bucket_of(age_ns);
+        self.counts[b] += count;
+        self.bytes[b] += bytes;
+    }
+
+    /// Adds every bucket of `other`.
+    pub fn merge(&mut self, other: &AgeHistogram) {
+        for i in 0..BUCKETS {
+            self.counts[i] += other.counts[i];
+            self.bytes[i] += other.bytes[i];
+        }
+    }
+
+    /// Total allocations recorded.
+    pub fn total_count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// The buckets from the first to the last non-empty one (inner empty
+    /// buckets included, so the shape is visible); empty when nothing was
+    /// recorded.
+    pub fn buckets(&self) -> Vec<Bucket> {
+        let first = self.counts.iter().position(|&c| c > 0);
+        let last = self.counts.iter().rposition(|&c| c > 0);
+        match (first, last) {
+            (Some(f), Some(l)) => (f..=l)
+                .map(|i| {
+                    let (low_us, high_us) = bucket_bounds(i);
+                    Bucket {
+                        low_us,
+                        high_us,
+                        count: self.counts[i],
+                        bytes: self.bytes[i],
+                    }
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// Renders the histogram like bcc's `print_log2_hist`, with a bytes
+    /// column, each line prefixed by `indent`.
+    pub fn render(&self, indent: &str) -> String {
+        let buckets = self.buckets();
+        let mut out = String::new();
+        if buckets.is_empty() {
+            return out;
+        }
+        let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+        out.push_str(&format!(
+            "{indent}{:>23} : count      bytes       distribution\n",
+            "age (usecs)"
+        ));
+        for b in &buckets {
+            let stars = ((b.count as u128 * 40).div_ceil(max as u128)) as usize;
+            let stars = if b.count == 0 { 0 } else { stars.max(1) };
+            out.push_str(&format!(
+                "{indent}{:>10} -> {:<10} : {:<10} {:<11} |{:<40}|\n",
+                b.low_us,
+                b.high_us,
+                b.count,
+                b.bytes,
+                "*".repeat(stars)
+            ));
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn buckets_are_log2_of_microseconds() {
+        assert_eq!(bucket_of(0), 0);
+        assert_eq!(bucket_of(999), 0);
+        assert_eq!(bucket_of(1_000), 1);
+        assert_eq!(bucket_of(1_999), 1);
+        assert_eq!(bucket_of(2_000), 2);
+        assert_eq!(bucket_of(3_999), 2);
+        assert_eq!(bucket_of(4_000), 3);
+        assert_eq!(bucket_of(1_000_000_000), 20); // 1 s = 10^6 us, 2^19 <= 10^6 < 2^20
+        assert_eq!(bucket_of(u64::MAX), 55);
+        for i in 1..54 {
+            let (lo, hi) = bucket_bounds(i);
+            assert_eq!(bucket_of(lo * 1000), i);
+            assert_eq!(bucket_of(hi * 1000 + 999), i);
+        }
+    }
+
+    #[test]
+    fn buckets_span_first_to_last_non_empty() {
+        let mut h = AgeHistogram::default();
+        assert!(h.buckets().is_empty());
+        h.add(5_000, 1, 10); // bucket 3: 4..7 us
+        h.add(20_000, 2, 30); // bucket 5: 16..31 us
+        let b = h.buckets();
+        assert_eq!(b.len(), 3);
+        assert_eq!(
+            b[0],
+            Bucket {
+                low_us: 4,
+                high_us: 7,
+                count: 1,
+                bytes: 10
+            }
+        );
+        assert_eq!(b[1].count, 0);
+        assert_eq!(
+            b[2],
+            Bucket {
+                low_us: 16,
+                high_us: 31,
+                count: 2,
+                bytes: 30
+            }
+        );
+        assert_eq!(h.total_count(), 3);
+        let text = h.render("");
+        assert!(text.contains("age (usecs)"));
+        assert!(text.contains("|********************                    |"));
+        assert!(text.contains("|****************************************|"));
+    }
+}

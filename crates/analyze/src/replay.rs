@@ -1,0 +1,839 @@
+//! Parallel, partitioned replay of a trace's events.
+//!
+//! An allocation and its free share an address, so the key space is split
+//! by a hash of the address into one partition per worker, and each worker
+//! replays, in time order, only the events of its partition. Every worker
+//! scans every event (checking ownership is a multiply and a compare), so
+//! no per-partition queues are built and nothing is copied.
+//!
+//! The row groups of the trace are decoded in parallel, a window at a time,
+//! while the previous window is being replayed: decoding and replay share
+//! the rayon pool, and work stealing balances them.
+//!
+//! A few things do not belong to one address:
+//! * realloc frees the old address and allocates the new one, which may
+//!   live in different partitions: each side is replayed by its owner;
+//! * mmap ranges (munmap may span several mappings) all go to partition 0,
+//!   which is cheap because they are rare;
+//! * exec and fork touch every block of a process: every partition applies
+//!   them to its own blocks. Partitioning by address, not (pid, address),
+//!   keeps a forked child's copy of a block in the parent's partition.
+//!
+//! Outstanding bytes are tracked exactly across partitions for the peak:
+//! each event's owner writes its change of outstanding bytes into a
+//! per-row-group array (the rare changes a non-owner makes go to a side
+//! list), and a sequential pass sums them in time order.
+//!
+//! Memory is the outstanding blocks, a small direct-mapped cache of recent
+//! frees (to tell double frees from frees of blocks allocated before the
+//! recording started), and a bounded window of decoded row groups; it does
+//! not grow with the length of the trace.
+
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+
+use memleak_trace::reader::RowGroupUnit;
+use memleak_trace::{EventBatch, EventColumns, EventKind, Trace};
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::filter::ResolvedFilter;
+use crate::hash::{int_map, mix, IntMap};
+use crate::ranges::{RangeSet, Region};
+
+/// How to replay.
+#[derive(Default)]
+pub struct ReplayOptions<'a> {
+    /// Which events and allocations count.
+    pub filter: ResolvedFilter,
+    /// Stop at this timestamp (inclusive); `None` replays everything.
+    pub at_ts: Option<u64>,
+    /// Number of partitions; 0 means one per rayon thread.
+    pub partitions: usize,
+    /// Called with the number of rows replayed after each row group.
+    pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+}
+
+/// An outstanding heap block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Bytes requested.
+    pub size: u64,
+    /// When it was allocated.
+    pub ts: u64,
+    /// Stack of the allocation (0: unknown).
+    pub stack: u64,
+}
+
+/// An outstanding allocation as the report sees it: a heap block or a
+/// piece of a mapping.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OutstandingBlock {
+    /// Owning process; `None` for kernel allocations.
+    pub pid: Option<u32>,
+    /// Start address (page frame number for kernel pages).
+    pub addr: u64,
+    /// Bytes.
+    pub size: u64,
+    /// When it was allocated.
+    pub ts: u64,
+    /// Stack of the allocation (0: unknown).
+    pub stack: u64,
+    /// For a piece of a mapping: id of the mapping, shared by the pieces a
+    /// partial munmap left, so they count as one allocation.
+    pub mapping: Option<u64>,
+}
+
+/// Events that do not fit the model of a complete recording.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct Anomalies {
+    /// Frees of addresses never allocated in the trace: blocks allocated
+    /// before the recording started (or whose alloc event was lost).
+    pub unknown_frees: u64,
+    /// Frees of an address that was already freed and not allocated
+    /// since. Detected among recent frees only (a bounded cache).
+    pub double_frees: u64,
+    /// Allocations at an address that was still live: its free was missed.
+    pub missed_frees: u64,
+}
+
+impl Anomalies {
+    fn add(&mut self, o: &Anomalies) {
+        self.unknown_frees += o.unknown_frees;
+        self.double_frees += o.double_frees;
+        self.missed_frees += o.missed_frees;
+    }
+
+    /// Sum of all anomalies.
+    pub fn total(&self) -> u64 {
+        self.unknown_frees + self.double_frees + self.missed_frees
+    }
+}
+
+/// Totals of a replay.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReplayStats {
+    /// Events read (up to the `at` cutoff), before filters, by kind.
+    pub events_by_kind: BTreeMap<EventKind, u64>,
+    /// Timestamp of the first event read.
+    pub first_ts: Option<u64>,
+    /// Timestamp of the last event read.
+    pub last_ts: Option<u64>,
+    /// Allocations replayed (realloc counts as a free and an allocation;
+    /// mmap and a growing mremap count as allocations).
+    pub allocations: u64,
+    /// Frees that released a tracked block (or part of a mapping).
+    pub frees: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Bytes released by frees.
+    pub freed_bytes: u64,
+    /// Anomalies.
+    pub anomalies: Anomalies,
+    /// Highest total of outstanding bytes.
+    pub peak_bytes: u64,
+    /// When it was reached (0 if never).
+    pub peak_ts: u64,
+    /// Outstanding bytes at the end of replay.
+    pub outstanding_bytes: u64,
+}
+
+impl ReplayStats {
+    /// Events read, all kinds.
+    pub fn events(&self) -> u64 {
+        self.events_by_kind.values().sum()
+    }
+}
+
+/// Allocations made by one stack, freed or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatedTotals {
+    /// Number of allocations.
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+/// What a replay leaves: the outstanding state and the totals.
+pub struct Replay {
+    partitions: Vec<Partition>,
+    stats: ReplayStats,
+}
+
+/// Replays `trace` and returns the outstanding state.
+pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<Replay> {
+    let nparts = if opts.partitions == 0 {
+        rayon::current_num_threads()
+    } else {
+        opts.partitions
+    }
+    .max(1);
+    let max_stack = trace
+        .stacks()?
+        .iter()
+        .map(|s| s.stack_id)
+        .max()
+        .unwrap_or(0);
+    let ctx = Ctx::new(nparts, &opts.filter);
+    let mut partitions: Vec<Partition> =
+        (0..nparts).map(|i| Partition::new(i, max_stack)).collect();
+
+    let units = trace.event_units();
+    let window = rayon::current_num_threads().max(1);
+    let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
+    let decode = |chunk: &[RowGroupUnit]| -> memleak_trace::Result<Vec<Decoded>> {
+        chunk
+            .par_iter()
+            .map(|u| Decoded::read(trace, u, opts.at_ts))
+            .collect()
+    };
+
+    let mut stats = ReplayStats::default();
+    let mut kinds = [0u64; 256];
+    let mut outstanding: i64 = 0;
+    let mut peak: i64 = 0;
+    let mut peak_ts = 0u64;
+    let mut deltas: Vec<AtomicI64> = Vec::new();
+
+    let mut next = chunks.first().map(|c| decode(c));
+    let mut k = 0;
+    while let Some(cur) = next.take() {
+        let cur = cur?;
+        // Row groups are in time order: once one is cut by `at`, the rest
+        // are entirely after it.
+        let cut = cur.iter().any(|d| d.rows < d.batch.len());
+        let following = if cut {
+            None
+        } else {
+            chunks.get(k + 1).copied()
+        };
+        let (decoded_next, ()) = rayon::join(
+            || following.map(decode),
+            || {
+                for d in &cur {
+                    let n = d.rows;
+                    if n == 0 {
+                        continue;
+                    }
+                    if deltas.len() < n {
+                        deltas.resize_with(n, || AtomicI64::new(0));
+                    }
+                    for x in &deltas[..n] {
+                        x.store(0, Relaxed);
+                    }
+                    partitions
+                        .par_iter_mut()
+                        .for_each(|p| p.replay_batch(&d.batch, n, &deltas, &ctx));
+                    for p in &mut partitions {
+                        for (i, v) in p.sparse.drain(..) {
+                            let x = &deltas[i as usize];
+                            x.store(x.load(Relaxed) + v, Relaxed);
+                        }
+                    }
+                    let ts = &d.batch.ts_ns[..n];
+                    for (i, x) in deltas[..n].iter().enumerate() {
+                        outstanding += x.load(Relaxed);
+                        if outstanding > peak {
+                            peak = outstanding;
+                            peak_ts = ts[i];
+                        }
+                    }
+                    if let Some(f) = opts.progress {
+                        f(d.batch.len() as u64);
+                    }
+                }
+            },
+        );
+        for d in &cur {
+            for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
+                *k += c;
+            }
+            if d.rows > 0 {
+                stats.first_ts.get_or_insert(d.batch.ts_ns[0]);
+                stats.last_ts = Some(d.batch.ts_ns[d.rows - 1]);
+            }
+        }
+        drop(cur);
+        next = decoded_next;
+        k += 1;
+    }
+
+    for &kind in EventKind::ALL {
+        if kinds[kind as usize] > 0 {
+            stats.events_by_kind.insert(kind, kinds[kind as usize]);
+        }
+    }
+    for p in &partitions {
+        stats.allocations += p.counts.allocations;
+        stats.frees += p.counts.frees;
+        stats.allocated_bytes += p.counts.allocated_bytes;
+        stats.freed_bytes += p.counts.freed_bytes;
+        stats.anomalies.add(&p.counts.anomalies);
+    }
+    stats.peak_bytes = peak.max(0) as u64;
+    stats.peak_ts = peak_ts;
+    stats.outstanding_bytes = outstanding.max(0) as u64;
+    Ok(Replay { partitions, stats })
+}
+
+impl Replay {
+    /// Totals of the replay.
+    pub fn stats(&self) -> &ReplayStats {
+        &self.stats
+    }
+
+    /// Folds every outstanding allocation, one accumulator per partition,
+    /// in parallel.
+    pub fn fold_outstanding<T: Send>(
+        &self,
+        init: impl Fn() -> T + Sync,
+        fold: impl Fn(&mut T, &OutstandingBlock) + Sync,
+    ) -> Vec<T> {
+        self.partitions
+            .par_iter()
+            .map(|p| {
+                let mut acc = init();
+                for st in &p.pids {
+                    let pid = if st.pid >= PAGE_PID {
+                        None
+                    } else {
+                        Some(st.pid)
+                    };
+                    for (&addr, b) in &st.blocks {
+                        let o = OutstandingBlock {
+                            pid,
+                            addr,
+                            size: b.size,
+                            ts: b.ts,
+                            stack: b.stack,
+                            mapping: None,
+                        };
+                        fold(&mut acc, &o);
+                    }
+                    for (start, r) in st.ranges.iter() {
+                        let o = OutstandingBlock {
+                            pid,
+                            addr: start,
+                            size: r.end - start,
+                            ts: r.ts,
+                            stack: r.stack,
+                            mapping: Some(r.origin),
+                        };
+                        fold(&mut acc, &o);
+                    }
+                }
+                acc
+            })
+            .collect()
+    }
+
+    /// Allocations made by each stack during replay (freed or not), among
+    /// those the filter selects.
+    pub fn allocated_by_stack(&self) -> IntMap<u64, AllocatedTotals> {
+        let mut out: IntMap<u64, AllocatedTotals> = int_map();
+        for p in &self.partitions {
+            p.totals.for_each(|stack, t| {
+                let e = out.entry(stack).or_default();
+                e.allocations += t.allocations;
+                e.bytes += t.bytes;
+            });
+        }
+        out
+    }
+}
+
+/// One decoded row group and what was counted while decoding it.
+struct Decoded {
+    batch: EventBatch,
+    /// Rows at or before the `at` cutoff.
+    rows: usize,
+    kinds: Box<[u64; 256]>,
+}
+
+impl Decoded {
+    fn read(trace: &Trace, unit: &RowGroupUnit, at: Option<u64>) -> memleak_trace::Result<Decoded> {
+        let batch = trace.read_unit(unit, EventColumns::REPLAY)?;
+        let rows = match at {
+            Some(at) => batch.ts_ns.partition_point(|&t| t <= at),
+            None => batch.len(),
+        };
+        let mut kinds = Box::new([0u64; 256]);
+        for &k in &batch.kind[..rows] {
+            kinds[k as usize] += 1;
+        }
+        Ok(Decoded { batch, rows, kinds })
+    }
+}
+
+/// What replay does with an event kind.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Op {
+    Alloc,
+    Free,
+    KernelAlloc,
+    KernelFree,
+    PageAlloc,
+    PageFree,
+    Realloc,
+    Map,
+    Unmap,
+    Remap,
+    Exec,
+    Fork,
+    Nothing,
+}
+
+fn op_of(kind: EventKind) -> Op {
+    use memleak_trace::schema::KindClass;
+    match (kind, kind.class()) {
+        (EventKind::PageAlloc, _) => Op::PageAlloc,
+        (EventKind::PageFree, _) => Op::PageFree,
+        (EventKind::Exec, _) => Op::Exec,
+        (EventKind::Fork, _) => Op::Fork,
+        (_, KindClass::Alloc) if kind.is_kernel() => Op::KernelAlloc,
+        (_, KindClass::Free) if kind.is_kernel() => Op::KernelFree,
+        (_, KindClass::Alloc) => Op::Alloc,
+        (_, KindClass::Free) => Op::Free,
+        (_, KindClass::Realloc) => Op::Realloc,
+        (_, KindClass::MapRange) => Op::Map,
+        (_, KindClass::UnmapRange) => Op::Unmap,
+        (_, KindClass::RemapRange) => Op::Remap,
+        (_, KindClass::Process) => Op::Nothing,
+    }
+}
+
+/// Kernel slab and per-CPU allocations share one address space, keyed by
+/// address alone. Pages are keyed by page frame number, which is not an
+/// address, so they get a namespace of their own.
+const KERNEL_PID: u32 = u32::MAX;
+const PAGE_PID: u32 = u32::MAX - 1;
+const KERNEL_SLOT: usize = 0;
+const PAGE_SLOT: usize = 1;
+/// Never a real pid (Linux pids stay below 2^22).
+const NO_PID: u32 = u32::MAX - 2;
+
+/// Per-replay constants shared by the workers.
+struct Ctx<'a> {
+    nparts: usize,
+    ops: [Op; 256],
+    /// Whether events of a kind take part, pid filter aside.
+    kind_ok: [bool; 256],
+    filter: &'a ResolvedFilter,
+}
+
+impl<'a> Ctx<'a> {
+    fn new(nparts: usize, filter: &'a ResolvedFilter) -> Self {
+        let mut ops = [Op::Nothing; 256];
+        let mut kind_ok = [false; 256];
+        for &k in EventKind::ALL {
+            ops[k as usize] = op_of(k);
+            kind_ok[k as usize] = filter.kind_selected(k);
+        }
+        Ctx {
+            nparts,
+            ops,
+            kind_ok,
+            filter,
+        }
+    }
+
+    #[inline(always)]
+    fn owner(&self, addr: u64) -> usize {
+        if self.nparts == 1 {
+            return 0;
+        }
+        // A different mix from the hash maps', so each partition's map
+        // still sees well-spread hashes.
+        ((mix(addr ^ 0x2545_F491_4F6C_DD1D) >> 32) * self.nparts as u64 >> 32) as usize
+    }
+
+    #[inline(always)]
+    fn selected(&self, kind: EventKind, pid: u32) -> bool {
+        self.kind_ok[kind as usize] && (!self.filter.has_pids() || self.filter.pid_selected(pid))
+    }
+}
+
+#[derive(Default, Clone, Copy)]
+struct Counts {
+    allocations: u64,
+    frees: u64,
+    allocated_bytes: u64,
+    freed_bytes: u64,
+    anomalies: Anomalies,
+}
+
+/// Allocation totals by stack: a flat array when stack ids are dense (the
+/// recorder numbers them from 1), a map for the rest.
+struct StackTotals {
+    dense: Vec<AllocatedTotals>,
+    sparse: IntMap<u64, AllocatedTotals>,
+}
+
+impl StackTotals {
+    fn new(max_stack: u64) -> Self {
+        let dense_len = if max_stack < (1 << 20) {
+            max_stack as usize + 1
+        } else {
+            0
+        };
+        StackTotals {
+            dense: vec![AllocatedTotals::default(); dense_len],
+            sparse: int_map(),
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, stack: u64, bytes: u64) {
+        let t = match self.dense.get_mut(stack as usize) {
+            Some(t) => t,
+            None => self.sparse.entry(stack).or_default(),
+        };
+        t.allocations += 1;
+        t.bytes += bytes;
+    }
+
+    fn for_each(&self, mut f: impl FnMut(u64, &AllocatedTotals)) {
+        for (i, t) in self.dense.iter().enumerate() {
+            if t.allocations > 0 {
+                f(i as u64, t);
+            }
+        }
+        for (&s, t) in &self.sparse {
+            f(s, t);
+        }
+    }
+}
+
+/// The state of one process (or kernel namespace) in one partition.
+#[derive(Clone)]
+struct PidState {
+    pid: u32,
+    blocks: IntMap<u64, Block>,
+    /// Only partition 0 has mappings.
+    ranges: RangeSet,
+}
+
+impl PidState {
+    fn new(pid: u32) -> Self {
+        PidState {
+            pid,
+            blocks: int_map(),
+            ranges: RangeSet::default(),
+        }
+    }
+
+    fn bytes(&self) -> u64 {
+        self.blocks.values().map(|b| b.size).sum::<u64>() + self.ranges.bytes()
+    }
+}
+
+/// Slots of the recent-frees cache (a power of two). 16 K entries of 8
+/// bytes stay in L2; a double free usually follows the first free closely.
+const RECENT_FREES: usize = 1 << 14;
+
+struct Partition {
+    index: usize,
+    pids: Vec<PidState>,
+    slot_of: IntMap<u32, usize>,
+    last_pid: u32,
+    last_slot: usize,
+    /// Fingerprints of recently freed (namespace, address) pairs.
+    recent_frees: Box<[u64]>,
+    totals: StackTotals,
+    counts: Counts,
+    /// Changes of outstanding bytes this partition made to events it does
+    /// not own: (row, delta).
+    sparse: Vec<(u32, i64)>,
+    next_mapping: u64,
+}
+
+impl Partition {
+    fn new(index: usize, max_stack: u64) -> Self {
+        Partition {
+            index,
+            pids: vec![PidState::new(KERNEL_PID), PidState::new(PAGE_PID)],
+            slot_of: int_map(),
+            last_pid: NO_PID,
+            last_slot: 0,
+            recent_frees: vec![0; RECENT_FREES].into_boxed_slice(),
+            totals: StackTotals::new(max_stack),
+            counts: Counts::default(),
+            sparse: Vec::new(),
+            next_mapping: 1,
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&mut self, pid: u32) -> usize {
+        if pid == self.last_pid {
+            return self.last_slot;
+        }
+        self.slot_slow(pid)
+    }
+
+    #[cold]
+    fn slot_slow(&mut self, pid: u32) -> usize {
+        let slot = match self.slot_of.get(&pid) {
+            Some(&s) => s,
+            None => {
+                self.pids.push(PidState::new(pid));
+                self.slot_of.insert(pid, self.pids.len() - 1);
+                self.pids.len() - 1
+            }
+        };
+        self.last_pid = pid;
+        self.last_slot = slot;
+        slot
+    }
+
+    #[inline(always)]
+    fn alloc(
+        &mut self,
+        slot: usize,
+        addr: u64,
+        size: u64,
+        ts: u64,
+        stack: u64,
+        f: &ResolvedFilter,
+    ) -> i64 {
+        self.counts.allocations += 1;
+        self.counts.allocated_bytes += size;
+        if f.alloc_selected(size, ts) {
+            self.totals.add(stack, size);
+        }
+        match self.pids[slot]
+            .blocks
+            .insert(addr, Block { size, ts, stack })
+        {
+            None => size as i64,
+            Some(old) => {
+                self.counts.anomalies.missed_frees += 1;
+                size as i64 - old.size as i64
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn free(&mut self, slot: usize, addr: u64) -> i64 {
+        let fp = mix(addr ^ ((self.pids[slot].pid as u64) << 40).rotate_left(7)) | 1;
+        let cached = &mut self.recent_frees[(fp >> 50) as usize & (RECENT_FREES - 1)];
+        let hit = *cached == fp;
+        *cached = fp;
+        match self.pids[slot].blocks.remove(&addr) {
+            Some(b) => {
+                self.counts.frees += 1;
+                self.counts.freed_bytes += b.size;
+                -(b.size as i64)
+            }
+            None => {
+                if hit {
+                    self.counts.anomalies.double_frees += 1;
+                } else {
+                    self.counts.anomalies.unknown_frees += 1;
+                }
+                0
+            }
+        }
+    }
+
+    /// Records a change of outstanding bytes for row `i`.
+    #[inline(always)]
+    fn emit(&mut self, deltas: &[AtomicI64], i: usize, owned: bool, d: i64) {
+        if owned {
+            deltas[i].store(deltas[i].load(Relaxed) + d, Relaxed);
+        } else if d != 0 {
+            self.sparse.push((i as u32, d));
+        }
+    }
+
+    fn replay_batch(&mut self, b: &EventBatch, n: usize, deltas: &[AtomicI64], ctx: &Ctx<'_>) {
+        let p = self.index;
+        let (kinds, addrs, sizes) = (&b.kind[..n], &b.addr[..n], &b.size[..n]);
+        let (ts, pids, stacks) = (&b.ts_ns[..n], &b.pid[..n], &b.stack_id[..n]);
+        let olds = &b.old_addr[..n];
+        let f = ctx.filter;
+        for i in 0..n {
+            let kind = kinds[i];
+            match ctx.ops[kind as usize] {
+                op @ (Op::Alloc | Op::KernelAlloc | Op::PageAlloc) => {
+                    let a = addrs[i];
+                    if ctx.owner(a) != p || a == 0 || !ctx.selected(kind, pids[i]) {
+                        continue;
+                    }
+                    let slot = match op {
+                        Op::Alloc => self.slot(pids[i]),
+                        Op::KernelAlloc => KERNEL_SLOT,
+                        _ => PAGE_SLOT,
+                    };
+                    let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i], f);
+                    deltas[i].store(d, Relaxed);
+                }
+                op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
+                    let a = addrs[i];
+                    if ctx.owner(a) != p || a == 0 || !ctx.selected(kind, pids[i]) {
+                        continue;
+                    }
+                    let slot = match op {
+                        Op::Free => self.slot(pids[i]),
+                        Op::KernelFree => KERNEL_SLOT,
+                        _ => PAGE_SLOT,
+                    };
+                    let d = self.free(slot, a);
+                    deltas[i].store(d, Relaxed);
+                }
+                Op::Realloc => {
+                    let (old, new, size) = (olds[i], addrs[i], sizes[i]);
+                    // realloc(p, n > 0) returning NULL failed and left p alone.
+                    let frees_old = old != 0 && !(new == 0 && size > 0);
+                    let own_old = frees_old && ctx.owner(old) == p;
+                    let own_new = new != 0 && ctx.owner(new) == p;
+                    if !(own_old || own_new) || !ctx.selected(kind, pids[i]) {
+                        continue;
+                    }
+                    // The event's owner is the owner of its new address, or
+                    // of the old one when nothing was allocated.
+                    let owner_addr = if new != 0 { new } else { old };
+                    let owned = ctx.owner(owner_addr) == p;
+                    let slot = self.slot(pids[i]);
+                    if own_old {
+                        let d = self.free(slot, old);
+                        self.emit(deltas, i, owned, d);
+                    }
+                    if own_new {
+                        let d = self.alloc(slot, new, size, ts[i], stacks[i], f);
+                        self.emit(deltas, i, owned, d);
+                    }
+                }
+                op @ (Op::Map | Op::Unmap | Op::Remap) => {
+                    if p != 0 || !ctx.selected(kind, pids[i]) {
+                        continue;
+                    }
+                    let slot = self.slot(pids[i]);
+                    let d = self.replay_range(op, slot, b, i, f);
+                    deltas[i].store(d, Relaxed);
+                }
+                Op::Exec => {
+                    if !ctx.selected(kind, pids[i]) {
+                        continue;
+                    }
+                    // Everything the old program image allocated is gone.
+                    let slot = self.slot(pids[i]);
+                    let st = &mut self.pids[slot];
+                    let d = -(st.bytes() as i64);
+                    st.blocks = int_map();
+                    st.ranges = RangeSet::default();
+                    self.emit(deltas, i, p == 0, d);
+                }
+                Op::Fork => {
+                    let child = addrs[i] as u32;
+                    if !ctx.selected(kind, pids[i])
+                        || !ctx.selected(kind, child)
+                        || child == pids[i]
+                    {
+                        continue;
+                    }
+                    // The child starts with a copy of the parent's heap.
+                    let parent = self.slot(pids[i]);
+                    let copy = self.pids[parent].clone();
+                    let slot = self.slot(child);
+                    let st = &mut self.pids[slot];
+                    let d = copy.bytes() as i64 - st.bytes() as i64;
+                    st.blocks = copy.blocks;
+                    st.ranges = copy.ranges;
+                    self.emit(deltas, i, p == 0, d);
+                }
+                Op::Nothing => {}
+            }
+        }
+    }
+
+    #[cold]
+    fn replay_range(
+        &mut self,
+        op: Op,
+        slot: usize,
+        b: &EventBatch,
+        i: usize,
+        f: &ResolvedFilter,
+    ) -> i64 {
+        let (addr, size, ts, stack) = (b.addr[i], b.size[i], b.ts_ns[i], b.stack_id[i]);
+        match op {
+            Op::Map => {
+                if addr == 0 || size == 0 {
+                    return 0;
+                }
+                let origin = self.next_mapping;
+                self.next_mapping += 1;
+                let end = addr.saturating_add(size);
+                let replaced = self.pids[slot].ranges.insert(
+                    addr,
+                    Region {
+                        end,
+                        ts,
+                        stack,
+                        origin,
+                    },
+                );
+                self.counts.allocations += 1;
+                self.counts.allocated_bytes += size;
+                if f.alloc_selected(size, ts) {
+                    self.totals.add(stack, size);
+                }
+                size as i64 - replaced as i64
+            }
+            Op::Unmap => {
+                let removed: u64 = self.pids[slot]
+                    .ranges
+                    .remove(addr, addr.saturating_add(size))
+                    .iter()
+                    .map(|(s, r)| r.end - s)
+                    .sum();
+                if removed > 0 {
+                    self.counts.frees += 1;
+                    self.counts.freed_bytes += removed;
+                }
+                -(removed as i64)
+            }
+            _ => {
+                let (old, old_size) = (b.old_addr[i], b.old_size[i]);
+                if addr == 0 {
+                    return 0;
+                }
+                let origin = self.next_mapping;
+                self.next_mapping += 1;
+                let grown_region = Region {
+                    end: 0,
+                    ts,
+                    stack,
+                    origin,
+                };
+                let (removed, added) =
+                    self.pids[slot]
+                        .ranges
+                        .remap(old, old_size, addr, size, grown_region);
+                let grown = size.saturating_sub(old_size);
+                let kept = added - grown;
+                if grown > 0 {
+                    self.counts.allocations += 1;
+                    self.counts.allocated_bytes += grown;
+                    if f.alloc_selected(grown, ts) {
+                        self.totals.add(stack, grown);
+                    }
+                }
+                if removed > kept {
+                    self.counts.freed_bytes += removed - kept;
+                }
+                added as i64 - removed as i64
+            }
+        }
+    }
+}
+
+/// Sets the number of worker threads of the global rayon pool, which
+/// replay uses. Call it before anything else uses rayon.
+pub fn set_threads(threads: usize) -> Result<(), String> {
+    rayon::ThreadPoolBuilder::new()
+        .num_threads(threads.max(1))
+        .build_global()
+        .map_err(|e| e.to_string())
+}

@@ -1,0 +1,469 @@
+//! The report: summary, outstanding allocations by stack with resolved
+//! frames, and age histograms. Output formats render a [`Report`].
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::path::Path;
+
+use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace};
+
+use crate::filter::{Filter, ResolvedFilter};
+use crate::hash::{int_map, IntMap};
+use crate::histogram::AgeHistogram;
+use crate::replay::{replay, AllocatedTotals, Anomalies, OutstandingBlock, Replay, ReplayOptions};
+
+/// Order of the stacks in the report.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum SortKey {
+    /// Most outstanding bytes first.
+    #[default]
+    Bytes,
+    /// Most outstanding allocations first.
+    Count,
+    /// Oldest outstanding allocation first.
+    Age,
+}
+
+impl SortKey {
+    /// Name as given on the command line.
+    pub fn name(self) -> &'static str {
+        match self {
+            SortKey::Bytes => "bytes",
+            SortKey::Count => "count",
+            SortKey::Age => "age",
+        }
+    }
+}
+
+/// What the analysis considers and how it lays the report out.
+#[derive(Debug, Clone, Default)]
+pub struct AnalyzeOptions {
+    /// Which events and allocations count.
+    pub filter: Filter,
+    /// Evaluate the state at this time (ns since trace start) instead of
+    /// at the end; events after it are ignored.
+    pub at_ns: Option<u64>,
+    /// Stacks shown in text and JSON (0: all).
+    pub top: usize,
+    /// Order of the stacks.
+    pub sort: SortKey,
+    /// Replay partitions (0: one per rayon thread).
+    pub partitions: usize,
+}
+
+/// A frame of an inlined chain, innermost first.
+pub type Inlined = InlinedFrame;
+
+/// One frame of a stack, symbolized as the recorder left it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Frame {
+    /// Raw return address.
+    pub addr: u64,
+    /// Function containing the address (the outermost, non-inlined one).
+    pub function: Option<String>,
+    /// Offset of the address from the function's start.
+    pub offset: Option<u64>,
+    /// Source file.
+    pub file: Option<String>,
+    /// Source line (of the call).
+    pub line: Option<u32>,
+    /// Source column.
+    pub column: Option<u32>,
+    /// Object file (executable, library or kernel module).
+    pub path: Option<String>,
+    /// Offset of the address in the object file.
+    pub file_offset: Option<u64>,
+    /// Functions inlined at this address, innermost first.
+    pub inlined: Vec<Inlined>,
+}
+
+/// Outstanding allocations of one stack.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct StackReport {
+    /// Stack id in the trace (0: the events had no stack).
+    pub stack_id: u64,
+    /// Process the stack belongs to (`None` for kernel stacks or unknown).
+    pub pid: Option<u32>,
+    /// A kernel stack.
+    pub kernel: bool,
+    /// The stack may miss outer frames.
+    pub truncated: bool,
+    /// Whether the stack id was found in the stacks table.
+    pub known: bool,
+    /// Outstanding bytes.
+    pub bytes: u64,
+    /// Outstanding allocations.
+    pub count: u64,
+    /// Timestamp of the oldest outstanding allocation.
+    pub oldest_ts: Option<u64>,
+    /// Age of the oldest outstanding allocation at the evaluation time.
+    pub oldest_age_ns: u64,
+    /// Bytes allocated by the stack during the trace, freed or not.
+    pub allocated_bytes: u64,
+    /// Allocations made by the stack during the trace, freed or not.
+    pub allocations: u64,
+    /// Ages of the outstanding allocations.
+    pub age_histogram: AgeHistogram,
+    /// Frames, innermost first.
+    pub frames: Vec<Frame>,
+}
+
+/// Totals of the whole analysis.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// The trace directory.
+    pub trace: String,
+    /// Timestamp the relative times count from: recording start.
+    pub start_ts: u64,
+    /// Timestamp at which the state is evaluated and ages measured: the
+    /// end of the recording, or `--at`.
+    pub eval_ts: u64,
+    /// Whether `eval_ts` comes from `--at`.
+    pub at_given: bool,
+    /// Events read, by kind name (before filters).
+    pub events_by_kind: BTreeMap<String, u64>,
+    /// Events read.
+    pub events: u64,
+    /// Allocations replayed (within filters on pid and kind).
+    pub allocations: u64,
+    /// Frees that released a tracked block.
+    pub frees: u64,
+    /// Bytes allocated.
+    pub allocated_bytes: u64,
+    /// Bytes freed.
+    pub freed_bytes: u64,
+    /// Outstanding bytes matching every filter.
+    pub outstanding_bytes: u64,
+    /// Outstanding allocations matching every filter.
+    pub outstanding_allocations: u64,
+    /// Stacks with outstanding allocations matching every filter.
+    pub outstanding_stacks: u64,
+    /// Highest outstanding bytes (within filters on pid and kind).
+    pub peak_bytes: u64,
+    /// When, in ns since `start_ts`.
+    pub peak_ns: u64,
+    /// Anomalies found while replaying.
+    pub anomalies: Anomalies,
+    /// Events the recorder lost, by reason, from meta.json.
+    pub lost_by_reason: BTreeMap<String, u64>,
+    /// Ages of every outstanding allocation matching the filters.
+    pub age_histogram: AgeHistogram,
+    /// Whether the recording finished cleanly.
+    pub complete: bool,
+    /// The filters in force, as `name=value`.
+    pub filters: Vec<String>,
+    /// Sort order of the stacks.
+    pub sort: SortKey,
+}
+
+impl Summary {
+    /// Time span from start to the evaluation time.
+    pub fn duration_ns(&self) -> u64 {
+        self.eval_ts.saturating_sub(self.start_ts)
+    }
+
+    /// Sum of lost events.
+    pub fn lost_total(&self) -> u64 {
+        self.lost_by_reason.values().sum()
+    }
+}
+
+/// The analysis of a trace.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Report {
+    /// Totals.
+    pub summary: Summary,
+    /// Every stack that allocated (within filters), sorted by the sort key;
+    /// stacks with nothing outstanding come last.
+    pub stacks: Vec<StackReport>,
+    /// How many stacks text and JSON show (0: all).
+    pub top: usize,
+}
+
+impl Report {
+    /// The stacks text and JSON show: those with outstanding allocations,
+    /// at most `top` of them.
+    pub fn top_stacks(&self) -> &[StackReport] {
+        let leaking = self.stacks.iter().take_while(|s| s.count > 0).count();
+        let n = if self.top == 0 {
+            leaking
+        } else {
+            leaking.min(self.top)
+        };
+        &self.stacks[..n]
+    }
+}
+
+/// Opens, replays and reports on the trace at `path`.
+///
+/// This is the whole of `memleak analyze` but the output; tests and other
+/// tools call it to get a [`Report`] to inspect or render.
+pub fn analyze(path: impl AsRef<Path>, opts: &AnalyzeOptions) -> memleak_trace::Result<Report> {
+    let trace = Trace::open(path)?;
+    analyze_trace(&trace, opts, None)
+}
+
+/// Like [`analyze`] for an open trace, calling `progress` with the number
+/// of rows replayed after each row group.
+pub fn analyze_trace(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> memleak_trace::Result<Report> {
+    let meta = trace.meta();
+    let start_ts = start_ts(trace)?;
+    let filter = opts.filter.resolve(start_ts);
+    let at_ts = opts.at_ns.map(|a| start_ts.saturating_add(a));
+    let ropts = ReplayOptions {
+        filter: filter.clone(),
+        at_ts,
+        partitions: opts.partitions,
+        progress,
+    };
+    let replayed = replay(trace, &ropts)?;
+    let stats = replayed.stats();
+    let eval_ts = match at_ts {
+        Some(at) => at,
+        // Ages count to the end of the recording, which may be well after
+        // the last allocator call.
+        None => meta
+            .end_ns
+            .max(stats.last_ts.unwrap_or(start_ts))
+            .max(start_ts),
+    };
+
+    let stacks = build_stacks(trace, &replayed, &filter, eval_ts, opts.sort)?;
+    let mut age_histogram = AgeHistogram::default();
+    let (mut outstanding_bytes, mut outstanding_allocations, mut outstanding_stacks) = (0, 0, 0);
+    for s in &stacks {
+        age_histogram.merge(&s.age_histogram);
+        outstanding_bytes += s.bytes;
+        outstanding_allocations += s.count;
+        outstanding_stacks += (s.count > 0) as u64;
+    }
+    let summary = Summary {
+        trace: trace.path().display().to_string(),
+        start_ts,
+        eval_ts,
+        at_given: at_ts.is_some(),
+        events_by_kind: stats
+            .events_by_kind
+            .iter()
+            .map(|(k, &v)| (k.name().to_string(), v))
+            .collect(),
+        events: stats.events(),
+        allocations: stats.allocations,
+        frees: stats.frees,
+        allocated_bytes: stats.allocated_bytes,
+        freed_bytes: stats.freed_bytes,
+        outstanding_bytes,
+        outstanding_allocations,
+        outstanding_stacks,
+        peak_bytes: stats.peak_bytes,
+        peak_ns: stats.peak_ts.saturating_sub(start_ts),
+        anomalies: stats.anomalies,
+        lost_by_reason: meta.counters.lost.clone(),
+        age_histogram,
+        complete: meta.complete,
+        filters: describe_filters(&opts.filter, opts.at_ns),
+        sort: opts.sort,
+    };
+    Ok(Report {
+        summary,
+        stacks,
+        top: opts.top,
+    })
+}
+
+/// Recording start, or the first event if the meta does not say.
+fn start_ts(trace: &Trace) -> memleak_trace::Result<u64> {
+    let first = match trace.event_units().first() {
+        Some(u) => trace.read_unit(u, EventColumns::TS)?.ts_ns.first().copied(),
+        None => None,
+    };
+    let meta = trace.meta().start_ns;
+    Ok(match (meta, first) {
+        (0, Some(f)) => f,
+        (0, None) => 0,
+        (m, Some(f)) => m.min(f),
+        (m, None) => m,
+    })
+}
+
+fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
+    use crate::filter::KindScope;
+    use crate::time::format_duration;
+    let mut out = Vec::new();
+    if !f.pids.is_empty() {
+        let p: Vec<String> = f.pids.iter().map(|p| p.to_string()).collect();
+        out.push(format!("pid={}", p.join(",")));
+    }
+    match f.kind {
+        KindScope::All => {}
+        KindScope::User => out.push("kind=user".into()),
+        KindScope::Kernel => out.push("kind=kernel".into()),
+    }
+    if let Some(v) = f.min_size {
+        out.push(format!("min-size={v}"));
+    }
+    if let Some(v) = f.max_size {
+        out.push(format!("max-size={v}"));
+    }
+    if let Some(v) = f.from_ns {
+        out.push(format!("from={}", format_duration(v)));
+    }
+    if let Some(v) = f.to_ns {
+        out.push(format!("to={}", format_duration(v)));
+    }
+    if let Some(v) = f.older_than_ns {
+        out.push(format!("older-than={}", format_duration(v)));
+    }
+    if let Some(v) = at {
+        out.push(format!("at={}", format_duration(v)));
+    }
+    out
+}
+
+/// Outstanding allocations of one stack, while aggregating.
+#[derive(Default)]
+struct OutstandingByStack {
+    bytes: u64,
+    count: u64,
+    oldest_ts: u64,
+    histogram: AgeHistogram,
+}
+
+fn build_stacks(
+    trace: &Trace,
+    replayed: &Replay,
+    filter: &ResolvedFilter,
+    eval_ts: u64,
+    sort: SortKey,
+) -> memleak_trace::Result<Vec<StackReport>> {
+    // Aggregate per partition in parallel; a mapping split into pieces by
+    // munmap counts once (its pieces all live in partition 0).
+    let per_partition = replayed.fold_outstanding(
+        || (int_map::<u64, OutstandingByStack>(), HashSet::<u64>::new()),
+        |(acc, mappings), b: &OutstandingBlock| {
+            if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
+                return;
+            }
+            let first_piece = match b.mapping {
+                Some(m) => mappings.insert(m),
+                None => true,
+            };
+            let e = acc.entry(b.stack).or_insert_with(|| OutstandingByStack {
+                oldest_ts: u64::MAX,
+                ..Default::default()
+            });
+            let count = first_piece as u64;
+            e.bytes += b.size;
+            e.count += count;
+            e.oldest_ts = e.oldest_ts.min(b.ts);
+            e.histogram.add(eval_ts.saturating_sub(b.ts), count, b.size);
+        },
+    );
+    let mut by_stack: IntMap<u64, OutstandingByStack> = int_map();
+    for (part, _) in per_partition {
+        for (stack, o) in part {
+            match by_stack.get_mut(&stack) {
+                Some(e) => {
+                    e.bytes += o.bytes;
+                    e.count += o.count;
+                    e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
+                    e.histogram.merge(&o.histogram);
+                }
+                None => {
+                    by_stack.insert(stack, o);
+                }
+            }
+        }
+    }
+    let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
+
+    let stacks: HashMap<u64, StackRecord> = trace
+        .stacks()?
+        .into_iter()
+        .map(|s| (s.stack_id, s))
+        .collect();
+    let frames: HashMap<(u32, u64), FrameRecord> = trace
+        .frames()?
+        .into_iter()
+        .map(|f| ((f.pid, f.addr), f))
+        .collect();
+
+    let ids: std::collections::BTreeSet<u64> =
+        by_stack.keys().chain(allocated.keys()).copied().collect();
+    let mut out: Vec<StackReport> = ids
+        .into_iter()
+        .map(|id| {
+            let o = by_stack.remove(&id);
+            let a = allocated.get(&id).copied().unwrap_or_default();
+            let rec = stacks.get(&id);
+            let mut s = StackReport {
+                stack_id: id,
+                pid: rec.filter(|r| !r.kernel).map(|r| r.pid),
+                kernel: rec.is_some_and(|r| r.kernel),
+                truncated: rec.is_some_and(|r| r.truncated),
+                known: rec.is_some(),
+                allocated_bytes: a.bytes,
+                allocations: a.allocations,
+                frames: rec.map(|r| resolve_frames(r, &frames)).unwrap_or_default(),
+                ..Default::default()
+            };
+            if let Some(o) = o {
+                s.bytes = o.bytes;
+                s.count = o.count;
+                s.oldest_ts = Some(o.oldest_ts);
+                s.oldest_age_ns = eval_ts.saturating_sub(o.oldest_ts);
+                s.age_histogram = o.histogram;
+            }
+            s
+        })
+        .collect();
+    sort_stacks(&mut out, sort);
+    Ok(out)
+}
+
+fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {
+    // Kernel frames are symbolized once for all processes, under pid 0.
+    let pid = if rec.kernel { 0 } else { rec.pid };
+    rec.frames
+        .iter()
+        .map(|&addr| match frames.get(&(pid, addr)) {
+            Some(f) => Frame {
+                addr,
+                function: f.function.clone(),
+                offset: f.func_offset,
+                file: f.file.clone(),
+                line: f.line,
+                column: f.column,
+                path: f.path.clone(),
+                file_offset: f.file_offset,
+                inlined: f.inlined.clone(),
+            },
+            None => Frame {
+                addr,
+                ..Default::default()
+            },
+        })
+        .collect()
+}
+
+/// Sorts leaking stacks by `key` (ties by stack id, so output is stable),
+/// then stacks with nothing outstanding by bytes allocated.
+pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
+    stacks.sort_by(|a, b| {
+        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let by_key = match key {
+            SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
+            SortKey::Count => b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)),
+            SortKey::Age => b
+                .oldest_age_ns
+                .cmp(&a.oldest_age_ns)
+                .then(b.bytes.cmp(&a.bytes)),
+        };
+        leak.then(by_key)
+            .then(b.allocated_bytes.cmp(&a.allocated_bytes))
+            .then(a.stack_id.cmp(&b.stack_id))
+    });
+}

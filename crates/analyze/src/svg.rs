@@ -1,0 +1,55 @@
+//! Flamegraph SVG, drawn by inferno from the folded stacks.
+
+use inferno::flamegraph::color::{BasicPalette, Palette};
+use inferno::flamegraph::{self, Options};
+
+use crate::folded::{lines, Weight};
+use crate::report::Report;
+
+/// Renders an interactive flamegraph of the report, titled with the trace
+/// and the weight. With nothing to draw, a small SVG that says so.
+pub fn render(report: &Report, weight: Weight) -> std::io::Result<Vec<u8>> {
+    let trace = std::path::Path::new(&report.summary.trace)
+        .file_name()
+        .map(|n| n.to_string_lossy().into_owned())
+        .unwrap_or_else(|| report.summary.trace.clone());
+    let title = format!("memleak: {trace}, by {}", weight.describe());
+    let lines = lines(report, weight);
+    if lines.is_empty() {
+        return Ok(empty_svg(&title).into_bytes());
+    }
+    let mut opts = Options::default();
+    opts.title = title;
+    let mut subtitle = format!("{} stacks", lines.len());
+    if !report.summary.filters.is_empty() {
+        subtitle.push_str(&format!("; filters: {}", report.summary.filters.join(", ")));
+    }
+    opts.subtitle = Some(subtitle);
+    opts.count_name = weight.unit().to_string();
+    opts.colors = Palette::Basic(BasicPalette::Mem);
+    // Same colors for the same function across runs, so two flamegraphs
+    // of the same program can be compared by eye.
+    opts.hash = true;
+    let mut out = Vec::new();
+    flamegraph::from_lines(&mut opts, lines.iter().map(|l| l.as_str()), &mut out)?;
+    Ok(out)
+}
+
+fn escape(s: &str) -> String {
+    s.replace('&', "&amp;")
+        .replace('<', "&lt;")
+        .replace('>', "&gt;")
+        .replace('"', "&quot;")
+}
+
+fn empty_svg(title: &str) -> String {
+    let t = escape(title);
+    format!(
+        "<?xml version=\"1.0\" standalone=\"no\"?>\n\
+<svg version=\"1.1\" width=\"600\" height=\"80\" xmlns=\"http://www.w3.org/2000/svg\">\n\
+<title>{t}</title>\n\
+<text x=\"300\" y=\"30\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"17\">{t}</text>\n\
+<text x=\"300\" y=\"60\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">nothing to draw: no outstanding allocations match</text>\n\
+</svg>\n"
+    )
+}

@@ -1,0 +1,239 @@
+//! The text report: top stacks, each as a bcc-style header and one line
+//! per frame, their age histograms, and a summary at the end.
+
+use std::fmt::Write as _;
+
+use crate::report::{Frame, Report, StackReport, Summary};
+use crate::time::{format_bytes, format_duration};
+
+/// Renders the text report.
+pub fn render(report: &Report) -> String {
+    let mut out = String::new();
+    let top = report.top_stacks();
+    let s = &report.summary;
+    if top.is_empty() {
+        out.push_str("No outstanding allocations");
+        if !s.filters.is_empty() {
+            out.push_str(" matching the filters");
+        }
+        out.push_str(".\n\n");
+    } else {
+        let _ = writeln!(
+            out,
+            "Top {} of {} stacks with outstanding allocations, by {}:\n",
+            top.len(),
+            s.outstanding_stacks,
+            s.sort.name()
+        );
+        for st in top {
+            render_stack(&mut out, st);
+            out.push('\n');
+        }
+    }
+    render_summary(&mut out, s);
+    out
+}
+
+fn bytes_phrase(b: u64) -> String {
+    if b < 1024 {
+        format!("{b} bytes")
+    } else {
+        format!("{b} bytes ({})", format_bytes(b))
+    }
+}
+
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
+fn render_stack(out: &mut String, st: &StackReport) {
+    let mut who = if st.stack_id == 0 {
+        "an unknown stack".to_string()
+    } else {
+        format!("stack {}", st.stack_id)
+    };
+    if st.kernel {
+        who.push_str(" (kernel)");
+    } else if let Some(pid) = st.pid {
+        let _ = write!(who, " (pid {pid})");
+    }
+    let _ = writeln!(
+        out,
+        "{} in {} from {}, oldest {}",
+        bytes_phrase(st.bytes),
+        plural(st.count, "allocation", "allocations"),
+        who,
+        format_duration(st.oldest_age_ns)
+    );
+    let lines = frame_lines(&st.frames);
+    let width = lines
+        .iter()
+        .map(|l| l.1.chars().count())
+        .max()
+        .unwrap_or(0)
+        .min(60);
+    for (idx, name, addr, loc) in &lines {
+        let head = format!("    #{idx:<3} 0x{addr:016x}  {name:<width$}");
+        if loc.is_empty() {
+            let _ = writeln!(out, "{}", head.trim_end());
+        } else {
+            let _ = writeln!(out, "{head}  {loc}");
+        }
+    }
+    if st.frames.is_empty() {
+        let what = if st.stack_id == 0 {
+            "no stack was captured"
+        } else {
+            "stack missing from the trace"
+        };
+        let _ = writeln!(out, "    [{what}]");
+    } else if st.truncated {
+        out.push_str("    [truncated: outer frames missing]\n");
+    }
+    out.push_str(&st.age_histogram.render("    "));
+}
+
+/// `(index, name, address, location)` per printed line: the inlined chain
+/// of a frame (innermost first, marked) above the function containing it.
+fn frame_lines(frames: &[Frame]) -> Vec<(usize, String, u64, String)> {
+    let mut lines = Vec::new();
+    for (i, f) in frames.iter().enumerate() {
+        for inl in &f.inlined {
+            lines.push((
+                i,
+                format!("{} [inlined]", inl.function),
+                f.addr,
+                source_loc(inl.file.as_deref(), inl.line),
+            ));
+        }
+        let name = match (&f.function, f.offset) {
+            (Some(func), Some(off)) => format!("{func}+0x{off:x}"),
+            (Some(func), None) => func.clone(),
+            (None, _) => "??".to_string(),
+        };
+        let mut loc = source_loc(f.file.as_deref(), f.line);
+        if loc.is_empty() || f.function.is_none() {
+            // Without a symbol or a line, the object and offset are what
+            // lets someone symbolize the frame later.
+            let obj = object_loc(f);
+            loc = if loc.is_empty() {
+                obj
+            } else {
+                format!("{loc} {obj}")
+            };
+        }
+        lines.push((i, name, f.addr, loc));
+    }
+    lines
+}
+
+fn source_loc(file: Option<&str>, line: Option<u32>) -> String {
+    match (file, line) {
+        (Some(f), Some(l)) => format!("{f}:{l}"),
+        (Some(f), None) => f.to_string(),
+        _ => String::new(),
+    }
+}
+
+/// `path+0xoffset` of a frame, `[unknown]` when the recorder could not say.
+pub fn object_loc(f: &Frame) -> String {
+    match (&f.path, f.file_offset) {
+        (Some(p), Some(o)) => format!("{p}+0x{o:x}"),
+        (Some(p), None) => p.clone(),
+        (None, _) => "[unknown]".to_string(),
+    }
+}
+
+fn render_summary(out: &mut String, s: &Summary) {
+    out.push_str("Summary\n");
+    let mut row = |k: &str, v: String| {
+        let _ = writeln!(out, "  {k:<18}{v}");
+    };
+    row("trace", s.trace.clone());
+    if !s.complete {
+        row(
+            "recording",
+            "incomplete (recorder killed or still running)".into(),
+        );
+    }
+    let when = if s.at_given {
+        "state and ages at --at"
+    } else {
+        "ages at end of recording"
+    };
+    row(
+        "duration",
+        format!("{} ({when})", format_duration(s.duration_ns())),
+    );
+    let kinds: Vec<String> = s
+        .events_by_kind
+        .iter()
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    row(
+        "events",
+        if kinds.is_empty() {
+            "0".into()
+        } else {
+            format!("{}: {}", s.events, kinds.join(", "))
+        },
+    );
+    row(
+        "allocations",
+        format!("{}, {}", s.allocations, bytes_phrase(s.allocated_bytes)),
+    );
+    row(
+        "frees",
+        format!("{}, {}", s.frees, bytes_phrase(s.freed_bytes)),
+    );
+    row(
+        "outstanding",
+        format!(
+            "{}, {}, in {}",
+            plural(s.outstanding_allocations, "allocation", "allocations"),
+            bytes_phrase(s.outstanding_bytes),
+            plural(s.outstanding_stacks, "stack", "stacks")
+        ),
+    );
+    row(
+        "peak outstanding",
+        format!(
+            "{} at {}",
+            bytes_phrase(s.peak_bytes),
+            format_duration(s.peak_ns)
+        ),
+    );
+    let a = &s.anomalies;
+    row(
+        "anomalies",
+        format!(
+            "{}: {} (allocated before recording), {}, {} (alloc on a live address)",
+            a.total(),
+            plural(a.unknown_frees, "unknown free", "unknown frees"),
+            plural(a.double_frees, "double free", "double frees"),
+            plural(a.missed_frees, "missed free", "missed frees"),
+        ),
+    );
+    let lost: Vec<String> = s
+        .lost_by_reason
+        .iter()
+        .filter(|(_, &v)| v > 0)
+        .map(|(k, v)| format!("{k} {v}"))
+        .collect();
+    row(
+        "lost events",
+        if lost.is_empty() {
+            "0".into()
+        } else {
+            format!("{}: {}", s.lost_total(), lost.join(", "))
+        },
+    );
+    if !s.filters.is_empty() {
+        row("filters", s.filters.join(", "));
+    }
+    let hist = s.age_histogram.render("  ");
+    if !hist.is_empty() {
+        out.push_str("\nAge of outstanding allocations\n");
+        out.push_str(&hist);
+    }
+}

@@ -1,0 +1,177 @@
+//! Synthetic traces for tests: a builder of events, stacks and frames.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+
+use memleak_trace::{
+    Event, EventKind, FrameRecord, InlinedFrame, Meta, StackRecord, TraceWriter, WriterOptions,
+};
+
+/// Recording start of every synthetic trace (ns, CLOCK_MONOTONIC).
+pub const T0: u64 = 1_000_000_000_000;
+/// Nanoseconds per millisecond and second, for readable timestamps.
+pub const MS: u64 = 1_000_000;
+/// One second.
+pub const S: u64 = 1_000_000_000;
+
+/// Builds a trace from events given in time order.
+pub struct TraceBuilder {
+    pub events: Vec<Event>,
+    pub stacks: Vec<StackRecord>,
+    pub frames: Vec<FrameRecord>,
+    pub meta: Meta,
+    pub row_group_rows: usize,
+    pub segment_rows: usize,
+}
+
+impl Default for TraceBuilder {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl TraceBuilder {
+    pub fn new() -> Self {
+        let meta = Meta {
+            start_ns: T0,
+            end_ns: T0 + 10 * S,
+            pids: vec![100],
+            ..Meta::default()
+        };
+        // Tiny row groups and segments, so every test crosses row-group,
+        // window and segment boundaries.
+        TraceBuilder {
+            events: Vec::new(),
+            stacks: Vec::new(),
+            frames: Vec::new(),
+            meta,
+            row_group_rows: 3,
+            segment_rows: 7,
+        }
+    }
+
+    /// Adds an event at `ms` milliseconds after T0.
+    pub fn ev(
+        &mut self,
+        ms: u64,
+        pid: u32,
+        kind: EventKind,
+        addr: u64,
+        size: u64,
+        stack: u64,
+    ) -> &mut Self {
+        self.events.push(Event {
+            ts_ns: T0 + ms * MS,
+            pid,
+            tid: pid,
+            kind,
+            addr,
+            size,
+            old_addr: None,
+            old_size: None,
+            stack_id: (stack != 0).then_some(stack),
+        });
+        self
+    }
+
+    pub fn malloc(&mut self, ms: u64, addr: u64, size: u64, stack: u64) -> &mut Self {
+        self.ev(ms, 100, EventKind::Malloc, addr, size, stack)
+    }
+
+    pub fn free(&mut self, ms: u64, addr: u64) -> &mut Self {
+        self.ev(ms, 100, EventKind::Free, addr, 0, 0)
+    }
+
+    pub fn realloc(&mut self, ms: u64, old: u64, new: u64, size: u64, stack: u64) -> &mut Self {
+        self.ev(ms, 100, EventKind::Realloc, new, size, stack);
+        self.events.last_mut().unwrap().old_addr = (old != 0).then_some(old);
+        self
+    }
+
+    pub fn mremap(
+        &mut self,
+        ms: u64,
+        old: u64,
+        old_size: u64,
+        new: u64,
+        size: u64,
+        stack: u64,
+    ) -> &mut Self {
+        self.ev(ms, 100, EventKind::Mremap, new, size, stack);
+        let e = self.events.last_mut().unwrap();
+        e.old_addr = Some(old);
+        e.old_size = Some(old_size);
+        self
+    }
+
+    /// A user stack of pid 100 with the given frames (innermost first).
+    pub fn stack(&mut self, id: u64, frames: &[u64]) -> &mut Self {
+        self.stacks.push(StackRecord {
+            stack_id: id,
+            pid: 100,
+            kernel: false,
+            truncated: false,
+            frames: frames.to_vec(),
+        });
+        self
+    }
+
+    /// A symbolized frame of pid 100 (0 for kernel).
+    pub fn frame(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        function: &str,
+        off: u64,
+        file: &str,
+        line: u32,
+    ) -> &mut Self {
+        self.frames.push(FrameRecord {
+            pid,
+            addr,
+            build_id: Some("abcd".into()),
+            path: Some("/usr/bin/leaky".into()),
+            file_offset: Some(addr - 0x400000),
+            function: Some(function.into()),
+            func_offset: Some(off),
+            file: Some(file.into()),
+            line: Some(line),
+            column: Some(5),
+            inlined: Vec::new(),
+        });
+        self
+    }
+
+    pub fn inlined(&mut self, function: &str, file: &str, line: u32) -> &mut Self {
+        self.frames.last_mut().unwrap().inlined.push(InlinedFrame {
+            function: function.into(),
+            file: Some(file.into()),
+            line: Some(line),
+            column: None,
+        });
+        self
+    }
+
+    /// Writes the trace under `dir` and returns its path.
+    pub fn write(&self, dir: &Path) -> PathBuf {
+        let path = dir.join("trace.parquet");
+        let opts = WriterOptions {
+            row_group_rows: self.row_group_rows,
+            segment_rows: self.segment_rows,
+            force: true,
+            ..WriterOptions::default()
+        };
+        let mut w = TraceWriter::create(&path, self.meta.clone(), opts).unwrap();
+        for s in &self.stacks {
+            w.push_stack(s).unwrap();
+        }
+        for f in &self.frames {
+            w.push_frame(f).unwrap();
+        }
+        for e in &self.events {
+            w.push_event(e).unwrap();
+        }
+        w.finish().unwrap();
+        path
+    }
+}

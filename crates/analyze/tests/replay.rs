@@ -1,0 +1,471 @@
+//! Replay on synthetic traces with exact expected answers. Every case runs
+//! with 1, 2, 3 and 5 partitions and must give the same report, which
+//! checks the interleaving of partitions.
+
+mod common;
+
+use common::{TraceBuilder, MS, S, T0};
+use memleak_analyze::{analyze, AnalyzeOptions, Filter, KindScope, Report, SortKey};
+use memleak_trace::{EventKind, Meta};
+
+fn run_with(tb: &TraceBuilder, opts: AnalyzeOptions) -> Report {
+    let dir = tempfile::tempdir().unwrap();
+    let path = tb.write(dir.path());
+    let mut first: Option<Report> = None;
+    for parts in [1, 2, 3, 5] {
+        let r = analyze(
+            &path,
+            &AnalyzeOptions {
+                partitions: parts,
+                ..opts.clone()
+            },
+        )
+        .unwrap();
+        match &first {
+            None => first = Some(r),
+            Some(f) => assert_eq!(f, &r, "report differs with {parts} partitions"),
+        }
+    }
+    first.unwrap()
+}
+
+fn run(tb: &TraceBuilder) -> Report {
+    run_with(tb, AnalyzeOptions::default())
+}
+
+/// `(stack, bytes, count)` of every stack with outstanding allocations,
+/// by stack id.
+fn outstanding(r: &Report) -> Vec<(u64, u64, u64)> {
+    let mut v: Vec<_> = r
+        .stacks
+        .iter()
+        .filter(|s| s.count > 0)
+        .map(|s| (s.stack_id, s.bytes, s.count))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn interleaved_allocs_and_frees_across_partitions() {
+    let mut tb = TraceBuilder::new();
+    // 40 blocks on 4 stacks; every third freed, in an order that mixes
+    // addresses (and so partitions).
+    for i in 0..40u64 {
+        tb.malloc(i, 0x1000 + i * 0x40, 10 + i, 1 + i % 4);
+    }
+    for i in (0..40u64).rev().filter(|i| i % 3 == 0) {
+        tb.free(100 + i, 0x1000 + i * 0x40);
+    }
+    let r = run(&tb);
+    let mut want = std::collections::BTreeMap::new();
+    for i in (0..40u64).filter(|i| i % 3 != 0) {
+        let e = want.entry(1 + i % 4).or_insert((0, 0));
+        e.0 += 10 + i;
+        e.1 += 1;
+    }
+    let want: Vec<_> = want.into_iter().map(|(s, (b, c))| (s, b, c)).collect();
+    assert_eq!(outstanding(&r), want);
+    let s = &r.summary;
+    assert_eq!(s.events, 40 + 14);
+    assert_eq!(s.allocations, 40);
+    assert_eq!(s.frees, 14);
+    assert_eq!(s.anomalies.total(), 0);
+    assert_eq!(s.outstanding_allocations, 26);
+    assert_eq!(s.outstanding_bytes, want.iter().map(|w| w.1).sum::<u64>());
+    // Peak: all 40 blocks were live after the last malloc at 39 ms.
+    assert_eq!(s.peak_bytes, (0..40u64).map(|i| 10 + i).sum::<u64>());
+    assert_eq!(s.peak_ns, 39 * MS);
+    assert_eq!(s.events_by_kind["malloc"], 40);
+    assert_eq!(s.events_by_kind["free"], 14);
+}
+
+#[test]
+fn realloc_chains() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0xa000, 10, 1)
+        .realloc(2, 0xa000, 0xb000, 20, 2) // moves: free a, alloc b on stack 2
+        .realloc(3, 0xb000, 0xb000, 30, 3) // grows in place
+        .realloc(4, 0, 0xc000, 5, 4) // realloc(NULL, 5) is malloc
+        .realloc(5, 0xc000, 0, 0, 5) // realloc(c, 0) frees c
+        .malloc(6, 0xd000, 7, 6)
+        .realloc(7, 0xd000, 0, 100, 7) // failed: d stays
+        .realloc(8, 0xe000, 0xe100, 8, 8); // realloc of a block from before attach
+    let r = run(&tb);
+    assert_eq!(outstanding(&r), vec![(3, 30, 1), (6, 7, 1), (8, 8, 1)]);
+    let s = &r.summary;
+    assert_eq!(s.allocations, 6);
+    assert_eq!(s.frees, 3); // a, b (in place), c
+    assert_eq!(s.freed_bytes, 10 + 20 + 5);
+    assert_eq!(s.anomalies.unknown_frees, 1);
+    assert_eq!(s.anomalies.total(), 1);
+    // The move at 2 ms frees and allocates at the same instant: peak is
+    // the 30 + 5 + 7 after the malloc at 6 ms, never 10 + 20.
+    assert_eq!(s.peak_bytes, 30 + 7 + 8);
+    assert_eq!(s.peak_ns, 8 * MS);
+}
+
+#[test]
+fn address_reuse_and_missed_frees() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0x1000, 16, 1)
+        .free(2, 0x1000)
+        .malloc(3, 0x1000, 32, 2) // reuse after a free: fine
+        .malloc(4, 0x2000, 8, 3)
+        .malloc(5, 0x2000, 64, 4); // live address allocated again: missed free
+    let r = run(&tb);
+    assert_eq!(outstanding(&r), vec![(2, 32, 1), (4, 64, 1)]);
+    assert_eq!(r.summary.anomalies.missed_frees, 1);
+    assert_eq!(r.summary.anomalies.total(), 1);
+    // Stack 3's block was replaced, not freed; it still allocated.
+    let s3 = r.stacks.iter().find(|s| s.stack_id == 3).unwrap();
+    assert_eq!((s3.count, s3.allocations, s3.allocated_bytes), (0, 1, 8));
+}
+
+#[test]
+fn double_frees_and_frees_before_attach() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0x1000, 16, 1)
+        .free(2, 0x1000)
+        .free(3, 0x1000) // double free
+        .free(4, 0x9000) // allocated before the recording started
+        .free(5, 0) // free(NULL) is nothing
+        .ev(6, 100, EventKind::Delete, 0x9100, 0, 0); // unknown delete
+    let r = run(&tb);
+    let a = r.summary.anomalies;
+    assert_eq!((a.unknown_frees, a.double_frees, a.missed_frees), (2, 1, 0));
+    assert_eq!(r.summary.frees, 1);
+    assert_eq!(r.summary.outstanding_bytes, 0);
+    assert!(r.top_stacks().is_empty());
+}
+
+#[test]
+fn mmap_partial_munmap_and_mremap() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Mmap, 0x10000, 0x4000, 1)
+        .ev(2, 100, EventKind::Munmap, 0x11000, 0x1000, 0) // hole: two pieces, one mapping
+        .ev(3, 100, EventKind::Munmap, 0x80000, 0x100000, 0) // over nothing: normal
+        .ev(4, 100, EventKind::Mmap, 0x40000, 0x2000, 2)
+        .mremap(5, 0x40000, 0x2000, 0x60000, 0x3000, 3) // move + grow by 0x1000
+        .ev(6, 100, EventKind::Munmap, 0x13000, 0x1000, 0); // tail of the first mapping
+    let r = run(&tb);
+    assert_eq!(
+        outstanding(&r),
+        vec![(1, 0x2000, 1), (2, 0x2000, 1), (3, 0x1000, 1)]
+    );
+    let s = &r.summary;
+    assert_eq!(s.anomalies.total(), 0);
+    assert_eq!(s.peak_bytes, 0x3000 + 0x3000);
+    assert_eq!(s.peak_ns, 5 * MS);
+    // The moved part keeps the mmap's time: 4 ms old... at 10 s.
+    let s2 = r.stacks.iter().find(|s| s.stack_id == 2).unwrap();
+    assert_eq!(s2.oldest_age_ns, 10 * S - 4 * MS);
+}
+
+#[test]
+fn exec_drops_fork_copies_exit_keeps() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0x1000, 10, 1)
+        .ev(2, 100, EventKind::Fork, 200, 0, 0) // child 200 gets a copy
+        .ev(3, 200, EventKind::Free, 0x1000, 0, 0) // the child frees its copy
+        .ev(4, 200, EventKind::Malloc, 0x2000, 20, 2)
+        .ev(5, 200, EventKind::Exec, 0, 0, 0) // the child's pre-exec heap vanishes
+        .ev(6, 200, EventKind::Malloc, 0x3000, 40, 3)
+        .ev(7, 200, EventKind::Exit, 0, 0, 0) // exit: outstanding stays
+        .ev(8, 300, EventKind::Malloc, 0x4000, 80, 4)
+        .ev(9, 300, EventKind::Free, 0x1000, 0, 0); // other process: unknown
+    let r = run(&tb);
+    assert_eq!(outstanding(&r), vec![(1, 10, 1), (3, 40, 1), (4, 80, 1)]);
+    assert_eq!(r.summary.anomalies.unknown_frees, 1);
+    assert_eq!(r.summary.frees, 1);
+    // 10 (parent) + 10 (child copy) + 20 at 4 ms.
+    assert_eq!(r.summary.peak_bytes, 10 + 40 + 80);
+    assert_eq!(r.summary.peak_ns, 8 * MS);
+}
+
+#[test]
+fn kernel_events_share_one_address_space() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Kmalloc, 0xffff_8880_0000_1000, 64, 1)
+        .ev(2, 200, EventKind::Kfree, 0xffff_8880_0000_1000, 0, 0) // freed from another task
+        .ev(
+            3,
+            0,
+            EventKind::KmemCacheAlloc,
+            0xffff_8880_0000_2000,
+            128,
+            2,
+        )
+        .ev(4, 0, EventKind::PageAlloc, 0x1234, 4096, 3)
+        .ev(5, 0, EventKind::Kfree, 0x1234, 0, 0) // a pfn is not an address
+        .ev(6, 100, EventKind::Malloc, 0xffff_8880_0000_2000, 8, 4); // user, same number
+    let r = run(&tb);
+    assert_eq!(outstanding(&r), vec![(2, 128, 1), (3, 4096, 1), (4, 8, 1)]);
+    assert_eq!(r.summary.anomalies.unknown_frees, 1);
+
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                kind: KindScope::User,
+                ..Filter::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(4, 8, 1)]);
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                kind: KindScope::Kernel,
+                ..Filter::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(2, 128, 1), (3, 4096, 1)]);
+    // A pid filter selects processes; kernel allocations have none.
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                pids: vec![100],
+                ..Filter::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(4, 8, 1)]);
+}
+
+fn windowed() -> TraceBuilder {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1000, 0x1000, 100, 1) // 1 s
+        .malloc(2000, 0x2000, 200, 2) // 2 s
+        .malloc(3000, 0x3000, 300, 3) // 3 s
+        .free(4000, 0x1000)
+        .malloc(5000, 0x5000, 5000, 4) // 5 s
+        .free(6000, 0x2000);
+    tb
+}
+
+#[test]
+fn time_windows_and_at() {
+    let tb = windowed();
+    let r = run(&tb);
+    assert_eq!(outstanding(&r), vec![(3, 300, 1), (4, 5000, 1)]);
+
+    // Allocations made in [2 s, 5 s) and still outstanding at the end.
+    let f = Filter {
+        from_ns: Some(2 * S),
+        to_ns: Some(5 * S),
+        ..Filter::default()
+    };
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: f,
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(3, 300, 1)]);
+    // Frees of filtered-out blocks are not anomalies.
+    assert_eq!(r.summary.anomalies.total(), 0);
+
+    // The state at 4.5 s: block 1 freed, 2 and 3 live, 5 not yet made.
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            at_ns: Some(4500 * MS),
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(2, 200, 1), (3, 300, 1)]);
+    assert_eq!(r.summary.eval_ts, T0 + 4500 * MS);
+    assert_eq!(r.summary.events, 4);
+    let s3 = r.stacks.iter().find(|s| s.stack_id == 3).unwrap();
+    assert_eq!(s3.oldest_age_ns, 1500 * MS);
+
+    // bcc's -o: at least 6 s old at the end (10 s).
+    let f = Filter {
+        older_than_ns: Some(6 * S),
+        ..Filter::default()
+    };
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: f,
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(3, 300, 1)]);
+
+    let f = Filter {
+        min_size: Some(300),
+        max_size: Some(4999),
+        ..Filter::default()
+    };
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: f,
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(3, 300, 1)]);
+}
+
+#[test]
+fn age_buckets() {
+    let tb = windowed();
+    let r = run(&tb);
+    // At 10 s: stack 3 is 7 s old, stack 4 is 5 s old.
+    // 7 s = 7e6 us: 2^22 <= 7e6 < 2^23, bucket 23. 5 s = 5e6 us: also 23.
+    let b = r.summary.age_histogram.buckets();
+    assert_eq!(b.len(), 1);
+    assert_eq!(
+        (b[0].low_us, b[0].high_us, b[0].count, b[0].bytes),
+        (1 << 22, (1 << 23) - 1, 2, 5300)
+    );
+
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            at_ns: Some(5001 * MS),
+            ..Default::default()
+        },
+    );
+    // At 5.001 s: stack 2 is 3.001 s (bucket 22), stack 3 is 2.001 s
+    // (bucket 21), stack 4 is 1 ms (bucket 10: 512..1023 us? no: 1000 us).
+    let b = r.summary.age_histogram.buckets();
+    let got: Vec<(u64, u64)> = b
+        .iter()
+        .filter(|b| b.count > 0)
+        .map(|b| (b.low_us, b.bytes))
+        .collect();
+    assert_eq!(got, vec![(512, 5000), (1 << 20, 300), (1 << 21, 200)]);
+    let s4 = r.stacks.iter().find(|s| s.stack_id == 4).unwrap();
+    assert_eq!(s4.age_histogram.buckets().len(), 1);
+}
+
+#[test]
+fn sort_orders_and_top() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0x1000, 10, 1) // oldest
+        .malloc(2, 0x2000, 1000, 2) // biggest
+        .malloc(3, 0x3000, 1, 3)
+        .malloc(4, 0x3100, 1, 3)
+        .malloc(5, 0x3200, 1, 3); // most
+    let order = |sort, top| {
+        let r = run_with(
+            &tb,
+            AnalyzeOptions {
+                sort,
+                top,
+                ..Default::default()
+            },
+        );
+        r.top_stacks()
+            .iter()
+            .map(|s| s.stack_id)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(order(SortKey::Bytes, 0), vec![2, 1, 3]);
+    assert_eq!(order(SortKey::Count, 0), vec![3, 2, 1]);
+    assert_eq!(order(SortKey::Age, 0), vec![1, 2, 3]);
+    assert_eq!(order(SortKey::Bytes, 2), vec![2, 1]);
+}
+
+#[test]
+fn lost_events_come_from_meta() {
+    let mut tb = TraceBuilder::new();
+    tb.meta.counters.lost.insert("ring_full".into(), 7);
+    tb.meta.counters.lost.insert("stack_failed".into(), 2);
+    tb.malloc(1, 0x1000, 1, 1);
+    let r = run(&tb);
+    assert_eq!(r.summary.lost_total(), 9);
+    assert_eq!(r.summary.lost_by_reason["ring_full"], 7);
+}
+
+#[test]
+fn start_falls_back_to_first_event() {
+    let mut tb = TraceBuilder::new();
+    tb.meta = Meta {
+        start_ns: 0,
+        end_ns: 0,
+        ..Meta::default()
+    };
+    tb.malloc(1000, 0x1000, 1, 1).malloc(3000, 0x2000, 1, 1);
+    let r = run(&tb);
+    assert_eq!(r.summary.start_ts, T0 + 1000 * MS);
+    // No end recorded... except that finish() stamps the writer's clock;
+    // ages are measured to the later of that and the last event.
+    assert!(r.summary.eval_ts >= T0 + 3000 * MS);
+}
+
+/// A small deterministic generator.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+}
+
+/// Random traces against a straightforward sequential model.
+#[test]
+fn random_traces_match_a_sequential_model() {
+    use std::collections::{BTreeMap, HashMap};
+    for seed in 1..6u64 {
+        let mut rng = Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15));
+        let mut tb = TraceBuilder::new();
+        tb.row_group_rows = 17;
+        tb.segment_rows = 100;
+        let mut live: HashMap<(u32, u64), (u64, u64)> = HashMap::new();
+        let mut anomalies = 0u64;
+        for i in 0..600u64 {
+            let pid = [100, 101][(rng.next() % 2) as usize];
+            let addr = 0x1000 + (rng.next() % 64) * 16;
+            let stack = 1 + rng.next() % 5;
+            let size = 1 + rng.next() % 100;
+            match rng.next() % 4 {
+                0 | 1 => {
+                    tb.ev(i, pid, EventKind::Malloc, addr, size, stack);
+                    if live.insert((pid, addr), (size, stack)).is_some() {
+                        anomalies += 1;
+                    }
+                }
+                2 => {
+                    tb.ev(i, pid, EventKind::Free, addr, 0, 0);
+                    if live.remove(&(pid, addr)).is_none() {
+                        anomalies += 1;
+                    }
+                }
+                _ => {
+                    let new = 0x1000 + (rng.next() % 64) * 16;
+                    tb.ev(i, pid, EventKind::Realloc, new, size, stack);
+                    tb.events.last_mut().unwrap().old_addr = Some(addr);
+                    if live.remove(&(pid, addr)).is_none() {
+                        anomalies += 1;
+                    }
+                    if live.insert((pid, new), (size, stack)).is_some() {
+                        anomalies += 1;
+                    }
+                }
+            }
+        }
+        let mut want: BTreeMap<u64, (u64, u64)> = BTreeMap::new();
+        for (size, stack) in live.values() {
+            let e = want.entry(*stack).or_default();
+            e.0 += size;
+            e.1 += 1;
+        }
+        let want: Vec<_> = want.into_iter().map(|(s, (b, c))| (s, b, c)).collect();
+        let r = run(&tb);
+        assert_eq!(outstanding(&r), want, "seed {seed}");
+        assert_eq!(r.summary.anomalies.total(), anomalies, "seed {seed}");
+    }
+}
