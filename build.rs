@@ -14,8 +14,12 @@ mod bpf {
         let out = PathBuf::from(std::env::var_os("OUT_DIR").expect("OUT_DIR"));
         for entry in std::fs::read_dir("bpf").expect("bpf/ exists") {
             let path = entry.expect("readable bpf/").path();
-            let Some(name) = path.file_name().and_then(|n| n.to_str()) else { continue };
-            let Some(stem) = name.strip_suffix(".bpf.c") else { continue };
+            let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
+                continue;
+            };
+            let Some(stem) = name.strip_suffix(".bpf.c") else {
+                continue;
+            };
             libbpf_cargo::SkeletonBuilder::new()
                 .source(&path)
                 .clang_args(["-I", "bpf", "-Wall", "-O2"])

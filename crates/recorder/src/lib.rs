@@ -1,0 +1,33 @@
+//! memleak's recording pipeline, everything between the ring buffer and the
+//! trace that does not need libbpf.
+//!
+//! - [`event`]: the byte layout of probe records (`bpf/memleak.h`).
+//! - [`stacks`]: exact stack deduplication into trace-unique ids.
+//! - [`procmaps`]: `/proc/PID/maps` snapshots and address normalization.
+//! - [`symbolize`]: blazesym symbolization of normalized frames.
+//! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
+//! - [`placement`]: where on an allocator function to put the probe.
+//!
+//! Loading and attaching the BPF program lives in the `memleak` binary's
+//! `probes` module, the one place that touches libbpf.
+//!
+//! ```no_run
+//! use memleak_recorder::Recorder;
+//! use memleak_trace::{Meta, TraceWriter, WriterOptions};
+//! let writer = TraceWriter::create("t.parquet", Meta::default(), WriterOptions::default())?;
+//! let mut rec = Recorder::new(writer, false);
+//! # let record: &[u8] = &[];
+//! rec.handle(record)?; // for each ring-buffer record
+//! rec.finish()?;
+//! # Ok::<(), memleak_trace::Error>(())
+//! ```
+#![deny(missing_docs)]
+
+pub mod event;
+pub mod pipeline;
+pub mod procmaps;
+pub mod stacks;
+pub mod symbolize;
+pub mod targets;
+
+pub use pipeline::{Recorder, Stats};

@@ -1,0 +1,399 @@
+// SPDX-License-Identifier: GPL-2.0
+/* memleak's probes.
+ *
+ * One session program (entry + return in one, kernel >= 6.10) serves every
+ * allocating function; the attach cookie says which function fired. Frees
+ * only need their argument, so they get a plain entry probe, which can sit
+ * past a single-stepped first instruction (see docs/placement.md).
+ *
+ * Only the outermost allocator call of a thread is recorded (calloc ->
+ * malloc, operator new -> malloc, realloc -> free, malloc -> mmap): per-thread
+ * state lives in task storage, keyed by thread, never by process.
+ *
+ * Events go to a ring buffer without a wakeup; user space drains it on a
+ * timer. A wakeup is forced only when the ring holds more than
+ * `wakeup_bytes`, so a burst can never overrun a sleeping consumer.
+ */
+#include "vmlinux.h"
+#include <bpf/bpf_helpers.h>
+#include <bpf/bpf_tracing.h>
+#include <bpf/bpf_core_read.h>
+#include "memleak.h"
+
+char LICENSE[] SEC("license") = "GPL";
+
+const volatile __u64 min_size = 0;
+const volatile __u64 max_size = ~0ULL;
+const volatile __u32 stack_bytes = MEMLEAK_MAX_FRAMES * 8;
+const volatile __u64 wakeup_bytes = 1 << 20;
+const volatile __u32 kernel_tgid = 0;
+const volatile bool kernel_stacks = true;
+
+/* Exported so the skeleton carries the type and a test can compare it with
+ * the Rust decoder. Never written. */
+struct memleak_event layout_probe = {};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_RINGBUF);
+	__uint(max_entries, 64 << 20);
+} events SEC(".maps");
+
+/* In-flight outermost call of a thread. */
+struct thread_state {
+	__u64 a0;
+	__u64 a1;
+	__u64 a2;
+	__u8 active;
+	__u8 kind;
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct thread_state);
+} threads SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct memleak_event);
+} scratch SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, ML_NR);
+	__type(key, __u32);
+	__type(value, __u64);
+} lost SEC(".maps");
+
+/* Processes whose lifecycle (exec, exit, fork) is recorded. */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, __u8);
+} traced SEC(".maps");
+
+extern bool bpf_session_is_return(void) __ksym __weak;
+
+static __always_inline void count_lost(__u32 reason)
+{
+	__u64 *v = bpf_map_lookup_elem(&lost, &reason);
+	if (v)
+		*v += 1;
+}
+
+static __always_inline struct memleak_event *new_event(__u8 kind)
+{
+	__u32 zero = 0;
+	struct memleak_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	__u64 id;
+
+	if (!e)
+		return 0;
+	id = bpf_get_current_pid_tgid();
+	e->ts_ns = bpf_ktime_get_ns();
+	e->pid = id >> 32;
+	e->tid = (__u32)id;
+	e->kind = kind;
+	e->flags = 0;
+	e->nframes = 0;
+	e->stack_err = 0;
+	e->addr = 0;
+	e->size = 0;
+	e->old_addr = 0;
+	e->old_size = 0;
+	return e;
+}
+
+static __always_inline void submit(void *ctx, struct memleak_event *e, int stack, bool kernel)
+{
+	__u64 len = MEMLEAK_HDR_SIZE;
+	__u64 flags;
+
+	if (stack) {
+		long n = bpf_get_stack(ctx, e->frames, stack_bytes, kernel ? 0 : BPF_F_USER_STACK);
+		if (n < 0) {
+			e->stack_err = n;
+			count_lost(ML_STACK_FAILED);
+		} else {
+			if (n > MEMLEAK_MAX_FRAMES * 8)
+				n = MEMLEAK_MAX_FRAMES * 8;
+			e->nframes = n / 8;
+			if (n >= stack_bytes)
+				e->flags |= MEF_STACK_FULL;
+			if (kernel)
+				e->flags |= MEF_KERNEL_STACK;
+			len += n & ~7UL;
+		}
+	}
+	if (len > sizeof(*e))
+		len = sizeof(*e);
+	flags = bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
+									    : BPF_RB_NO_WAKEUP;
+	if (bpf_ringbuf_output(&events, e, len, flags))
+		count_lost(ML_RING_FULL);
+}
+
+static __always_inline bool is_free_kind(__u8 kind)
+{
+	return kind == MK_FREE || kind == MK_DELETE || kind == MK_DELETE_ARRAY || kind == MK_MUNMAP;
+}
+
+/* Entry half: remember the arguments of the outermost call. Returns 1 to
+ * skip the return half (nested call, or nothing to do). */
+static __always_inline int alloc_entry(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_state *st;
+	__u8 kind = bpf_get_attach_cookie(ctx) & 0xff;
+
+	st = bpf_task_storage_get(&threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!st) {
+		count_lost(ML_INFLIGHT_FULL);
+		return 1;
+	}
+	if (st->active)
+		return 1;
+	st->active = 1;
+	st->kind = kind;
+	st->a0 = PT_REGS_PARM1(ctx);
+	st->a1 = PT_REGS_PARM2(ctx);
+	st->a2 = PT_REGS_PARM3(ctx);
+	if (is_free_kind(kind) && st->a0) {
+		/* operator delete: record now; the return half only ends the
+		 * nesting so the free() inside it is not recorded twice. */
+		struct memleak_event *e = new_event(kind);
+		if (e) {
+			e->addr = st->a0;
+			submit(ctx, e, 0, false);
+		}
+	}
+	return 0;
+}
+
+static __always_inline int alloc_return(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
+	struct memleak_event *e;
+	__u64 ret, addr = 0, size = 0, old = 0, old_size = 0;
+	__u8 kind;
+
+	if (!st || !st->active)
+		return 0;
+	st->active = 0;
+	kind = st->kind;
+	if (is_free_kind(kind))
+		return 0;
+	ret = PT_REGS_RC(ctx);
+	switch (kind) {
+	case MK_CALLOC:
+		size = st->a0 * st->a1;
+		addr = ret;
+		break;
+	case MK_REALLOC:
+		old = st->a0;
+		size = st->a1;
+		addr = ret;
+		break;
+	case MK_REALLOCARRAY:
+		old = st->a0;
+		size = st->a1 * st->a2;
+		addr = ret;
+		break;
+	case MK_POSIX_MEMALIGN:
+		size = st->a2;
+		if ((int)ret == 0)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)st->a0);
+		break;
+	case MK_MEMALIGN:
+	case MK_ALIGNED_ALLOC:
+		size = st->a1;
+		addr = ret;
+		break;
+	case MK_MMAP:
+		size = st->a1;
+		addr = (long)ret == -1 ? 0 : ret;
+		break;
+	case MK_MREMAP:
+		old = st->a0;
+		old_size = st->a1;
+		size = st->a2;
+		addr = (long)ret == -1 ? 0 : ret;
+		break;
+	default: /* malloc, valloc, pvalloc, new, new[] */
+		size = st->a0;
+		addr = ret;
+		break;
+	}
+	if (!addr) {
+		/* realloc(p, 0) frees p and returns NULL: that is a free. Any
+		 * other NULL is a failed call and changes nothing. */
+		if (!((kind == MK_REALLOC || kind == MK_REALLOCARRAY) && old && size == 0)) {
+			count_lost(ML_FAILED_ALLOC);
+			return 0;
+		}
+	}
+	if (!old && (size < min_size || size > max_size))
+		return 0;
+	e = new_event(kind);
+	if (!e)
+		return 0;
+	e->addr = addr;
+	e->size = size;
+	e->old_addr = old;
+	e->old_size = old_size;
+	submit(ctx, e, addr != 0, false);
+	return 0;
+}
+
+SEC("uprobe.session")
+int alloc_session(struct pt_regs *ctx)
+{
+	if (bpf_session_is_return())
+		return alloc_return(ctx);
+	return alloc_entry(ctx);
+}
+
+/* free() and munmap(): entry only, skipped inside an outermost call. */
+SEC("uprobe.multi")
+int free_entry(struct pt_regs *ctx)
+{
+	struct task_struct *task;
+	struct thread_state *st;
+	struct memleak_event *e;
+	__u64 addr = PT_REGS_PARM1(ctx);
+
+	if (!addr)
+		return 0;
+	task = bpf_get_current_task_btf();
+	st = bpf_task_storage_get(&threads, task, 0, 0);
+	if (st && st->active)
+		return 0;
+	e = new_event(bpf_get_attach_cookie(ctx) & 0xff);
+	if (!e)
+		return 0;
+	e->addr = addr;
+	if (e->kind == MK_MUNMAP)
+		e->size = PT_REGS_PARM2(ctx);
+	submit(ctx, e, 0, false);
+	return 0;
+}
+
+static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
+{
+	struct memleak_event *e;
+
+	if (!bpf_map_lookup_elem(&traced, &tgid))
+		return 0;
+	e = new_event(kind);
+	if (!e)
+		return 0;
+	e->pid = tgid;
+	e->addr = arg;
+	submit(0, e, 0, false);
+	return 0;
+}
+
+SEC("tracepoint/sched/sched_process_exec")
+int on_exec(void *ctx)
+{
+	return lifecycle(MK_EXEC, bpf_get_current_pid_tgid() >> 32, 0);
+}
+
+SEC("tracepoint/sched/sched_process_exit")
+int on_exit(void *ctx)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	if ((__u32)id != (id >> 32))
+		return 0; /* a thread, not the process */
+	return lifecycle(MK_EXIT, id >> 32, 0);
+}
+
+SEC("tracepoint/sched/sched_process_fork")
+int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+{
+	return lifecycle(MK_FORK, ctx->parent_pid, ctx->child_pid);
+}
+
+/* Kernel allocators. */
+
+static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 size)
+{
+	struct memleak_event *e;
+
+	if (kernel_tgid && (bpf_get_current_pid_tgid() >> 32) != kernel_tgid)
+		return 0;
+	e = new_event(kind);
+	if (!e)
+		return 0;
+	e->addr = addr;
+	e->size = size;
+	submit(ctx, e, size && kernel_stacks, true);
+	return 0;
+}
+
+SEC("tracepoint/kmem/kmalloc")
+int on_kmalloc(struct trace_event_raw_kmalloc *ctx)
+{
+	if (!ctx->ptr)
+		return 0;
+	return kernel_event(ctx, MK_KMALLOC, (__u64)ctx->ptr, ctx->bytes_alloc);
+}
+
+SEC("tracepoint/kmem/kfree")
+int on_kfree(struct trace_event_raw_kfree *ctx)
+{
+	if (!ctx->ptr)
+		return 0;
+	return kernel_event(ctx, MK_KFREE, (__u64)ctx->ptr, 0);
+}
+
+SEC("tracepoint/kmem/kmem_cache_alloc")
+int on_kmem_cache_alloc(struct trace_event_raw_kmem_cache_alloc *ctx)
+{
+	if (!ctx->ptr)
+		return 0;
+	return kernel_event(ctx, MK_KMEM_CACHE_ALLOC, (__u64)ctx->ptr, ctx->bytes_alloc);
+}
+
+SEC("tracepoint/kmem/kmem_cache_free")
+int on_kmem_cache_free(struct trace_event_raw_kmem_cache_free *ctx)
+{
+	if (!ctx->ptr)
+		return 0;
+	return kernel_event(ctx, MK_KMEM_CACHE_FREE, (__u64)ctx->ptr, 0);
+}
+
+SEC("tracepoint/kmem/mm_page_alloc")
+int on_page_alloc(struct trace_event_raw_mm_page_alloc *ctx)
+{
+	return kernel_event(ctx, MK_PAGE_ALLOC, ctx->pfn, 4096ULL << ctx->order);
+}
+
+SEC("tracepoint/kmem/mm_page_free")
+int on_page_free(struct trace_event_raw_mm_page_free *ctx)
+{
+	return kernel_event(ctx, MK_PAGE_FREE, ctx->pfn, 0);
+}
+
+SEC("tracepoint/percpu/percpu_alloc_percpu")
+int on_percpu_alloc(struct trace_event_raw_percpu_alloc_percpu *ctx)
+{
+	/* bytes_alloc appeared in 5.x; older kernels only have size. */
+	__u64 size = BPF_CORE_READ(ctx, size);
+
+	if (bpf_core_field_exists(ctx->bytes_alloc))
+		size = BPF_CORE_READ(ctx, bytes_alloc);
+	return kernel_event(ctx, MK_PERCPU_ALLOC, (__u64)BPF_CORE_READ(ctx, ptr), size);
+}
+
+SEC("tracepoint/percpu/percpu_free_percpu")
+int on_percpu_free(struct trace_event_raw_percpu_free_percpu *ctx)
+{
+	return kernel_event(ctx, MK_PERCPU_FREE, (__u64)ctx->ptr, 0);
+}

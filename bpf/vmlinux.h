@@ -1,0 +1,137 @@
+/* Minimal, hand-written kernel type definitions for memleak's BPF program.
+ *
+ * Only what the probes touch is declared. Structs carry
+ * preserve_access_index, so field offsets are relocated against the running
+ * kernel's BTF (CO-RE): one object file runs across kernel versions, and
+ * fields that do not exist can be tested with bpf_core_field_exists().
+ */
+#ifndef __MEMLEAK_VMLINUX_H__
+#define __MEMLEAK_VMLINUX_H__
+/* Tells bpf_tracing.h to use the kernel register names (di, si, ...). */
+#define __VMLINUX_H__
+
+typedef unsigned char __u8;
+typedef short int __s16;
+typedef short unsigned int __u16;
+typedef int __s32;
+typedef unsigned int __u32;
+typedef long long int __s64;
+typedef long long unsigned int __u64;
+typedef __u8 u8;
+typedef __u16 u16;
+typedef __u32 u32;
+typedef __u64 u64;
+typedef __s32 s32;
+typedef __s64 s64;
+typedef __u16 __be16;
+typedef __u32 __be32;
+typedef __u32 __wsum;
+typedef int pid_t;
+typedef long unsigned int size_t;
+typedef _Bool bool;
+enum { false = 0, true = 1 };
+
+enum bpf_map_type {
+	BPF_MAP_TYPE_HASH = 1,
+	BPF_MAP_TYPE_ARRAY = 2,
+	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_RINGBUF = 27,
+	BPF_MAP_TYPE_TASK_STORAGE = 29,
+};
+
+enum {
+	BPF_ANY = 0,
+	BPF_F_NO_PREALLOC = 1,
+	BPF_F_USER_STACK = 256,
+	BPF_LOCAL_STORAGE_GET_F_CREATE = 1,
+	BPF_RB_NO_WAKEUP = 1,
+	BPF_RB_FORCE_WAKEUP = 2,
+	BPF_RB_AVAIL_DATA = 0,
+};
+
+struct pt_regs {
+	long unsigned int r15;
+	long unsigned int r14;
+	long unsigned int r13;
+	long unsigned int r12;
+	long unsigned int bp;
+	long unsigned int bx;
+	long unsigned int r11;
+	long unsigned int r10;
+	long unsigned int r9;
+	long unsigned int r8;
+	long unsigned int ax;
+	long unsigned int cx;
+	long unsigned int dx;
+	long unsigned int si;
+	long unsigned int di;
+	long unsigned int orig_ax;
+	long unsigned int ip;
+	long unsigned int cs;
+	long unsigned int flags;
+	long unsigned int sp;
+	long unsigned int ss;
+} __attribute__((preserve_access_index));
+
+struct task_struct {
+	pid_t pid;
+	pid_t tgid;
+} __attribute__((preserve_access_index));
+
+struct trace_entry {
+	short unsigned int type;
+	unsigned char flags;
+	unsigned char preempt_count;
+	int pid;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_sched_process_fork {
+	pid_t parent_pid;
+	pid_t child_pid;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_kmalloc {
+	long unsigned int call_site;
+	const void *ptr;
+	size_t bytes_req;
+	size_t bytes_alloc;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_kfree {
+	long unsigned int call_site;
+	const void *ptr;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_kmem_cache_alloc {
+	long unsigned int call_site;
+	const void *ptr;
+	size_t bytes_req;
+	size_t bytes_alloc;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_kmem_cache_free {
+	long unsigned int call_site;
+	const void *ptr;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_mm_page_alloc {
+	long unsigned int pfn;
+	unsigned int order;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_mm_page_free {
+	long unsigned int pfn;
+	unsigned int order;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_percpu_alloc_percpu {
+	size_t size;
+	void *ptr;
+	size_t bytes_alloc;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_percpu_free_percpu {
+	void *ptr;
+} __attribute__((preserve_access_index));
+
+#endif

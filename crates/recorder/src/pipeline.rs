@@ -1,0 +1,267 @@
+//! The recording pipeline: ring-buffer records in, trace tables out.
+//!
+//! [`Recorder::handle`] runs once per record on the consumer thread, so it
+//! does the minimum: decode, intern the stack, normalize frames never seen
+//! before (this must happen while the process is alive), append the row.
+//! Symbolization, the slow part, is batched at segment boundaries and at
+//! the end.
+
+use std::collections::{HashMap, HashSet};
+use std::time::{Duration, Instant};
+
+use memleak_trace::meta::clock_ns;
+use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter};
+
+use crate::event::{RawEvent, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS};
+use crate::procmaps::{resolve_in_process, MapsCache};
+use crate::stacks::StackInterner;
+use crate::symbolize::{FrameSymbolizer, PendingFrame};
+
+/// Running totals, for the status line and the final summary.
+#[derive(Debug, Clone, Default)]
+pub struct Stats {
+    /// Events written.
+    pub events: u64,
+    /// Distinct stacks.
+    pub stacks: u64,
+    /// Distinct frames.
+    pub frames: u64,
+    /// Outstanding bytes (only tracked when live tracking is on).
+    pub outstanding_bytes: u64,
+    /// Records that could not be decoded.
+    pub malformed: u64,
+}
+
+/// Turns raw probe records into a trace.
+pub struct Recorder {
+    writer: TraceWriter,
+    stacks: StackInterner,
+    maps: MapsCache,
+    seen_frames: HashSet<(u32, u64)>,
+    pending: Vec<PendingFrame>,
+    symbolizer: FrameSymbolizer,
+    last_snapshot: HashMap<u32, Instant>,
+    live: Option<HashMap<(u32, u64), u64>>,
+    stats: Stats,
+}
+
+/// Re-reading maps on a miss is rate-limited per process: a JIT or a
+/// corrupt frame pointer can produce endless unmapped addresses.
+const SNAPSHOT_MIN_INTERVAL: Duration = Duration::from_millis(20);
+
+impl Recorder {
+    /// Wraps a writer. With `track_live`, outstanding bytes are kept up to
+    /// date for the status line (costs a hash map update per event).
+    pub fn new(writer: TraceWriter, track_live: bool) -> Self {
+        Recorder {
+            writer,
+            stacks: StackInterner::default(),
+            maps: MapsCache::default(),
+            seen_frames: HashSet::new(),
+            pending: Vec::new(),
+            symbolizer: FrameSymbolizer::default(),
+            last_snapshot: HashMap::new(),
+            live: track_live.then(HashMap::new),
+            stats: Stats::default(),
+        }
+    }
+
+    /// Current totals.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The metadata that will be written.
+    pub fn meta_mut(&mut self) -> &mut Meta {
+        self.writer.meta_mut()
+    }
+
+    /// Snapshots a process's maps into the `maps` table and the cache.
+    pub fn snapshot_maps(&mut self, pid: u32) -> memleak_trace::Result<()> {
+        let now = clock_ns(libc::CLOCK_MONOTONIC);
+        self.last_snapshot.insert(pid, Instant::now());
+        for rec in self.maps.snapshot(pid, now) {
+            self.writer.push_map(&rec)?;
+        }
+        Ok(())
+    }
+
+    /// Handles one ring-buffer record.
+    pub fn handle(&mut self, bytes: &[u8]) -> memleak_trace::Result<()> {
+        let Some(raw) = RawEvent::decode(bytes) else {
+            self.stats.malformed += 1;
+            return Ok(());
+        };
+        let Some(kind) = EventKind::from_code(raw.kind) else {
+            self.stats.malformed += 1;
+            return Ok(());
+        };
+        let stack_id = if raw.frame_count() > 0 {
+            Some(self.intern_stack(&raw)?)
+        } else {
+            None
+        };
+        match kind {
+            EventKind::Exec => {
+                // The old image is gone: its addresses mean nothing now.
+                self.stacks.forget_pid(raw.pid);
+                self.maps.forget(raw.pid);
+                self.seen_frames.retain(|&(p, _)| p != raw.pid);
+                if let Some(live) = &mut self.live {
+                    live.retain(|&(p, _), _| p != raw.pid);
+                }
+                self.snapshot_maps(raw.pid)?;
+            }
+            EventKind::Fork => {
+                self.snapshot_maps(raw.addr as u32)?;
+            }
+            _ => {}
+        }
+        if let Some(live) = &mut self.live {
+            track_live(live, &mut self.stats.outstanding_bytes, kind, &raw);
+        }
+        let ev = Event {
+            ts_ns: raw.ts_ns,
+            pid: raw.pid,
+            tid: raw.tid,
+            kind,
+            addr: raw.addr,
+            size: raw.size,
+            old_addr: (raw.old_addr != 0).then_some(raw.old_addr),
+            old_size: (raw.old_size != 0).then_some(raw.old_size),
+            stack_id,
+        };
+        self.stats.events += 1;
+        self.writer.push_event(&ev)
+    }
+
+    fn intern_stack(&mut self, raw: &RawEvent<'_>) -> memleak_trace::Result<u64> {
+        let kernel = raw.flags & FLAG_KERNEL_STACK != 0;
+        let pid = if kernel { 0 } else { raw.pid };
+        let interned = self.stacks.intern(pid, kernel, raw.frames());
+        if interned.new {
+            self.stats.stacks += 1;
+            let frames: Vec<u64> = raw.frames().collect();
+            self.writer.push_stack(&StackRecord {
+                stack_id: interned.id,
+                pid,
+                kernel,
+                truncated: raw.flags & FLAG_STACK_FULL != 0,
+                frames: frames.clone(),
+            })?;
+            for addr in frames {
+                if self.seen_frames.insert((pid, addr)) {
+                    self.stats.frames += 1;
+                    self.queue_frame(pid, addr)?;
+                }
+            }
+        }
+        Ok(interned.id)
+    }
+
+    fn queue_frame(&mut self, pid: u32, addr: u64) -> memleak_trace::Result<()> {
+        if pid == 0 {
+            self.pending.push(PendingFrame {
+                pid,
+                addr,
+                normalized: None,
+                open_path: None,
+            });
+            return Ok(());
+        }
+        let mut normalized = self.maps.normalize(pid, addr);
+        if normalized.is_none() {
+            let stale = self
+                .last_snapshot
+                .get(&pid)
+                .is_none_or(|t| t.elapsed() >= SNAPSHOT_MIN_INTERVAL);
+            if stale || !self.maps.has(pid) {
+                self.snapshot_maps(pid)?;
+                normalized = self.maps.normalize(pid, addr);
+            }
+        }
+        let open_path = normalized
+            .as_ref()
+            .filter(|n| n.file_offset.is_some())
+            .and_then(|n| n.path.as_deref())
+            .map(|p| resolve_in_process(pid, p));
+        self.pending.push(PendingFrame {
+            pid,
+            addr,
+            normalized,
+            open_path,
+        });
+        Ok(())
+    }
+
+    /// Symbolizes queued frames and appends them to the `frames` table.
+    pub fn flush_frames(&mut self) -> memleak_trace::Result<()> {
+        if self.pending.is_empty() {
+            return Ok(());
+        }
+        let pending = std::mem::take(&mut self.pending);
+        for rec in self.symbolizer.symbolize(pending) {
+            self.writer.push_frame(&rec)?;
+        }
+        Ok(())
+    }
+
+    /// Timer work: closes segments when they are due, with their frames.
+    pub fn tick(&mut self) -> memleak_trace::Result<()> {
+        self.flush_frames()?;
+        self.writer.tick()
+    }
+
+    /// Stores the BPF loss counters (indexed like [`LOST_REASONS`]).
+    pub fn set_lost(&mut self, counts: &[u64]) {
+        let meta = self.writer.meta_mut();
+        for (name, &n) in LOST_REASONS.iter().zip(counts) {
+            if *name == "failed_alloc" {
+                // Not a loss: the program's allocation failed.
+                meta.extra.insert("failed_allocations".into(), n.into());
+                continue;
+            }
+            meta.counters.lost.insert((*name).to_string(), n);
+        }
+    }
+
+    /// Flushes everything and closes the trace.
+    pub fn finish(mut self) -> memleak_trace::Result<Meta> {
+        self.flush_frames()?;
+        self.writer.finish()
+    }
+}
+
+fn track_live(
+    live: &mut HashMap<(u32, u64), u64>,
+    total: &mut u64,
+    kind: EventKind,
+    raw: &RawEvent<'_>,
+) {
+    use memleak_trace::schema::KindClass;
+    let pid = if kind.is_kernel() { 0 } else { raw.pid };
+    let mut free = |addr: u64, total: &mut u64| {
+        if let Some(sz) = live.remove(&(pid, addr)) {
+            *total -= sz;
+        }
+    };
+    match kind.class() {
+        KindClass::Alloc | KindClass::MapRange => {
+            if let Some(old) = live.insert((pid, raw.addr), raw.size) {
+                *total -= old;
+            }
+            *total += raw.size;
+        }
+        KindClass::Free | KindClass::UnmapRange => free(raw.addr, total),
+        KindClass::Realloc | KindClass::RemapRange => {
+            if raw.old_addr != 0 {
+                free(raw.old_addr, total);
+            }
+            if raw.addr != 0 {
+                live.insert((pid, raw.addr), raw.size);
+                *total += raw.size;
+            }
+        }
+        KindClass::Process => {}
+    }
+}

@@ -1,0 +1,210 @@
+//! `/proc/PID/maps`: snapshots, and the normalization of an address to
+//! (object path, file offset, build id) while the process is alive.
+
+use std::collections::HashMap;
+use std::path::{Path, PathBuf};
+
+use memleak_trace::MapRecord;
+
+/// One mapping of a process.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mapping {
+    /// Start address.
+    pub start: u64,
+    /// End address (exclusive).
+    pub end: u64,
+    /// Permissions, e.g. `r-xp`.
+    pub perms: String,
+    /// File offset of `start`.
+    pub offset: u64,
+    /// Inode (0 for anonymous).
+    pub inode: u64,
+    /// Path or pseudo-name; `None` for anonymous memory.
+    pub path: Option<String>,
+}
+
+impl Mapping {
+    /// True for a mapping of a real file (not `[heap]`, `[vdso]`, anon).
+    pub fn is_file(&self) -> bool {
+        self.inode != 0 && self.path.as_deref().is_some_and(|p| p.starts_with('/'))
+    }
+}
+
+/// Parses the text of a maps file.
+pub fn parse_maps(text: &str) -> Vec<Mapping> {
+    text.lines().filter_map(parse_line).collect()
+}
+
+fn parse_line(line: &str) -> Option<Mapping> {
+    let mut it = line.splitn(6, ' ');
+    let range = it.next()?;
+    let perms = it.next()?;
+    let offset = it.next()?;
+    let _dev = it.next()?;
+    let inode = it.next()?;
+    let path = it.next().map(|p| p.trim_start()).filter(|p| !p.is_empty());
+    let (s, e) = range.split_once('-')?;
+    Some(Mapping {
+        start: u64::from_str_radix(s, 16).ok()?,
+        end: u64::from_str_radix(e, 16).ok()?,
+        perms: perms.to_string(),
+        offset: u64::from_str_radix(offset, 16).ok()?,
+        inode: inode.parse().ok()?,
+        path: path.map(str::to_string),
+    })
+}
+
+/// Reads `/proc/PID/maps`.
+pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
+    Ok(parse_maps(&std::fs::read_to_string(format!(
+        "/proc/{pid}/maps"
+    ))?))
+}
+
+/// Where an address lives, as the analyzer needs it offline.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Normalized {
+    /// Object path (or pseudo-name such as `[vdso]`).
+    pub path: Option<String>,
+    /// Offset in the object file; `None` for anonymous memory.
+    pub file_offset: Option<u64>,
+    /// Build id of the object, lowercase hex.
+    pub build_id: Option<String>,
+}
+
+/// The latest maps of each traced process, plus build ids by path.
+#[derive(Default)]
+pub struct MapsCache {
+    by_pid: HashMap<u32, Vec<Mapping>>,
+    build_ids: HashMap<String, Option<String>>,
+}
+
+impl MapsCache {
+    /// Re-reads a process's maps; returns the records to store in the
+    /// `maps` table (empty if the process is gone).
+    pub fn snapshot(&mut self, pid: u32, ts_ns: u64) -> Vec<MapRecord> {
+        let Ok(mut maps) = read_maps(pid) else {
+            return Vec::new();
+        };
+        maps.sort_by_key(|m| m.start);
+        let records = maps
+            .iter()
+            .map(|m| MapRecord {
+                ts_ns,
+                pid,
+                start: m.start,
+                end: m.end,
+                perms: m.perms.clone(),
+                offset: m.offset,
+                inode: m.inode,
+                path: m.path.clone(),
+                build_id: if m.is_file() {
+                    self.build_id(m.path.as_deref().unwrap_or_default(), pid)
+                } else {
+                    None
+                },
+            })
+            .collect();
+        self.by_pid.insert(pid, maps);
+        records
+    }
+
+    /// Whether a snapshot of `pid` exists.
+    pub fn has(&self, pid: u32) -> bool {
+        self.by_pid.contains_key(&pid)
+    }
+
+    /// Drops what is known about a process (after exec).
+    pub fn forget(&mut self, pid: u32) {
+        self.by_pid.remove(&pid);
+    }
+
+    /// Normalizes an address with the latest snapshot; `None` when no
+    /// mapping contains it.
+    pub fn normalize(&mut self, pid: u32, addr: u64) -> Option<Normalized> {
+        let maps = self.by_pid.get(&pid)?;
+        let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
+        let m = &maps[i];
+        if addr >= m.end {
+            return None;
+        }
+        let m = m.clone();
+        if m.is_file() {
+            let path = m.path.clone().expect("file mapping has a path");
+            Some(Normalized {
+                build_id: self.build_id(&path, pid),
+                file_offset: Some(addr - m.start + m.offset),
+                path: Some(path),
+            })
+        } else {
+            Some(Normalized {
+                path: m.path,
+                file_offset: None,
+                build_id: None,
+            })
+        }
+    }
+
+    fn build_id(&mut self, path: &str, pid: u32) -> Option<String> {
+        if let Some(b) = self.build_ids.get(path) {
+            return b.clone();
+        }
+        let b = read_build_id(&resolve_in_process(pid, path));
+        self.build_ids.insert(path.to_string(), b.clone());
+        b
+    }
+}
+
+/// The path through which our process can open a file of `pid`'s mount
+/// namespace, falling back to the plain path.
+pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
+    let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
+    if via_root.exists() {
+        via_root
+    } else {
+        PathBuf::from(path)
+    }
+}
+
+/// Reads the GNU build id of an ELF file, as lowercase hex.
+pub fn read_build_id(path: &Path) -> Option<String> {
+    let id = blazesym::helper::read_elf_build_id(&path).ok()??;
+    Some(id.iter().map(|b| format!("{b:02x}")).collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_maps_lines_with_and_without_paths() {
+        let text = "\
+55d0c0a00000-55d0c0a01000 r--p 00000000 fe:01 1234   /usr/bin/prog with space
+55d0c0a01000-55d0c0a02000 r-xp 00001000 fe:01 1234   /usr/bin/prog with space
+7ffd1000-7ffd2000 rw-p 00000000 00:00 0 
+7ffd3000-7ffd4000 r-xp 00000000 00:00 0                          [vdso]
+";
+        let m = parse_maps(text);
+        assert_eq!(m.len(), 4);
+        assert_eq!(m[1].start, 0x55d0c0a01000);
+        assert_eq!(m[1].offset, 0x1000);
+        assert_eq!(m[1].path.as_deref(), Some("/usr/bin/prog with space"));
+        assert!(m[1].is_file());
+        assert_eq!(m[2].path, None);
+        assert_eq!(m[3].path.as_deref(), Some("[vdso]"));
+        assert!(!m[3].is_file());
+    }
+
+    #[test]
+    fn normalizes_addresses_of_this_process() {
+        let mut cache = MapsCache::default();
+        let pid = std::process::id();
+        assert!(!cache.snapshot(pid, 1).is_empty());
+        let f = parses_maps_lines_with_and_without_paths as *const () as u64;
+        let n = cache.normalize(pid, f).expect("own code is mapped");
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        assert_eq!(n.path.as_deref(), exe.to_str());
+        assert!(n.file_offset.is_some());
+        assert!(cache.normalize(pid, 8).is_none());
+    }
+}

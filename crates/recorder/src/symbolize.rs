@@ -1,0 +1,153 @@
+//! Symbolization of normalized frames with blazesym, done by the recorder
+//! while the binaries are at hand, so a trace analyzes on any machine.
+//!
+//! Every frame of a stack is a return address, so the lookup uses
+//! `addr - 1`: the call instruction. That gives the line of the call, not
+//! the line after it (bcc's memleak is off by one here).
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+
+use blazesym::symbolize::source::{Elf, Kernel, Source};
+use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
+use memleak_trace::{FrameRecord, InlinedFrame};
+
+use crate::procmaps::Normalized;
+
+/// A frame waiting for symbolization.
+#[derive(Debug, Clone)]
+pub struct PendingFrame {
+    /// Process (0 for kernel frames).
+    pub pid: u32,
+    /// Raw return address.
+    pub addr: u64,
+    /// Where the address lives; `None` if no mapping contained it.
+    pub normalized: Option<Normalized>,
+    /// Path our process opens to read the object.
+    pub open_path: Option<PathBuf>,
+}
+
+/// Turns pending frames into `frames` rows, in batches per object.
+pub struct FrameSymbolizer {
+    symbolizer: Symbolizer,
+}
+
+impl Default for FrameSymbolizer {
+    fn default() -> Self {
+        FrameSymbolizer {
+            symbolizer: Symbolizer::builder()
+                .enable_code_info(true)
+                .enable_inlined_fns(true)
+                .enable_demangling(true)
+                .build(),
+        }
+    }
+}
+
+impl FrameSymbolizer {
+    /// Symbolizes a batch. Frames that cannot be symbolized keep their
+    /// normalized form, so the report can still name the object and offset.
+    pub fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
+        let mut out = Vec::with_capacity(frames.len());
+        // Group user frames by object so each ELF is parsed once per batch.
+        let mut by_object: HashMap<PathBuf, Vec<PendingFrame>> = HashMap::new();
+        let mut kernel = Vec::new();
+        for f in frames {
+            if f.pid == 0 {
+                kernel.push(f);
+            } else if let (Some(path), Some(_)) = (
+                f.open_path.clone(),
+                f.normalized.as_ref().and_then(|n| n.file_offset),
+            ) {
+                by_object.entry(path).or_default().push(f);
+            } else {
+                out.push(unsymbolized(&f));
+            }
+        }
+        for (path, group) in by_object {
+            let src = Source::Elf(Elf::new(path));
+            let offsets: Vec<u64> = group
+                .iter()
+                .map(|f| {
+                    f.normalized
+                        .as_ref()
+                        .and_then(|n| n.file_offset)
+                        .unwrap_or(1)
+                        .saturating_sub(1)
+                })
+                .collect();
+            let syms = self
+                .symbolizer
+                .symbolize(&src, Input::FileOffset(&offsets))
+                .unwrap_or_default();
+            for (i, f) in group.iter().enumerate() {
+                let mut rec = unsymbolized(f);
+                if let Some(Symbolized::Sym(sym)) = syms.get(i) {
+                    fill(&mut rec, sym);
+                }
+                out.push(rec);
+            }
+        }
+        if !kernel.is_empty() {
+            let src = Source::Kernel(Kernel::default());
+            let addrs: Vec<u64> = kernel.iter().map(|f| f.addr.saturating_sub(1)).collect();
+            let syms = self
+                .symbolizer
+                .symbolize(&src, Input::AbsAddr(&addrs))
+                .unwrap_or_default();
+            for (i, f) in kernel.iter().enumerate() {
+                let mut rec = unsymbolized(f);
+                if let Some(Symbolized::Sym(sym)) = syms.get(i) {
+                    fill(&mut rec, sym);
+                    rec.path = Some(sym.module.as_ref().map_or_else(
+                        || "[kernel]".to_string(),
+                        |m| m.to_string_lossy().into_owned(),
+                    ));
+                }
+                out.push(rec);
+            }
+        }
+        out
+    }
+}
+
+fn unsymbolized(f: &PendingFrame) -> FrameRecord {
+    let n = f.normalized.as_ref();
+    FrameRecord {
+        pid: f.pid,
+        addr: f.addr,
+        build_id: n.and_then(|n| n.build_id.clone()),
+        path: n.and_then(|n| n.path.clone()),
+        file_offset: n.and_then(|n| n.file_offset),
+        ..FrameRecord::default()
+    }
+}
+
+fn file_name(ci: &blazesym::symbolize::CodeInfo<'_>) -> String {
+    ci.to_path().to_string_lossy().into_owned()
+}
+
+/// Copies a blazesym symbol into a frame row. blazesym reports the outer
+/// function with the location of its (inlined) call, then the inlined
+/// functions outermost first, each with its own location; the trace stores
+/// inlined functions innermost first.
+fn fill(rec: &mut FrameRecord, sym: &Sym<'_>) {
+    rec.function = Some(sym.name.to_string());
+    rec.func_offset = Some(sym.offset as u64 + 1);
+    if let Some(ci) = &sym.code_info {
+        rec.file = Some(file_name(ci));
+        rec.line = ci.line;
+        rec.column = ci.column.map(u32::from);
+    }
+    rec.inlined = sym
+        .inlined
+        .iter()
+        .rev()
+        .map(|i| InlinedFrame {
+            function: i.name.to_string(),
+            file: i.code_info.as_ref().map(file_name),
+            line: i.code_info.as_ref().and_then(|c| c.line),
+            column: i.code_info.as_ref().and_then(|c| c.column).map(u32::from),
+        })
+        .collect();
+}

@@ -1,0 +1,240 @@
+//! What to probe: the allocator functions, the libraries that hold them in
+//! a target process, and their file offsets.
+
+use std::path::{Path, PathBuf};
+
+use blazesym::inspect::source::{Elf, Source};
+use blazesym::inspect::Inspector;
+use memleak_trace::EventKind;
+
+use crate::procmaps::{read_maps, resolve_in_process};
+
+/// How a function is probed.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProbeMode {
+    /// Entry and return (a uprobe session): allocators, which report their
+    /// result on return, and `operator delete`, which must mark the
+    /// `free()` inside it as nested.
+    Session,
+    /// Entry only: `free` and `munmap`, which only need their arguments.
+    EntryOnly,
+}
+
+/// One allocator entry point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AllocFn {
+    /// Symbol name, without any prefix.
+    pub symbol: &'static str,
+    /// Event kind it produces.
+    pub kind: EventKind,
+    /// How it is probed.
+    pub mode: ProbeMode,
+}
+
+const fn f(symbol: &'static str, kind: EventKind, mode: ProbeMode) -> AllocFn {
+    AllocFn { symbol, kind, mode }
+}
+
+use EventKind as K;
+use ProbeMode::{EntryOnly as E, Session as S};
+
+/// The C allocator API (glibc, or jemalloc/tcmalloc with `--object`).
+pub const C_ALLOCATORS: &[AllocFn] = &[
+    f("malloc", K::Malloc, S),
+    f("calloc", K::Calloc, S),
+    f("realloc", K::Realloc, S),
+    f("reallocarray", K::Reallocarray, S),
+    f("free", K::Free, E),
+    f("posix_memalign", K::PosixMemalign, S),
+    f("memalign", K::Memalign, S),
+    f("aligned_alloc", K::AlignedAlloc, S),
+    f("valloc", K::Valloc, S),
+    f("pvalloc", K::Pvalloc, S),
+    f("mmap", K::Mmap, S),
+    f("munmap", K::Munmap, E),
+    f("mremap", K::Mremap, S),
+];
+
+/// Every mangled C++ operator new/delete variant (plain, nothrow, aligned,
+/// sized), in the Itanium ABI used by libstdc++ and libc++.
+pub const CXX_ALLOCATORS: &[AllocFn] = &[
+    f("_Znwm", K::New, S),
+    f("_ZnwmRKSt9nothrow_t", K::New, S),
+    f("_ZnwmSt11align_val_t", K::New, S),
+    f("_ZnwmSt11align_val_tRKSt9nothrow_t", K::New, S),
+    f("_Znam", K::NewArray, S),
+    f("_ZnamRKSt9nothrow_t", K::NewArray, S),
+    f("_ZnamSt11align_val_t", K::NewArray, S),
+    f("_ZnamSt11align_val_tRKSt9nothrow_t", K::NewArray, S),
+    f("_ZdlPv", K::Delete, S),
+    f("_ZdlPvm", K::Delete, S),
+    f("_ZdlPvRKSt9nothrow_t", K::Delete, S),
+    f("_ZdlPvSt11align_val_t", K::Delete, S),
+    f("_ZdlPvmSt11align_val_t", K::Delete, S),
+    f("_ZdlPvSt11align_val_tRKSt9nothrow_t", K::Delete, S),
+    f("_ZdaPv", K::DeleteArray, S),
+    f("_ZdaPvm", K::DeleteArray, S),
+    f("_ZdaPvRKSt9nothrow_t", K::DeleteArray, S),
+    f("_ZdaPvSt11align_val_t", K::DeleteArray, S),
+    f("_ZdaPvmSt11align_val_t", K::DeleteArray, S),
+    f("_ZdaPvSt11align_val_tRKSt9nothrow_t", K::DeleteArray, S),
+];
+
+/// A resolved probe point.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ProbePoint {
+    /// The function.
+    pub func: AllocFn,
+    /// Symbol as found (with prefix).
+    pub symbol: String,
+    /// File offset of the function entry.
+    pub entry_offset: u64,
+    /// Function size in bytes (0 if unknown).
+    pub size: u64,
+    /// File offset where the probe goes (entry, or later; see placement).
+    pub probe_offset: u64,
+    /// Why this placement, for `-v`.
+    pub note: String,
+}
+
+/// The probes for one library file.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LibraryProbes {
+    /// Path our process opens (may go through `/proc/PID/root`).
+    pub path: PathBuf,
+    /// Resolved functions.
+    pub points: Vec<ProbePoint>,
+    /// Functions the library does not have.
+    pub missing: Vec<String>,
+}
+
+/// Resolves `funcs` (with `prefix`) in an ELF file. Several names may share
+/// an address (aliases); each address is probed once, by its first name.
+pub fn resolve(path: &Path, funcs: &[AllocFn], prefix: &str) -> Result<LibraryProbes, String> {
+    let names: Vec<String> = funcs
+        .iter()
+        .map(|f| format!("{prefix}{}", f.symbol))
+        .collect();
+    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
+    let src = Source::Elf(Elf::new(path));
+    let inspector = Inspector::new();
+    let found = inspector
+        .lookup(&src, &refs)
+        .map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut out = LibraryProbes {
+        path: path.to_path_buf(),
+        points: Vec::new(),
+        missing: Vec::new(),
+    };
+    let segments = load_segments(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    for ((func, name), infos) in funcs.iter().zip(&names).zip(found) {
+        let entry = infos
+            .iter()
+            .find_map(|i| i.file_offset.or_else(|| vaddr_to_offset(&segments, i.addr)));
+        let (Some(entry), Some(info)) = (entry, infos.first()) else {
+            out.missing.push(name.clone());
+            continue;
+        };
+        if out.points.iter().any(|p| p.entry_offset == entry) {
+            continue;
+        }
+        out.points.push(ProbePoint {
+            func: *func,
+            symbol: name.clone(),
+            entry_offset: entry,
+            size: info.size.unwrap_or(0) as u64,
+            probe_offset: entry,
+            note: "entry".into(),
+        });
+    }
+    Ok(out)
+}
+
+/// (p_vaddr, p_offset, p_filesz) of each PT_LOAD segment of an ELF64 file.
+fn load_segments(path: &Path) -> std::io::Result<Vec<(u64, u64, u64)>> {
+    let data = std::fs::read(path)?;
+    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an ELF64 file");
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+        return Err(bad());
+    }
+    let u64_at = |o: usize| {
+        data.get(o..o + 8)
+            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
+    };
+    let u16_at = |o: usize| {
+        data.get(o..o + 2)
+            .map(|b| u16::from_le_bytes(b.try_into().expect("2")))
+    };
+    let phoff = u64_at(0x20).ok_or_else(bad)? as usize;
+    let phentsize = u16_at(0x36).ok_or_else(bad)? as usize;
+    let phnum = u16_at(0x38).ok_or_else(bad)? as usize;
+    let mut segs = Vec::new();
+    for i in 0..phnum {
+        let ph = phoff + i * phentsize;
+        let ty = data
+            .get(ph..ph + 4)
+            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
+            .ok_or_else(bad)?;
+        if ty == 1 {
+            let (off, vaddr, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
+            segs.push((
+                vaddr.ok_or_else(bad)?,
+                off.ok_or_else(bad)?,
+                filesz.ok_or_else(bad)?,
+            ));
+        }
+    }
+    Ok(segs)
+}
+
+fn vaddr_to_offset(segs: &[(u64, u64, u64)], addr: u64) -> Option<u64> {
+    segs.iter()
+        .find(|(v, _, sz)| addr >= *v && addr < v + sz)
+        .map(|(v, off, _)| addr - v + off)
+}
+
+/// Finds the libraries of `pid` that provide `name_prefix` (e.g.
+/// `libc.so`), as paths our process can open.
+pub fn find_library(pid: u32, name_prefix: &str) -> Option<PathBuf> {
+    let maps = read_maps(pid).ok()?;
+    maps.iter().filter(|m| m.is_file()).find_map(|m| {
+        let path = m.path.as_deref()?;
+        let file = Path::new(path).file_name()?.to_str()?;
+        file.starts_with(name_prefix)
+            .then(|| resolve_in_process(pid, path))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_glibc_allocators_and_dedups_aliases() {
+        let libc = find_library(std::process::id(), "libc.so").expect("tests link glibc");
+        let probes = resolve(&libc, C_ALLOCATORS, "").unwrap();
+        let names: Vec<&str> = probes.points.iter().map(|p| p.symbol.as_str()).collect();
+        for must in ["malloc", "free", "calloc", "realloc", "mmap", "munmap"] {
+            assert!(names.contains(&must), "{must} missing from {names:?}");
+        }
+        // glibc's memalign and aligned_alloc are one function.
+        assert!(!(names.contains(&"memalign") && names.contains(&"aligned_alloc")));
+        let offsets: std::collections::HashSet<u64> =
+            probes.points.iter().map(|p| p.entry_offset).collect();
+        assert_eq!(offsets.len(), probes.points.len());
+        let none = resolve(&libc, C_ALLOCATORS, "je_").unwrap();
+        assert!(none.points.is_empty());
+        assert_eq!(none.missing.len(), C_ALLOCATORS.len());
+    }
+}
+
+/// Moves each probe past a first instruction the kernel would single-step,
+/// when that is safe (see [`crate::placement`]); `entry_only` disables it.
+pub fn apply_placement(lib: &mut LibraryProbes, entry_only: bool) {
+    if entry_only {
+        for p in &mut lib.points {
+            p.probe_offset = p.entry_offset;
+            p.note = "entry (--probe-placement=entry)".into();
+        }
+    }
+}

@@ -1,0 +1,299 @@
+//! Loading and attaching the BPF program: the only module that touches
+//! libbpf. Everything it hands out is plain data (ring-buffer bytes, loss
+//! counters), consumed by `memleak_recorder`.
+
+use std::mem::MaybeUninit;
+use std::path::Path;
+use std::time::Duration;
+
+use anyhow::{bail, Context, Result};
+use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::{
+    Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, TracepointCategory,
+    UprobeMultiOpts,
+};
+use memleak_recorder::targets::{LibraryProbes, ProbeMode};
+
+mod skel {
+    #![allow(
+        clippy::all,
+        missing_docs,
+        dead_code,
+        unused_imports,
+        non_camel_case_types
+    )]
+    include!(concat!(env!("OUT_DIR"), "/memleak.skel.rs"));
+}
+
+use skel::{MemleakSkel, MemleakSkelBuilder};
+
+/// Load-time settings of the probes.
+#[derive(Debug, Clone)]
+pub struct ProbeConfig {
+    pub min_size: u64,
+    pub max_size: u64,
+    pub stack_depth: u32,
+    pub ring_bytes: u32,
+    pub kernel_tgid: u32,
+    pub kernel_stacks: bool,
+}
+
+/// The loaded program and its attachments.
+pub struct Probes<'obj> {
+    skel: MemleakSkel<'obj>,
+    links: Vec<Link>,
+}
+
+const MAX_FRAMES: u32 = 127;
+
+impl<'obj> Probes<'obj> {
+    pub fn load(object: &'obj mut MaybeUninit<OpenObject>, cfg: &ProbeConfig) -> Result<Self> {
+        // BPF memory is charged to the memory cgroup on current kernels; an
+        // RLIMIT_MEMLOCK that cannot be raised is harmless, so ignore it.
+        let unlimited = libc::rlimit {
+            rlim_cur: libc::RLIM_INFINITY,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        // SAFETY: plain syscall with a valid pointer.
+        let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
+
+        let open = MemleakSkelBuilder::default()
+            .open(object)
+            .map_err(explain_bpf_error)
+            .context("opening the BPF object")?;
+        let mut open = open;
+        let ro = open.maps.rodata_data.as_deref_mut().expect("rodata exists");
+        ro.min_size = cfg.min_size;
+        ro.max_size = cfg.max_size;
+        ro.stack_bytes = cfg.stack_depth.clamp(1, MAX_FRAMES) * 8;
+        ro.wakeup_bytes = u64::from(cfg.ring_bytes / 4);
+        ro.kernel_tgid = cfg.kernel_tgid;
+        ro.kernel_stacks = cfg.kernel_stacks;
+        let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
+        open.maps
+            .events
+            .set_max_entries(ring)
+            .context("sizing the ring buffer")?;
+        let skel = open
+            .load()
+            .map_err(explain_bpf_error)
+            .context("loading the BPF program")?;
+        Ok(Probes {
+            skel,
+            links: Vec::new(),
+        })
+    }
+
+    /// Attaches the allocator probes of one library for `pid` (-1: every
+    /// process). Session probes and entry-only probes are one link each.
+    pub fn attach_library(&mut self, pid: i32, lib: &LibraryProbes) -> Result<()> {
+        for mode in [ProbeMode::Session, ProbeMode::EntryOnly] {
+            let points: Vec<_> = lib.points.iter().filter(|p| p.func.mode == mode).collect();
+            if points.is_empty() {
+                continue;
+            }
+            let opts = UprobeMultiOpts {
+                offsets: points.iter().map(|p| p.probe_offset as usize).collect(),
+                cookies: points.iter().map(|p| p.func.kind as u64).collect(),
+                session: mode == ProbeMode::Session,
+                ..Default::default()
+            };
+            let prog = match mode {
+                ProbeMode::Session => &self.skel.progs.alloc_session,
+                ProbeMode::EntryOnly => &self.skel.progs.free_entry,
+            };
+            let link = prog
+                .attach_uprobe_multi_with_opts(pid, &lib.path, "", opts)
+                .map_err(explain_bpf_error)
+                .with_context(|| format!("attaching uprobes to {}", lib.path.display()))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Records exec/exit/fork of traced processes.
+    pub fn attach_lifecycle(&mut self) -> Result<()> {
+        let p = &self.skel.progs;
+        for (prog, name) in [
+            (&p.on_exec, "sched_process_exec"),
+            (&p.on_exit, "sched_process_exit"),
+            (&p.on_fork, "sched_process_fork"),
+        ] {
+            let link = prog
+                .attach_tracepoint(TracepointCategory::Sched, name)
+                .with_context(|| format!("attaching sched:{name}"))?;
+            self.links.push(link);
+        }
+        Ok(())
+    }
+
+    /// Attaches the kernel allocator tracepoints. Returns notes about the
+    /// ones this kernel lacks; fails only if none could be attached.
+    pub fn attach_kernel(&mut self, percpu: bool) -> Result<Vec<String>> {
+        let p = &self.skel.progs;
+        let mut list = vec![
+            (&p.on_kmalloc, TracepointCategory::Kmem, "kmalloc"),
+            (&p.on_kfree, TracepointCategory::Kmem, "kfree"),
+            (
+                &p.on_kmem_cache_alloc,
+                TracepointCategory::Kmem,
+                "kmem_cache_alloc",
+            ),
+            (
+                &p.on_kmem_cache_free,
+                TracepointCategory::Kmem,
+                "kmem_cache_free",
+            ),
+            (&p.on_page_alloc, TracepointCategory::Kmem, "mm_page_alloc"),
+            (&p.on_page_free, TracepointCategory::Kmem, "mm_page_free"),
+        ];
+        if percpu {
+            list.push((
+                &p.on_percpu_alloc,
+                TracepointCategory::Percpu,
+                "percpu_alloc_percpu",
+            ));
+            list.push((
+                &p.on_percpu_free,
+                TracepointCategory::Percpu,
+                "percpu_free_percpu",
+            ));
+        }
+        let mut notes = Vec::new();
+        let mut attached = 0;
+        for (prog, cat, name) in list {
+            match prog.attach_tracepoint(cat.clone(), name) {
+                Ok(link) => {
+                    self.links.push(link);
+                    attached += 1;
+                }
+                Err(e) => notes.push(format!(
+                    "tracepoint {}:{name} unavailable ({e}); not recorded",
+                    cat.as_ref()
+                )),
+            }
+        }
+        if attached == 0 {
+            bail!("no kernel allocation tracepoint could be attached");
+        }
+        Ok(notes)
+    }
+
+    /// Marks a process whose lifecycle events are recorded.
+    pub fn trace_pid(&self, pid: u32) -> Result<()> {
+        self.skel
+            .maps
+            .traced
+            .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY)
+            .context("updating the traced-pid map")
+    }
+
+    /// A ring-buffer consumer calling `f` for every record; `f` returns
+    /// false to stop consumption (an error it will report).
+    pub fn ring_buffer<'cb, F>(&'cb self, mut f: F) -> Result<RingBuffer<'cb>>
+    where
+        F: FnMut(&[u8]) -> bool + 'cb,
+    {
+        let mut b = RingBufferBuilder::new();
+        b.add(
+            &self.skel.maps.events,
+            move |data: &[u8]| if f(data) { 0 } else { -1 },
+        )?;
+        Ok(b.build()?)
+    }
+
+    /// Loss counters summed over CPUs, indexed like
+    /// `memleak_recorder::event::LOST_REASONS`.
+    pub fn lost(&self) -> Vec<u64> {
+        let n = memleak_recorder::event::LOST_REASONS.len();
+        (0..n as u32)
+            .map(|i| {
+                self.skel
+                    .maps
+                    .lost
+                    .lookup_percpu(&i.to_ne_bytes(), MapFlags::ANY)
+                    .ok()
+                    .flatten()
+                    .map(|per_cpu| {
+                        per_cpu
+                            .iter()
+                            .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("u64")))
+                            .sum()
+                    })
+                    .unwrap_or(0)
+            })
+            .collect()
+    }
+}
+
+/// Waits up to `timeout` for a forced wakeup, then drains the ring.
+pub fn drain(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
+    // Wakeups are suppressed except under pressure (see memleak.bpf.c), so
+    // poll() mostly just sleeps; consume() does the work either way.
+    let _ = rb.poll_raw(timeout);
+    let n = rb.consume_raw();
+    if n < 0 && n != -libc::EINTR {
+        bail!(
+            "consuming the ring buffer failed ({})",
+            std::io::Error::from_raw_os_error(-n)
+        );
+    }
+    Ok(())
+}
+
+fn explain_bpf_error(e: libbpf_rs::Error) -> anyhow::Error {
+    let msg = e.to_string();
+    if msg.contains("Operation not permitted") || msg.contains("EPERM") {
+        anyhow::anyhow!("{msg}: loading BPF programs needs root (or CAP_BPF and CAP_PERFMON)")
+    } else {
+        anyhow::Error::new(e)
+    }
+}
+
+/// Whether `path` can be probed at all (exists and is an ELF file).
+pub fn check_object(path: &Path) -> Result<()> {
+    let mut magic = [0u8; 4];
+    use std::io::Read;
+    std::fs::File::open(path)
+        .and_then(|mut f| f.read_exact(&mut magic))
+        .with_context(|| format!("{}: cannot read allocator library", path.display()))?;
+    if &magic != b"\x7fELF" {
+        bail!("{}: not an ELF file", path.display());
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use memleak_recorder::event::offsets;
+    use std::mem::offset_of;
+
+    use super::skel::types::memleak_event as E;
+
+    #[test]
+    fn rust_decoder_matches_the_bpf_event_layout() {
+        assert_eq!(offset_of!(E, ts_ns), offsets::TS_NS);
+        assert_eq!(offset_of!(E, addr), offsets::ADDR);
+        assert_eq!(offset_of!(E, size), offsets::SIZE);
+        assert_eq!(offset_of!(E, old_addr), offsets::OLD_ADDR);
+        assert_eq!(offset_of!(E, old_size), offsets::OLD_SIZE);
+        assert_eq!(offset_of!(E, pid), offsets::PID);
+        assert_eq!(offset_of!(E, tid), offsets::TID);
+        assert_eq!(offset_of!(E, kind), offsets::KIND);
+        assert_eq!(offset_of!(E, flags), offsets::FLAGS);
+        assert_eq!(offset_of!(E, nframes), offsets::NFRAMES);
+        assert_eq!(offset_of!(E, stack_err), offsets::STACK_ERR);
+        assert_eq!(offset_of!(E, frames), offsets::FRAMES);
+        assert_eq!(std::mem::size_of::<E>(), offsets::FRAMES + 127 * 8);
+    }
+
+    #[test]
+    fn kind_codes_match_the_trace_schema() {
+        use memleak_trace::EventKind;
+        // memleak.h enumerates the same codes; spot-check both ends.
+        assert_eq!(EventKind::Malloc as u8, 0);
+        assert_eq!(EventKind::DeleteArray as u8, 16);
+        assert_eq!(EventKind::Kmalloc as u8, 32);
+        assert_eq!(EventKind::Fork as u8, 50);
+    }
+}

@@ -1,0 +1,646 @@
+//! `memleak record`: attach the probes to a live process (`-p`) or launch a
+//! command under them (`-c` / `--`), and write every allocation and free
+//! into a trace until the target exits, `--duration` passes, or SIGINT or
+//! SIGTERM arrives.
+
+use std::cell::RefCell;
+use std::ffi::CString;
+use std::io::{IsTerminal, Write};
+use std::mem::MaybeUninit;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context, Result};
+use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
+use memleak_recorder::Recorder;
+use memleak_trace::{Meta, TraceWriter, WriterOptions};
+
+use crate::probes::{self, ProbeConfig, Probes};
+
+/// Arguments of `memleak record`.
+#[derive(clap::Args, Debug)]
+#[command(
+    after_help = "Examples:\n  memleak record -p 1234 -o trace.parquet\n  memleak record -o trace.parquet -- ./server --port 80\n  memleak record -c \"./a.out arg\" -o trace.parquet"
+)]
+pub struct RecordArgs {
+    /// Trace processes by pid (comma-separated or repeated).
+    #[arg(short, long, value_delimiter = ',')]
+    pub pid: Vec<u32>,
+    /// Run this command line under the probes (bcc style; split on spaces).
+    #[arg(short, long, conflicts_with = "pid")]
+    pub command: Option<String>,
+    /// Output trace directory.
+    #[arg(short, long, default_value = "trace.parquet")]
+    pub output: PathBuf,
+    /// Replace an existing output.
+    #[arg(long)]
+    pub force: bool,
+    /// Stop after this long (e.g. 10s, 500ms, 2m).
+    #[arg(short, long, value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// Record only allocations of at least this many bytes.
+    #[arg(short = 'z', long, default_value_t = 0)]
+    pub min_size: u64,
+    /// Record only allocations of at most this many bytes.
+    #[arg(short = 'Z', long, default_value_t = u64::MAX)]
+    pub max_size: u64,
+    /// Allocator library to probe instead of the target's libc.
+    #[arg(short = 'O', long)]
+    pub object: Option<PathBuf>,
+    /// Prefix of the allocator symbols (e.g. je_ for jemalloc).
+    #[arg(long, default_value = "")]
+    pub symbols_prefix: String,
+    /// Frames captured per allocation stack (1..=127).
+    #[arg(long, default_value_t = 127)]
+    pub stack_depth: u32,
+    /// Ring buffer size in bytes (rounded up to a power of two).
+    #[arg(long, default_value_t = 64 << 20)]
+    pub ring_size: u32,
+    /// Where to put entry probes: after single-stepped first instructions
+    /// (auto) or always at the function entry.
+    #[arg(long, value_enum, default_value = "auto")]
+    pub probe_placement: Placement,
+    /// Also record kernel allocations (kmalloc, kmem_cache, pages), system-wide.
+    #[arg(long)]
+    pub kernel: bool,
+    /// Record kernel allocations triggered by this process only.
+    #[arg(long)]
+    pub kernel_pid: Option<u32>,
+    /// With --kernel: also per-CPU allocations.
+    #[arg(long)]
+    pub percpu: bool,
+    /// Kernel stacks off (cheaper kernel recording).
+    #[arg(long)]
+    pub no_kernel_stacks: bool,
+    /// How often the ring buffer is drained, in milliseconds.
+    #[arg(long, default_value_t = 10)]
+    pub poll_ms: u64,
+    /// No status line and no summary.
+    #[arg(short, long)]
+    pub quiet: bool,
+    /// Show probe placements and skipped functions.
+    #[arg(short, long)]
+    pub verbose: bool,
+    /// The command to run, after `--`.
+    #[arg(last = true)]
+    pub argv: Vec<String>,
+}
+
+/// Probe placement policy.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Placement {
+    Auto,
+    Entry,
+}
+
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
+        .unwrap_or(s.len());
+    let (num, unit) = s.split_at(split);
+    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
+    let secs = match unit {
+        "" | "s" => n,
+        "ms" => n / 1e3,
+        "us" => n / 1e6,
+        "m" => n * 60.0,
+        "h" => n * 3600.0,
+        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m, h)")),
+    };
+    Ok(Duration::from_secs_f64(secs))
+}
+
+static STOP: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_signal(_: libc::c_int) {
+    STOP.store(true, Ordering::SeqCst);
+}
+
+/// The program being traced.
+enum Target {
+    Pids(Vec<u32>),
+    Child(child::Child),
+    KernelOnly,
+}
+
+pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    let argv: Vec<String> = match (&args.command, args.argv.is_empty()) {
+        (Some(c), true) => c.split_whitespace().map(str::to_string).collect(),
+        (Some(_), false) => bail!("give the command either with -c or after --, not both"),
+        (None, _) => args.argv.clone(),
+    };
+    if args.pid.is_empty() && argv.is_empty() && !args.kernel {
+        bail!("nothing to trace: give -p PID, -c CMD, -- CMD ARGS, or --kernel");
+    }
+    if !args.pid.is_empty() && !argv.is_empty() {
+        bail!("give either -p PID or a command, not both");
+    }
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        bail!("memleak record needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs");
+    }
+    for &pid in &args.pid {
+        if !process_alive(pid) {
+            bail!("no such process: {pid}");
+        }
+    }
+    let object = match &args.object {
+        Some(p) => {
+            probes::check_object(p)?;
+            Some(p.clone())
+        }
+        None => None,
+    };
+
+    let mut meta = Meta::for_this_host(env!("CARGO_PKG_VERSION"));
+    meta.command = std::env::args().collect();
+    meta.options = serde_json::json!({
+        "min_size": args.min_size, "max_size": args.max_size, "stack_depth": args.stack_depth,
+        "ring_size": args.ring_size, "probe_placement": format!("{:?}", args.probe_placement).to_lowercase(),
+        "kernel": args.kernel, "kernel_pid": args.kernel_pid, "percpu": args.percpu,
+        "object": args.object, "symbols_prefix": args.symbols_prefix, "target_command": argv,
+    });
+    let opts = WriterOptions {
+        force: args.force,
+        ..WriterOptions::default()
+    };
+    let writer = TraceWriter::create(&args.output, meta, opts)?;
+    let result = record(&args, argv, object, writer);
+    if result.is_err()
+        && args
+            .output
+            .join("events")
+            .read_dir()
+            .map_or(true, |mut d| d.next().is_none())
+    {
+        // Nothing was recorded: do not leave an empty trace behind.
+        let _ = std::fs::remove_dir_all(&args.output);
+    }
+    result
+}
+
+fn record(
+    args: &RecordArgs,
+    argv: Vec<String>,
+    object: Option<PathBuf>,
+    writer: TraceWriter,
+) -> Result<ExitCode> {
+    let cfg = ProbeConfig {
+        min_size: args.min_size,
+        max_size: args.max_size,
+        stack_depth: args.stack_depth,
+        ring_bytes: args.ring_size,
+        kernel_tgid: args.kernel_pid.unwrap_or(0),
+        kernel_stacks: !args.no_kernel_stacks,
+    };
+    let mut object_storage = MaybeUninit::uninit();
+    let mut probes = Probes::load(&mut object_storage, &cfg)?;
+    probes.attach_lifecycle()?;
+
+    let mut target = if !argv.is_empty() {
+        Target::Child(child::Child::spawn(&argv)?)
+    } else if !args.pid.is_empty() {
+        Target::Pids(args.pid.clone())
+    } else {
+        Target::KernelOnly
+    };
+    let pids: Vec<u32> = match &target {
+        Target::Pids(p) => p.clone(),
+        Target::Child(c) => vec![c.pid],
+        Target::KernelOnly => vec![],
+    };
+
+    for &pid in &pids {
+        probes.trace_pid(pid)?;
+        for lib in libraries_for(
+            pid,
+            matches!(target, Target::Child(_)),
+            object.as_ref(),
+            args,
+        )? {
+            if args.verbose {
+                for p in &lib.points {
+                    eprintln!(
+                        "memleak: probe {}:{} at +{:#x} ({})",
+                        lib.path.display(),
+                        p.symbol,
+                        p.probe_offset - p.entry_offset,
+                        p.note
+                    );
+                }
+                for m in &lib.missing {
+                    eprintln!("memleak: {} has no {m}; skipped", lib.path.display());
+                }
+            }
+            probes.attach_library(pid as i32, &lib)?;
+        }
+    }
+    if args.kernel || args.kernel_pid.is_some() {
+        for note in probes.attach_kernel(args.percpu)? {
+            eprintln!("memleak: note: {note}");
+        }
+    }
+
+    let track_live = !args.quiet && std::io::stderr().is_terminal();
+    let mut recorder = Recorder::new(writer, track_live);
+    recorder.meta_mut().pids = pids.clone();
+    for &pid in &pids {
+        if !matches!(target, Target::Child(_)) {
+            recorder.snapshot_maps(pid)?;
+        }
+    }
+
+    // SAFETY: the handler only stores to an atomic.
+    unsafe {
+        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
+        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
+    }
+    if let Target::Child(c) = &mut target {
+        c.release()?;
+    }
+
+    let recorder = RefCell::new(recorder);
+    let failure: RefCell<Option<memleak_trace::Error>> = RefCell::new(None);
+    let rb = probes.ring_buffer(|data| match recorder.borrow_mut().handle(data) {
+        Ok(()) => true,
+        Err(e) => {
+            failure.borrow_mut().get_or_insert(e);
+            false
+        }
+    })?;
+
+    let started = Instant::now();
+    let poll = Duration::from_millis(args.poll_ms.max(1));
+    let mut status = Status::new(track_live);
+    let mut exit_code: Option<i32> = None;
+    loop {
+        let drained = probes::drain(&rb, poll);
+        if let Some(e) = failure.borrow_mut().take() {
+            return Err(e.into());
+        }
+        drained?;
+        {
+            let mut rec = recorder.borrow_mut();
+            rec.tick()?;
+            status.update(&rec, &probes);
+        }
+        if STOP.load(Ordering::SeqCst) {
+            break;
+        }
+        if args.duration.is_some_and(|d| started.elapsed() >= d) {
+            break;
+        }
+        match &mut target {
+            Target::Pids(pids) => {
+                if pids.iter().all(|&p| !process_alive(p)) {
+                    break;
+                }
+            }
+            Target::Child(c) => {
+                let child_pid = c.pid;
+                let mut on_exit_stop = || -> Result<()> {
+                    // The child is stopped at exit with its address space
+                    // intact: drain what it did and capture its maps, so a
+                    // program that lives 5 ms still symbolizes.
+                    probes::drain(&rb, Duration::ZERO)?;
+                    let mut rec = recorder.borrow_mut();
+                    rec.snapshot_maps(child_pid)?;
+                    rec.flush_frames()?;
+                    Ok(())
+                };
+                if let Some(code) = c.poll(&mut on_exit_stop)? {
+                    exit_code = Some(code);
+                    break;
+                }
+            }
+            Target::KernelOnly => {}
+        }
+    }
+    status.clear();
+    // Whatever is still in the ring happened before we stopped: keep it.
+    probes::drain(&rb, Duration::ZERO)?;
+    if let Some(e) = failure.borrow_mut().take() {
+        return Err(e.into());
+    }
+    if let Target::Child(c) = &mut target {
+        if exit_code.is_none() {
+            // Stopped by signal or --duration: the child keeps running, as
+            // with bcc; we only detach.
+            c.detach();
+        }
+    }
+    drop(rb);
+    let mut rec = recorder.into_inner();
+    rec.set_lost(&probes.lost());
+    rec.meta_mut().exit_code = exit_code;
+    let stats = rec.stats().clone();
+    let meta = rec.finish()?;
+    if !args.quiet {
+        let lost = meta.counters.lost_total();
+        eprintln!(
+            "memleak: recorded {} events, {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
+            stats.events,
+            stats.stacks,
+            stats.frames,
+            started.elapsed().as_secs_f64(),
+            args.output.display(),
+            lost,
+            if lost > 0 {
+                format!(" ({:?})", meta.counters.lost)
+            } else {
+                String::new()
+            }
+        );
+    }
+    Ok(match exit_code {
+        Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
+        None => ExitCode::SUCCESS,
+    })
+}
+
+fn libraries_for(
+    pid: u32,
+    launched: bool,
+    object: Option<&PathBuf>,
+    args: &RecordArgs,
+) -> Result<Vec<LibraryProbes>> {
+    let placement = args.probe_placement;
+    let mut out = Vec::new();
+    let c_lib = match object {
+        Some(p) => p.clone(),
+        None if launched => targets::find_library(std::process::id(), "libc.so")
+            .context("cannot find our own libc")?,
+        None => targets::find_library(pid, "libc.so").with_context(|| {
+            format!("process {pid} has no libc mapped; use -O to name its allocator library")
+        })?,
+    };
+    let mut libc =
+        targets::resolve(&c_lib, C_ALLOCATORS, &args.symbols_prefix).map_err(anyhow::Error::msg)?;
+    if libc.points.is_empty() {
+        bail!(
+            "{}: none of the allocator functions found (symbols prefix {:?})",
+            c_lib.display(),
+            args.symbols_prefix
+        );
+    }
+    place(&mut libc, placement);
+    out.push(libc);
+    let cxx = if launched {
+        [
+            "/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib64/libstdc++.so.6",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists())
+    } else {
+        targets::find_library(pid, "libstdc++.so")
+            .or_else(|| targets::find_library(pid, "libc++.so"))
+    };
+    if let Some(path) = cxx {
+        let mut lib = targets::resolve(&path, CXX_ALLOCATORS, "").map_err(anyhow::Error::msg)?;
+        if !lib.points.is_empty() {
+            place(&mut lib, placement);
+            out.push(lib);
+        }
+    }
+    Ok(out)
+}
+
+/// Applies the probe-placement policy to resolved functions.
+fn place(lib: &mut LibraryProbes, policy: Placement) {
+    memleak_recorder::targets::apply_placement(lib, policy == Placement::Entry);
+}
+
+fn process_alive(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        // A zombie has exited; nothing reaps orphans here, so it may linger.
+        Ok(stat) => {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                != Some("Z")
+        }
+        Err(_) => false,
+    }
+}
+
+/// The live status line on stderr.
+struct Status {
+    enabled: bool,
+    last: Instant,
+    last_events: u64,
+}
+
+impl Status {
+    fn new(enabled: bool) -> Self {
+        Status {
+            enabled,
+            last: Instant::now(),
+            last_events: 0,
+        }
+    }
+
+    fn update(&mut self, rec: &Recorder, probes: &Probes<'_>) {
+        if !self.enabled || self.last.elapsed() < Duration::from_secs(1) {
+            return;
+        }
+        let s = rec.stats();
+        let rate = (s.events - self.last_events) as f64 / self.last.elapsed().as_secs_f64();
+        let lost: u64 = probes.lost().iter().take(3).sum();
+        eprint!(
+            "\r\x1b[Kmemleak: {:>10.0} events/s  {} events  {} outstanding bytes  {} lost",
+            rate, s.events, s.outstanding_bytes, lost
+        );
+        let _ = std::io::stderr().flush();
+        self.last = Instant::now();
+        self.last_events = s.events;
+    }
+
+    fn clear(&self) {
+        if self.enabled {
+            eprint!("\r\x1b[K");
+        }
+    }
+}
+
+mod child {
+    //! A child process started suspended, released once the probes are in
+    //! place, and traced with ptrace only to stop it at exit while its
+    //! address space can still be read.
+
+    use super::*;
+
+    pub struct Child {
+        pub pid: u32,
+        go_tx: libc::c_int,
+        err_rx: libc::c_int,
+        exited: bool,
+    }
+
+    impl Child {
+        /// Forks a child that waits for [`release`](Self::release) before
+        /// exec. Everything the child needs is prepared before the fork, so
+        /// it allocates nothing of its own (no phantom leaks from us).
+        pub fn spawn(argv: &[String]) -> Result<Child> {
+            let cargs: Vec<CString> = argv
+                .iter()
+                .map(|a| CString::new(a.as_str()))
+                .collect::<Result<_, _>>()
+                .context("command contains a NUL byte")?;
+            let mut ptrs: Vec<*const libc::c_char> = cargs.iter().map(|c| c.as_ptr()).collect();
+            ptrs.push(std::ptr::null());
+            let mut go = [0; 2];
+            let mut err = [0; 2];
+            // SAFETY: pipe2 writes two fds into the arrays.
+            unsafe {
+                if libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) != 0
+                    || libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) != 0
+                {
+                    bail!("pipe: {}", std::io::Error::last_os_error());
+                }
+            }
+            // SAFETY: the child only calls async-signal-safe functions.
+            let pid = unsafe { libc::fork() };
+            if pid < 0 {
+                bail!("fork: {}", std::io::Error::last_os_error());
+            }
+            if pid == 0 {
+                unsafe {
+                    let mut b = [0u8; 1];
+                    libc::close(go[1]);
+                    libc::close(err[0]);
+                    libc::read(go[0], b.as_mut_ptr().cast(), 1);
+                    if b[0] != b'g' {
+                        libc::_exit(126);
+                    }
+                    libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
+                    libc::execvp(ptrs[0], ptrs.as_ptr());
+                    let e = *libc::__errno_location();
+                    libc::write(err[1], (&e as *const i32).cast(), 4);
+                    libc::_exit(127);
+                }
+            }
+            // SAFETY: closing our copies of the child's pipe ends.
+            unsafe {
+                libc::close(go[0]);
+                libc::close(err[1]);
+            }
+            Ok(Child {
+                pid: pid as u32,
+                go_tx: go[1],
+                err_rx: err[0],
+                exited: false,
+            })
+        }
+
+        /// Lets the child exec; fails if exec fails.
+        pub fn release(&mut self) -> Result<()> {
+            let mut e = 0i32;
+            // SAFETY: fds are ours; buffers are valid.
+            let n = unsafe {
+                libc::write(self.go_tx, b"g".as_ptr().cast(), 1);
+                libc::close(self.go_tx);
+                let n = libc::read(self.err_rx, (&mut e as *mut i32).cast(), 4);
+                libc::close(self.err_rx);
+                n
+            };
+            if n == 4 {
+                self.reap_blocking();
+                bail!(
+                    "cannot execute command: {}",
+                    std::io::Error::from_raw_os_error(e)
+                );
+            }
+            // The exec stop (SIGTRAP) of PTRACE_TRACEME: ask for a stop at
+            // exit too, then let it run.
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe {
+                libc::waitpid(self.pid as i32, &mut status, 0);
+                if libc::WIFSTOPPED(status) {
+                    libc::ptrace(
+                        libc::PTRACE_SETOPTIONS,
+                        self.pid as i32,
+                        0,
+                        libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_EXITKILL,
+                    );
+                    libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
+                } else {
+                    self.exited = true;
+                }
+            }
+            Ok(())
+        }
+
+        /// Non-blocking: handles ptrace stops; returns the exit code once
+        /// the child is gone (128+signal if killed).
+        pub fn poll(
+            &mut self,
+            on_exit_stop: &mut dyn FnMut() -> Result<()>,
+        ) -> Result<Option<i32>> {
+            loop {
+                let mut status = 0;
+                // SAFETY: waiting for our own child.
+                let r = unsafe {
+                    libc::waitpid(self.pid as i32, &mut status, libc::WNOHANG | libc::__WALL)
+                };
+                if r == 0 {
+                    return Ok(None);
+                }
+                if r < 0 {
+                    self.exited = true;
+                    return Ok(Some(0));
+                }
+                if libc::WIFEXITED(status) {
+                    self.exited = true;
+                    return Ok(Some(libc::WEXITSTATUS(status)));
+                }
+                if libc::WIFSIGNALED(status) {
+                    self.exited = true;
+                    return Ok(Some(128 + libc::WTERMSIG(status)));
+                }
+                if libc::WIFSTOPPED(status) {
+                    let sig = libc::WSTOPSIG(status);
+                    let event = (status >> 16) & 0xff;
+                    let inject = if sig == libc::SIGTRAP && event == libc::PTRACE_EVENT_EXIT {
+                        on_exit_stop()?;
+                        0
+                    } else if sig == libc::SIGTRAP {
+                        0
+                    } else {
+                        sig
+                    };
+                    // SAFETY: the tracee is stopped.
+                    unsafe { libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, inject) };
+                }
+            }
+        }
+
+        /// Stops tracing and lets the child run on.
+        pub fn detach(&mut self) {
+            if self.exited {
+                return;
+            }
+            // PTRACE_DETACH needs a stopped tracee: interrupt it first.
+            // SAFETY: plain syscalls on our own child.
+            unsafe {
+                libc::kill(self.pid as i32, libc::SIGSTOP);
+                let mut status = 0;
+                libc::waitpid(self.pid as i32, &mut status, libc::__WALL);
+                libc::ptrace(libc::PTRACE_DETACH, self.pid as i32, 0, 0);
+                libc::kill(self.pid as i32, libc::SIGCONT);
+            }
+        }
+
+        fn reap_blocking(&mut self) {
+            let mut status = 0;
+            // SAFETY: waiting for our own child.
+            unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
+            self.exited = true;
+        }
+    }
+}
