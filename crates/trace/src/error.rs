@@ -68,23 +68,34 @@ impl Error {
         if source.raw_os_error() == Some(libc::ENOSPC) {
             Error::DiskFull(path.to_path_buf())
         } else {
-            Error::Io { path: path.to_path_buf(), source }
+            Error::Io {
+                path: path.to_path_buf(),
+                source,
+            }
         }
     }
 
     /// Wraps a Parquet error raised while writing `path`.
     pub(crate) fn parquet_write(path: &Path, e: parquet::errors::ParquetError) -> Self {
         match e {
-            parquet::errors::ParquetError::External(inner) => match inner.downcast::<std::io::Error>() {
-                Ok(io) => Error::io(path, *io),
-                Err(other) => Error::Corrupt { path: path.to_path_buf(), reason: other.to_string() },
-            },
+            parquet::errors::ParquetError::External(inner) => {
+                match inner.downcast::<std::io::Error>() {
+                    Ok(io) => Error::io(path, *io),
+                    Err(other) => Error::Corrupt {
+                        path: path.to_path_buf(),
+                        reason: other.to_string(),
+                    },
+                }
+            }
             other => {
                 let msg = other.to_string();
                 if msg.contains("No space left") {
                     Error::DiskFull(path.to_path_buf())
                 } else {
-                    Error::Corrupt { path: path.to_path_buf(), reason: msg }
+                    Error::Corrupt {
+                        path: path.to_path_buf(),
+                        reason: msg,
+                    }
                 }
             }
         }

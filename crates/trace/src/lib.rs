@@ -38,6 +38,6 @@ pub mod writer;
 
 pub use error::{Error, Result};
 pub use meta::{Counters, Meta};
-pub use reader::{EventBatch, EventColumns, Trace};
-pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord};
+pub use reader::{EventBatch, EventColumns, TableStats, Trace};
+pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table};
 pub use writer::{TraceWriter, WriterOptions};

@@ -23,13 +23,19 @@ pub struct ClockPair {
 impl ClockPair {
     /// Reads both clocks now.
     pub fn now() -> Self {
-        ClockPair { monotonic_ns: clock_ns(libc::CLOCK_MONOTONIC), realtime_ns: clock_ns(libc::CLOCK_REALTIME) }
+        ClockPair {
+            monotonic_ns: clock_ns(libc::CLOCK_MONOTONIC),
+            realtime_ns: clock_ns(libc::CLOCK_REALTIME),
+        }
     }
 }
 
 /// Reads a clock in nanoseconds.
 pub fn clock_ns(clock: libc::clockid_t) -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: ts is a valid, writable timespec.
     unsafe { libc::clock_gettime(clock, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
@@ -150,23 +156,32 @@ impl Meta {
     /// Reads and validates `dir/meta.json`.
     pub fn load(dir: &Path) -> Result<Meta> {
         let path = dir.join("meta.json");
-        let text = match fs::read_to_string(&path) {
+        // Bytes, not a String: a garbage file is corrupt, not an I/O error.
+        let text = match fs::read(&path) {
             Ok(t) => t,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
-                return Err(Error::NotATrace { path: dir.to_path_buf(), reason: "no meta.json".into() })
+                return Err(Error::NotATrace {
+                    path: dir.to_path_buf(),
+                    reason: "no meta.json".into(),
+                })
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let value: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| Error::Corrupt { path: path.clone(), reason: format!("invalid JSON: {e}") })?;
+        let value: serde_json::Value =
+            serde_json::from_slice(&text).map_err(|e| Error::Corrupt {
+                path: path.clone(),
+                reason: format!("invalid JSON: {e}"),
+            })?;
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
             return Err(Error::NotATrace {
                 path: dir.to_path_buf(),
                 reason: format!("meta.json has no \"format\": \"{FORMAT_NAME}\""),
             });
         }
-        let meta: Meta = serde_json::from_value(value)
-            .map_err(|e| Error::Corrupt { path: path.clone(), reason: format!("meta.json: {e}") })?;
+        let meta: Meta = serde_json::from_value(value).map_err(|e| Error::Corrupt {
+            path: path.clone(),
+            reason: format!("meta.json: {e}"),
+        })?;
         match meta.version() {
             None => Err(Error::Corrupt {
                 path,
@@ -205,6 +220,10 @@ fn uname_field(pick: impl Fn(&libc::utsname) -> &[libc::c_char; 65]) -> String {
         return String::new();
     }
     let field = pick(&u);
-    let bytes: Vec<u8> = field.iter().take_while(|&&c| c != 0).map(|&c| c as u8).collect();
+    let bytes: Vec<u8> = field
+        .iter()
+        .take_while(|&&c| c != 0)
+        .map(|&c| c as u8)
+        .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }

@@ -15,13 +15,16 @@ use arrow_array::types::{Int8Type, UInt32Type, UInt64Type};
 use arrow_array::{Array, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader, ParquetRecordBatchReaderBuilder,
+    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
+    ParquetRecordBatchReaderBuilder,
 };
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{Error, Result};
 use crate::meta::Meta;
-use crate::schema::{EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table, TABLE_KEY};
+use crate::schema::{
+    EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table, TABLE_KEY,
+};
 
 /// A set of `events` columns to decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,8 +54,9 @@ impl EventColumns {
     /// What replay needs: everything but `tid`.
     pub const REPLAY: Self = Self(511 & !4);
 
-    const NAMES: [&'static str; 9] =
-        ["ts_ns", "pid", "tid", "kind", "addr", "size", "old_addr", "stack_id", "old_size"];
+    const NAMES: [&'static str; 9] = [
+        "ts_ns", "pid", "tid", "kind", "addr", "size", "old_addr", "stack_id", "old_size",
+    ];
 
     /// Whether `other` is included.
     pub fn contains(self, other: Self) -> bool {
@@ -60,7 +64,9 @@ impl EventColumns {
     }
 
     fn names(self) -> impl Iterator<Item = &'static str> {
-        (0..9).filter(move |i| self.0 & (1 << i) != 0).map(|i| Self::NAMES[i])
+        (0..9)
+            .filter(move |i| self.0 & (1 << i) != 0)
+            .map(|i| Self::NAMES[i])
     }
 }
 
@@ -135,6 +141,19 @@ pub struct RowGroupUnit {
     pub rows: u64,
 }
 
+/// Size of one table, as [`Trace::table_stats`] reports it.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct TableStats {
+    /// Readable segments (skipped ones are not counted).
+    pub segments: u64,
+    /// Rows over all segments.
+    pub rows: u64,
+    /// Parquet row groups over all segments.
+    pub row_groups: u64,
+    /// Bytes on disk over all segments.
+    pub bytes: u64,
+}
+
 struct Segment {
     path: PathBuf,
     meta: ArrowReaderMetadata,
@@ -150,7 +169,10 @@ pub struct Trace {
 
 impl std::fmt::Debug for Trace {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Trace").field("root", &self.root).field("meta", &self.meta).finish_non_exhaustive()
+        f.debug_struct("Trace")
+            .field("root", &self.root)
+            .field("meta", &self.meta)
+            .finish_non_exhaustive()
     }
 }
 
@@ -166,18 +188,30 @@ impl Trace {
         })?;
         if !md.is_dir() {
             let mut magic = [0u8; 4];
-            let is_parquet = File::open(&root).and_then(|mut f| f.read_exact(&mut magic)).is_ok() && &magic == PARQUET_MAGIC;
+            let is_parquet = File::open(&root)
+                .and_then(|mut f| f.read_exact(&mut magic))
+                .is_ok()
+                && &magic == PARQUET_MAGIC;
             return Err(if is_parquet {
                 Error::Foreign {
                     path: root,
-                    reason: "a single Parquet file; a memleak trace is a directory with meta.json".into(),
+                    reason: "a single Parquet file; a memleak trace is a directory with meta.json"
+                        .into(),
                 }
             } else {
-                Error::NotATrace { path: root, reason: "not a directory".into() }
+                Error::NotATrace {
+                    path: root,
+                    reason: "not a directory".into(),
+                }
             });
         }
         let meta = Meta::load(&root)?;
-        let mut trace = Trace { root, meta, segments: BTreeMap::new(), warnings: Vec::new() };
+        let mut trace = Trace {
+            root,
+            meta,
+            segments: BTreeMap::new(),
+            warnings: Vec::new(),
+        };
         for table in Table::ALL {
             let segs = trace.open_table(table)?;
             trace.segments.insert(table.name(), segs);
@@ -205,7 +239,8 @@ impl Trace {
             if name.ends_with(".parquet") {
                 paths.push(path);
             } else if name.ends_with(".parquet.inprogress") {
-                self.warnings.push(format!("{}: skipping unfinished segment", path.display()));
+                self.warnings
+                    .push(format!("{}: skipping unfinished segment", path.display()));
             }
         }
         paths.sort();
@@ -216,13 +251,18 @@ impl Trace {
             let meta = match load_footer(&path) {
                 Ok(m) => m,
                 Err(reason) if i == last => {
-                    self.warnings.push(format!("{}: skipping truncated last segment ({reason})", path.display()));
+                    self.warnings.push(format!(
+                        "{}: skipping truncated last segment ({reason})",
+                        path.display()
+                    ));
                     continue;
                 }
                 Err(reason) => return Err(Error::Corrupt { path, reason }),
             };
             let kv = meta.metadata().file_metadata().key_value_metadata();
-            let tag = kv.and_then(|kv| kv.iter().find(|k| k.key == TABLE_KEY)).and_then(|k| k.value.clone());
+            let tag = kv
+                .and_then(|kv| kv.iter().find(|k| k.key == TABLE_KEY))
+                .and_then(|k| k.value.clone());
             if tag.as_deref() != Some(table.name()) {
                 let reason = match tag {
                     Some(t) => format!("a memleak {t} segment in the {} directory", table.name()),
@@ -237,11 +277,19 @@ impl Trace {
                     Ok(found) => {
                         return Err(Error::Foreign {
                             path,
-                            reason: format!("column {} has type {}, expected {}", field.name(), found.data_type(), field.data_type()),
+                            reason: format!(
+                                "column {} has type {}, expected {}",
+                                field.name(),
+                                found.data_type(),
+                                field.data_type()
+                            ),
                         })
                     }
                     Err(_) => {
-                        return Err(Error::Foreign { path, reason: format!("missing column {}", field.name()) })
+                        return Err(Error::Foreign {
+                            path,
+                            reason: format!("missing column {}", field.name()),
+                        })
                     }
                 }
             }
@@ -268,7 +316,23 @@ impl Trace {
 
     /// Number of events rows in readable segments.
     pub fn event_count(&self) -> u64 {
-        self.segments["events"].iter().map(|s| s.meta.metadata().file_metadata().num_rows() as u64).sum()
+        self.segments["events"]
+            .iter()
+            .map(|s| s.meta.metadata().file_metadata().num_rows() as u64)
+            .sum()
+    }
+
+    /// Segment, row and byte counts of one table's readable segments.
+    pub fn table_stats(&self, table: Table) -> TableStats {
+        let mut st = TableStats::default();
+        for seg in &self.segments[table.name()] {
+            let md = seg.meta.metadata();
+            st.segments += 1;
+            st.rows += md.file_metadata().num_rows() as u64;
+            st.row_groups += md.num_row_groups() as u64;
+            st.bytes += fs::metadata(&seg.path).map(|m| m.len()).unwrap_or(0);
+        }
+        st
     }
 
     /// Every events row group, in time order.
@@ -276,7 +340,11 @@ impl Trace {
         let mut units = Vec::new();
         for (segment, seg) in self.segments["events"].iter().enumerate() {
             for (row_group, rg) in seg.meta.metadata().row_groups().iter().enumerate() {
-                units.push(RowGroupUnit { segment, row_group, rows: rg.num_rows() as u64 });
+                units.push(RowGroupUnit {
+                    segment,
+                    row_group,
+                    rows: rg.num_rows() as u64,
+                });
             }
         }
         units
@@ -295,8 +363,14 @@ impl Trace {
     }
 
     /// Streams all events in time order, one row group at a time.
-    pub fn events(&self, cols: EventColumns) -> Result<impl Iterator<Item = Result<EventBatch>> + '_> {
-        Ok(self.event_units().into_iter().map(move |u| self.read_unit(&u, cols)))
+    pub fn events(
+        &self,
+        cols: EventColumns,
+    ) -> Result<impl Iterator<Item = Result<EventBatch>> + '_> {
+        Ok(self
+            .event_units()
+            .into_iter()
+            .map(move |u| self.read_unit(&u, cols)))
     }
 
     /// Reads the whole `stacks` table.
@@ -336,8 +410,14 @@ impl Trace {
             for i in 0..b.num_rows() {
                 let list = inl.value(i);
                 let st = list.as_struct();
-                let (f0, f1) = (st.column(0).as_string::<i32>(), st.column(1).as_string::<i32>());
-                let (f2, f3) = (st.column(2).as_primitive::<UInt32Type>(), st.column(3).as_primitive::<UInt32Type>());
+                let (f0, f1) = (
+                    st.column(0).as_string::<i32>(),
+                    st.column(1).as_string::<i32>(),
+                );
+                let (f2, f3) = (
+                    st.column(2).as_primitive::<UInt32Type>(),
+                    st.column(3).as_primitive::<UInt32Type>(),
+                );
                 let inlined = (0..st.len())
                     .map(|j| InlinedFrame {
                         function: f0.value(j).to_string(),
@@ -392,7 +472,11 @@ impl Trace {
 
     /// Decodes every batch of a table with the known columns only, in
     /// schema order, so callers can index columns by position.
-    fn for_each_batch(&self, table: Table, mut f: impl FnMut(&RecordBatch, &Path) -> Result<()>) -> Result<()> {
+    fn for_each_batch(
+        &self,
+        table: Table,
+        mut f: impl FnMut(&RecordBatch, &Path) -> Result<()>,
+    ) -> Result<()> {
         let schema = table.schema();
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         for seg in &self.segments[table.name()] {
@@ -403,8 +487,11 @@ impl Trace {
                     .iter()
                     .map(|n| batch.column_by_name(n).cloned().expect("projected column"))
                     .collect::<Vec<_>>();
-                let batch = RecordBatch::try_new(schema.clone(), cols)
-                    .map_err(|e| Error::Foreign { path: seg.path.clone(), reason: e.to_string() })?;
+                let batch =
+                    RecordBatch::try_new(schema.clone(), cols).map_err(|e| Error::Foreign {
+                        path: seg.path.clone(),
+                        reason: e.to_string(),
+                    })?;
                 f(&batch, &seg.path)?;
             }
         }
@@ -416,12 +503,18 @@ fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
     a.is_valid(i).then(|| a.value(i).to_string())
 }
 
-fn opt_prim<T: arrow_array::ArrowPrimitiveType>(a: &arrow_array::PrimitiveArray<T>, i: usize) -> Option<T::Native> {
+fn opt_prim<T: arrow_array::ArrowPrimitiveType>(
+    a: &arrow_array::PrimitiveArray<T>,
+    i: usize,
+) -> Option<T::Native> {
     a.is_valid(i).then(|| a.value(i))
 }
 
 fn corrupt(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Corrupt { path: path.to_path_buf(), reason: e.to_string() }
+    Error::Corrupt {
+        path: path.to_path_buf(),
+        reason: e.to_string(),
+    }
 }
 
 /// Types a reader accepts for a column: the written type, or for `kind`
@@ -431,7 +524,9 @@ fn compatible(found: &DataType, expected: &DataType) -> bool {
         return true;
     }
     match (found, expected) {
-        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Dictionary(_, v)) => **v == DataType::Utf8,
+        (DataType::Utf8 | DataType::LargeUtf8 | DataType::Utf8View, DataType::Dictionary(_, v)) => {
+            **v == DataType::Utf8
+        }
         (DataType::Dictionary(_, v), DataType::Dictionary(_, w)) => v == w,
         (DataType::List(a), DataType::List(b)) => compatible(a.data_type(), b.data_type()),
         _ => false,
@@ -462,13 +557,28 @@ fn batch_reader<'a>(
 
 fn kinds_of(col: &dyn Array, path: &Path) -> Result<Vec<Option<EventKind>>> {
     if let Some(dict) = col.as_dictionary_opt::<Int8Type>() {
-        let values = dict.values().as_string_opt::<i32>().ok_or_else(|| corrupt(path, "kind dictionary is not strings"))?;
-        let map: Vec<Option<EventKind>> = (0..values.len()).map(|i| EventKind::from_name(values.value(i))).collect();
-        Ok(dict.keys().values().iter().map(|&k| map.get(k as usize).copied().flatten()).collect())
+        let values = dict
+            .values()
+            .as_string_opt::<i32>()
+            .ok_or_else(|| corrupt(path, "kind dictionary is not strings"))?;
+        let map: Vec<Option<EventKind>> = (0..values.len())
+            .map(|i| EventKind::from_name(values.value(i)))
+            .collect();
+        Ok(dict
+            .keys()
+            .values()
+            .iter()
+            .map(|&k| map.get(k as usize).copied().flatten())
+            .collect())
     } else if let Some(s) = col.as_string_opt::<i32>() {
-        Ok((0..s.len()).map(|i| EventKind::from_name(s.value(i))).collect())
+        Ok((0..s.len())
+            .map(|i| EventKind::from_name(s.value(i)))
+            .collect())
     } else {
-        Err(Error::Foreign { path: path.to_path_buf(), reason: format!("kind column has type {}", col.data_type()) })
+        Err(Error::Foreign {
+            path: path.to_path_buf(),
+            reason: format!("kind column has type {}", col.data_type()),
+        })
     }
 }
 
@@ -480,28 +590,55 @@ fn append_events(out: &mut EventBatch, b: &RecordBatch, path: &Path) -> Result<(
     };
     // Rows of kinds this version does not know are skipped, as the format
     // promises; they can only come from a newer minor version.
-    let keep: Option<Vec<bool>> = kinds.as_ref().filter(|k| k.iter().any(|k| k.is_none())).map(|k| k.iter().map(|k| k.is_some()).collect());
+    let keep: Option<Vec<bool>> = kinds
+        .as_ref()
+        .filter(|k| k.iter().any(|k| k.is_none()))
+        .map(|k| k.iter().map(|k| k.is_some()).collect());
     let kept = |i: usize| keep.as_ref().is_none_or(|k| k[i]);
-    fn u64col(out: &mut Vec<u64>, b: &RecordBatch, name: &str, kept: &dyn Fn(usize) -> bool) {
+    let all_kept = keep.is_none();
+    fn u64col(
+        out: &mut Vec<u64>,
+        b: &RecordBatch,
+        name: &str,
+        all_kept: bool,
+        kept: &dyn Fn(usize) -> bool,
+    ) {
         if let Some(c) = b.column_by_name(name) {
             let a = c.as_primitive::<UInt64Type>();
-            if a.null_count() == 0 {
-                out.extend((0..a.len()).filter(|&i| kept(i)).map(|i| a.value(i)));
+            let start = out.len();
+            if all_kept {
+                // Fast path: copy the values, then zero the nulls.
+                out.extend_from_slice(a.values());
+                if let Some(nulls) = a.nulls().filter(|n| n.null_count() > 0) {
+                    for i in (0..a.len()).filter(|&i| nulls.is_null(i)) {
+                        out[start + i] = 0;
+                    }
+                }
             } else {
-                out.extend((0..a.len()).filter(|&i| kept(i)).map(|i| if a.is_valid(i) { a.value(i) } else { 0 }));
+                out.extend((0..a.len()).filter(|&i| kept(i)).map(|i| {
+                    if a.is_valid(i) {
+                        a.value(i)
+                    } else {
+                        0
+                    }
+                }));
             }
         }
     }
-    u64col(&mut out.ts_ns, b, "ts_ns", &kept);
-    u64col(&mut out.addr, b, "addr", &kept);
-    u64col(&mut out.size, b, "size", &kept);
-    u64col(&mut out.old_addr, b, "old_addr", &kept);
-    u64col(&mut out.stack_id, b, "stack_id", &kept);
-    u64col(&mut out.old_size, b, "old_size", &kept);
+    u64col(&mut out.ts_ns, b, "ts_ns", all_kept, &kept);
+    u64col(&mut out.addr, b, "addr", all_kept, &kept);
+    u64col(&mut out.size, b, "size", all_kept, &kept);
+    u64col(&mut out.old_addr, b, "old_addr", all_kept, &kept);
+    u64col(&mut out.stack_id, b, "stack_id", all_kept, &kept);
+    u64col(&mut out.old_size, b, "old_size", all_kept, &kept);
     for (name, dst) in [("pid", &mut out.pid), ("tid", &mut out.tid)] {
         if let Some(c) = b.column_by_name(name) {
             let a = c.as_primitive::<UInt32Type>();
-            dst.extend((0..a.len()).filter(|&i| kept(i)).map(|i| a.value(i)));
+            if all_kept {
+                dst.extend_from_slice(a.values());
+            } else {
+                dst.extend((0..a.len()).filter(|&i| kept(i)).map(|i| a.value(i)));
+            }
         }
     }
     if let Some(k) = kinds {

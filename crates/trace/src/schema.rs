@@ -321,7 +321,11 @@ pub fn stacks_schema() -> SchemaRef {
         Field::new("pid", DataType::UInt32, false),
         Field::new("kernel", DataType::Boolean, false),
         Field::new("truncated", DataType::Boolean, false),
-        Field::new("frames", DataType::List(Arc::new(Field::new("item", DataType::UInt64, false))), false),
+        Field::new(
+            "frames",
+            DataType::List(Arc::new(Field::new("item", DataType::UInt64, false))),
+            false,
+        ),
     ]))
 }
 
@@ -350,7 +354,11 @@ pub fn frames_schema() -> SchemaRef {
         Field::new("column", DataType::UInt32, true),
         Field::new(
             "inlined",
-            DataType::List(Arc::new(Field::new("item", DataType::Struct(inlined_fields()), false))),
+            DataType::List(Arc::new(Field::new(
+                "item",
+                DataType::Struct(inlined_fields()),
+                false,
+            ))),
             false,
         ),
     ]))

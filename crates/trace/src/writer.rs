@@ -19,11 +19,15 @@ use arrow_array::builder::{
     BooleanBuilder, ListBuilder, StringBuilder, StructBuilder, UInt32Builder, UInt64Builder,
 };
 use arrow_array::types::Int8Type;
-use arrow_array::{ArrayRef, DictionaryArray, Int8Array, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_array::{
+    ArrayRef, DictionaryArray, Int8Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{
+    DeltaBinaryPackedEncoderOptions, EnabledStatistics, WriterProperties,
+};
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
@@ -53,7 +57,7 @@ impl Default for WriterOptions {
         WriterOptions {
             segment_rows: 16 << 20,
             segment_duration: Duration::from_secs(30),
-            row_group_rows: 1 << 20,
+            row_group_rows: 256 << 10,
             zstd_level: 3,
             force: false,
         }
@@ -63,7 +67,12 @@ impl Default for WriterOptions {
 /// Creates a file readable by its owner only: traces hold addresses and
 /// command lines of other people's processes.
 pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new().write(true).create(true).truncate(true).mode(0o600).open(path)
+    OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
 }
 
 /// Buffers rows of one table and turns them into Arrow batches.
@@ -109,9 +118,14 @@ impl<R: Rows> TableSegments<R> {
         }
         if self.open.is_none() {
             if !self.dir.exists() {
-                fs::DirBuilder::new().mode(0o700).create(&self.dir).map_err(|e| Error::io(&self.dir, e))?;
+                fs::DirBuilder::new()
+                    .mode(0o700)
+                    .create(&self.dir)
+                    .map_err(|e| Error::io(&self.dir, e))?;
             }
-            let path = self.final_path(self.next_index).with_extension("parquet.inprogress");
+            let path = self
+                .final_path(self.next_index)
+                .with_extension("parquet.inprogress");
             let file = create_private(&path).map_err(|e| Error::io(&path, e))?;
             let writer = ArrowWriter::try_new(file, self.table.schema(), Some(self.props.clone()))
                 .map_err(|e| Error::parquet_write(&path, e))?;
@@ -121,7 +135,9 @@ impl<R: Rows> TableSegments<R> {
         let batch = self.rows.take_batch();
         self.rows_in_segment += batch.num_rows();
         let (writer, path) = self.open.as_mut().expect("opened above");
-        writer.write(&batch).map_err(|e| Error::parquet_write(path, e))
+        writer
+            .write(&batch)
+            .map_err(|e| Error::parquet_write(path, e))
     }
 
     fn maybe_drain(&mut self) -> Result<()> {
@@ -135,11 +151,14 @@ impl<R: Rows> TableSegments<R> {
     fn close_segment(&mut self) -> Result<()> {
         self.drain()?;
         if let Some((writer, tmp)) = self.open.take() {
-            let file = writer.into_inner().map_err(|e| Error::parquet_write(&tmp, e))?;
+            let file = writer
+                .into_inner()
+                .map_err(|e| Error::parquet_write(&tmp, e))?;
             file.sync_all().map_err(|e| Error::io(&tmp, e))?;
             let path = self.final_path(self.next_index);
             fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
             self.next_index += 1;
+            self.rows_in_segment = 0;
         }
         Ok(())
     }
@@ -167,17 +186,48 @@ impl TraceWriter {
             if !opts.force {
                 return Err(Error::Exists(root));
             }
-            let removed = if root.is_dir() { fs::remove_dir_all(&root) } else { fs::remove_file(&root) };
+            let removed = if root.is_dir() {
+                fs::remove_dir_all(&root)
+            } else {
+                fs::remove_file(&root)
+            };
             removed.map_err(|e| Error::io(&root, e))?;
         }
-        fs::DirBuilder::new().mode(0o700).create(&root).map_err(|e| Error::io(&root, e))?;
+        fs::DirBuilder::new()
+            .mode(0o700)
+            .create(&root)
+            .map_err(|e| Error::io(&root, e))?;
         meta.store(&root)?;
         let batch = 64 * 1024;
         let mut writer = TraceWriter {
-            events: TableSegments::new(&root, Table::Events, EventRows::default(), events_props(&opts), batch),
-            stacks: TableSegments::new(&root, Table::Stacks, StackRows::default(), plain_props(Table::Stacks, &opts), 8192),
-            frames: TableSegments::new(&root, Table::Frames, FrameRows::default(), plain_props(Table::Frames, &opts), 8192),
-            maps: TableSegments::new(&root, Table::Maps, MapRows::default(), plain_props(Table::Maps, &opts), 8192),
+            events: TableSegments::new(
+                &root,
+                Table::Events,
+                EventRows::default(),
+                events_props(&opts),
+                batch,
+            ),
+            stacks: TableSegments::new(
+                &root,
+                Table::Stacks,
+                StackRows::default(),
+                plain_props(Table::Stacks, &opts),
+                8192,
+            ),
+            frames: TableSegments::new(
+                &root,
+                Table::Frames,
+                FrameRows::default(),
+                plain_props(Table::Frames, &opts),
+                8192,
+            ),
+            maps: TableSegments::new(
+                &root,
+                Table::Maps,
+                MapRows::default(),
+                plain_props(Table::Maps, &opts),
+                8192,
+            ),
             root,
             opts,
             meta,
@@ -202,7 +252,12 @@ impl TraceWriter {
     /// Appends an event.
     pub fn push_event(&mut self, ev: &Event) -> Result<()> {
         self.events.rows.push(ev);
-        *self.meta.counters.events.entry(ev.kind.name().to_string()).or_insert(0) += 1;
+        *self
+            .meta
+            .counters
+            .events
+            .entry(ev.kind.name().to_string())
+            .or_insert(0) += 1;
         self.events_written += 1;
         self.events.maybe_drain()?;
         if self.events.rows_in_segment + self.events.rows.len() >= self.opts.segment_rows {
@@ -269,7 +324,10 @@ impl TraceWriter {
     }
 }
 
-fn base_props(table: Table, opts: &WriterOptions) -> parquet::file::properties::WriterPropertiesBuilder {
+fn base_props(
+    table: Table,
+    opts: &WriterOptions,
+) -> parquet::file::properties::WriterPropertiesBuilder {
     let level = ZstdLevel::try_new(opts.zstd_level).unwrap_or_default();
     WriterProperties::builder()
         .set_compression(Compression::ZSTD(level))
@@ -279,19 +337,43 @@ fn base_props(table: Table, opts: &WriterOptions) -> parquet::file::properties::
             KeyValue::new(TABLE_KEY.to_string(), table.name().to_string()),
             KeyValue::new(
                 "memleak.format_version".to_string(),
-                format!("{}.{}", crate::schema::FORMAT_MAJOR, crate::schema::FORMAT_MINOR),
+                format!(
+                    "{}.{}",
+                    crate::schema::FORMAT_MAJOR,
+                    crate::schema::FORMAT_MINOR
+                ),
             ),
         ]))
 }
 
-/// Encodings chosen by measurement (docs/format.md): timestamps are
-/// monotonic, so delta encoding makes them a few bits each; everything else
-/// repeats heavily and is dictionary-encoded.
+/// Encodings chosen by measurement (docs/format.md, "Encodings"; rerun
+/// `cargo run --release -p memleak-trace --example bytes_per_event -- --compare`):
+///
+/// - `ts_ns` is monotonic: DELTA_BINARY_PACKED leaves only the jitter of
+///   each delta, and 32-value miniblocks keep an occasional long gap from
+///   widening many neighbours.
+/// - `size` uses BYTE_STREAM_SPLIT: the low bytes of sizes are skewed but
+///   not byte-aligned once bit-packed, and zstd entropy-codes the split
+///   byte streams better than it does dictionary indices.
+/// - everything else repeats heavily and is dictionary-encoded; the
+///   all-null `old_*` columns cost only their run-length-encoded levels.
+/// - one data page per column chunk gives zstd a whole row group of
+///   context; row groups of 256Ki rows keep dictionaries (and so index
+///   widths) small and give replay many parallel units.
 fn events_props(opts: &WriterOptions) -> WriterProperties {
+    let ts = ColumnPath::from("ts_ns");
+    let size = ColumnPath::from("size");
+    let miniblocks = DeltaBinaryPackedEncoderOptions::try_new(128, 4)
+        .expect("128-value blocks of four 32-value miniblocks");
     base_props(Table::Events, opts)
-        .set_column_dictionary_enabled(ColumnPath::from("ts_ns"), false)
-        .set_column_encoding(ColumnPath::from("ts_ns"), Encoding::DELTA_BINARY_PACKED)
-        .set_dictionary_page_size_limit(4 << 20)
+        .set_column_dictionary_enabled(ts.clone(), false)
+        .set_column_encoding(ts.clone(), Encoding::DELTA_BINARY_PACKED)
+        .set_column_delta_binary_packed_encoder_options(ts, miniblocks)
+        .set_column_dictionary_enabled(size.clone(), false)
+        .set_column_encoding(size, Encoding::BYTE_STREAM_SPLIT)
+        .set_data_page_row_count_limit(opts.row_group_rows.max(1))
+        .set_data_page_size_limit(8 << 20)
+        .set_dictionary_page_size_limit(8 << 20)
         .build()
 }
 
@@ -328,11 +410,16 @@ impl EventRows {
 
 /// Index of a kind in the dictionary written with every batch.
 fn kind_key(kind: EventKind) -> i8 {
-    EventKind::ALL.iter().position(|&k| k == kind).expect("kind in ALL") as i8
+    EventKind::ALL
+        .iter()
+        .position(|&k| k == kind)
+        .expect("kind in ALL") as i8
 }
 
 fn kind_dictionary() -> Arc<StringArray> {
-    Arc::new(StringArray::from_iter_values(EventKind::ALL.iter().map(|k| k.name())))
+    Arc::new(StringArray::from_iter_values(
+        EventKind::ALL.iter().map(|k| k.name()),
+    ))
 }
 
 impl Rows for EventRows {
@@ -372,7 +459,11 @@ struct StackRows {
 
 impl Default for StackRows {
     fn default() -> Self {
-        let item = Arc::new(arrow_schema::Field::new("item", arrow_schema::DataType::UInt64, false));
+        let item = Arc::new(arrow_schema::Field::new(
+            "item",
+            arrow_schema::DataType::UInt64,
+            false,
+        ));
         StackRows {
             stack_id: UInt64Builder::new(),
             pid: UInt32Builder::new(),
@@ -467,10 +558,18 @@ impl FrameRows {
         self.column.append_option(f.column);
         let s = self.inlined.values();
         for i in &f.inlined {
-            s.field_builder::<StringBuilder>(0).expect("function").append_value(&i.function);
-            s.field_builder::<StringBuilder>(1).expect("file").append_option(i.file.as_deref());
-            s.field_builder::<UInt32Builder>(2).expect("line").append_option(i.line);
-            s.field_builder::<UInt32Builder>(3).expect("column").append_option(i.column);
+            s.field_builder::<StringBuilder>(0)
+                .expect("function")
+                .append_value(&i.function);
+            s.field_builder::<StringBuilder>(1)
+                .expect("file")
+                .append_option(i.file.as_deref());
+            s.field_builder::<UInt32Builder>(2)
+                .expect("line")
+                .append_option(i.line);
+            s.field_builder::<UInt32Builder>(3)
+                .expect("column")
+                .append_option(i.column);
             s.append(true);
         }
         self.inlined.append(true);
@@ -518,17 +617,25 @@ impl Rows for MapRows {
     }
     fn take_batch(&mut self) -> RecordBatch {
         let rows = std::mem::take(&mut self.rows);
-        let u64col = |f: fn(&MapRecord) -> u64| -> ArrayRef { Arc::new(UInt64Array::from_iter_values(rows.iter().map(f))) };
+        let u64col = |f: fn(&MapRecord) -> u64| -> ArrayRef {
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(f)))
+        };
         let cols: Vec<ArrayRef> = vec![
             u64col(|m| m.ts_ns),
             Arc::new(UInt32Array::from_iter_values(rows.iter().map(|m| m.pid))),
             u64col(|m| m.start),
             u64col(|m| m.end),
-            Arc::new(StringArray::from_iter_values(rows.iter().map(|m| m.perms.as_str()))),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|m| m.perms.as_str()),
+            )),
             u64col(|m| m.offset),
             u64col(|m| m.inode),
-            Arc::new(StringArray::from_iter(rows.iter().map(|m| m.path.as_deref()))),
-            Arc::new(StringArray::from_iter(rows.iter().map(|m| m.build_id.as_deref()))),
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|m| m.path.as_deref()),
+            )),
+            Arc::new(StringArray::from_iter(
+                rows.iter().map(|m| m.build_id.as_deref()),
+            )),
         ];
         RecordBatch::try_new(Table::Maps.schema(), cols).expect("maps batch matches schema")
     }

@@ -1,0 +1,357 @@
+//! What the writer writes, the reader reads back: every column, every
+//! table, the edge values, and the forward-compatibility promises.
+
+mod common;
+
+use std::fs::File;
+use std::os::unix::fs::PermissionsExt;
+use std::sync::Arc;
+
+use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_schema::{DataType, Field, Schema};
+use common::*;
+use memleak_trace::schema::{Table, TABLE_KEY};
+use memleak_trace::{EventColumns, EventKind, Trace, TraceWriter, WriterOptions};
+use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
+use parquet::arrow::ArrowWriter;
+use parquet::file::metadata::KeyValue;
+use parquet::file::properties::WriterProperties;
+
+#[test]
+fn every_column_of_every_table_round_trips() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+
+    let events = every_kind_events();
+    assert_eq!(read_events(&trace), events);
+    assert_eq!(trace.event_count(), events.len() as u64);
+    assert_eq!(trace.stacks().unwrap(), stacks());
+    assert_eq!(trace.frames().unwrap(), frames());
+    assert_eq!(trace.maps().unwrap(), maps());
+
+    let meta = trace.meta();
+    assert!(meta.complete);
+    assert_eq!(meta.host, "testhost");
+    assert_eq!(meta.pids, vec![4242]);
+    assert_eq!(meta.end_ns, 3_500_000_000);
+    assert_eq!(meta.counters.events_total(), events.len() as u64);
+    for &k in EventKind::ALL {
+        assert_eq!(meta.counters.events.get(k.name()), Some(&1), "{k}");
+    }
+    for t in Table::ALL {
+        let st = trace.table_stats(t);
+        assert_eq!(st.segments, 1, "{t:?}");
+        assert!(st.bytes > 0);
+    }
+    assert_eq!(trace.table_stats(Table::Stacks).rows, 3);
+}
+
+#[test]
+fn huge_values_and_nulls_survive() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let trace = Trace::open(&root).unwrap();
+    let got = read_events(&trace);
+    assert_eq!(got[0].addr, u64::MAX);
+    assert_eq!(got[1].size, u64::MAX);
+    let mremap = got.iter().find(|e| e.kind == EventKind::Mremap).unwrap();
+    assert_eq!(mremap.old_size, Some(u64::MAX));
+    let malloc = got.iter().find(|e| e.kind == EventKind::Malloc).unwrap();
+    assert_eq!(malloc.old_addr, None);
+    assert_eq!(malloc.old_size, None);
+    let realloc = got.iter().find(|e| e.kind == EventKind::Realloc).unwrap();
+    assert!(realloc.old_addr.is_some());
+    assert!(got.iter().any(|e| e.stack_id.is_none()));
+
+    // Nulls are real Parquet nulls, not zeros, for other readers.
+    let seg = &segments(&root, "events")[0];
+    let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(seg).unwrap())
+        .unwrap()
+        .build()
+        .unwrap();
+    let mut nulls = 0;
+    for b in reader {
+        nulls += b.unwrap().column_by_name("old_addr").unwrap().null_count();
+    }
+    let expected = every_kind_events()
+        .iter()
+        .filter(|e| e.old_addr.is_none())
+        .count();
+    assert_eq!(nulls, expected);
+}
+
+#[test]
+fn empty_trace_is_valid_with_zero_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("empty.parquet");
+    write_trace(&root, WriterOptions::default(), &[], &[], &[], &[]);
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+    assert!(trace.meta().complete);
+    assert_eq!(trace.event_count(), 0);
+    assert!(trace.event_units().is_empty());
+    assert_eq!(trace.events(EventColumns::ALL).unwrap().count(), 0);
+    assert!(trace.stacks().unwrap().is_empty());
+    assert!(trace.frames().unwrap().is_empty());
+    assert!(trace.maps().unwrap().is_empty());
+    assert_eq!(trace.table_stats(Table::Events).segments, 0);
+}
+
+#[test]
+fn many_segments_are_read_in_order() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("many.parquet");
+    let events = synthetic_events(1000);
+    write_trace(
+        &root,
+        small_opts(64),
+        &events,
+        &stacks(),
+        &frames(),
+        &maps(),
+    );
+    let segs = segments(&root, "events");
+    assert_eq!(segs.len(), 1000usize.div_ceil(64), "{segs:?}");
+    let trace = Trace::open(&root).unwrap();
+    assert_eq!(trace.table_stats(Table::Events).segments, segs.len() as u64);
+    assert_eq!(read_events(&trace), events);
+    // Row groups of 7 rows are the units, in time order.
+    let units = trace.event_units();
+    assert_eq!(units.iter().map(|u| u.rows).sum::<u64>(), 1000);
+    assert!(units.iter().all(|u| u.rows <= 7));
+    let mut last = 0;
+    for u in &units {
+        let b = trace.read_unit(u, EventColumns::TS).unwrap();
+        assert_eq!(b.len() as u64, u.rows);
+        assert!(b.ts_ns[0] > last);
+        last = *b.ts_ns.last().unwrap();
+    }
+}
+
+#[test]
+fn rotation_by_hand_and_by_time_keeps_everything() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("rot.parquet");
+    let events = synthetic_events(300);
+    let opts = WriterOptions {
+        segment_duration: std::time::Duration::ZERO,
+        ..WriterOptions::default()
+    };
+    let mut w = TraceWriter::create(&root, meta(), opts).unwrap();
+    for (i, e) in events.iter().enumerate() {
+        w.push_event(e).unwrap();
+        if i % 100 == 99 {
+            w.tick().unwrap();
+        }
+    }
+    w.rotate().unwrap(); // nothing buffered: must not make an empty segment
+    w.finish().unwrap();
+    assert_eq!(segments(&root, "events").len(), 3);
+    let trace = Trace::open(&root).unwrap();
+    assert_eq!(read_events(&trace), events);
+}
+
+#[test]
+fn projection_decodes_only_the_requested_columns() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("p.parquet");
+    let events = synthetic_events(100);
+    write_trace(&root, WriterOptions::default(), &events, &[], &[], &[]);
+    let trace = Trace::open(&root).unwrap();
+    let batches: Vec<_> = trace
+        .events(EventColumns::TS | EventColumns::SIZE)
+        .unwrap()
+        .map(|b| b.unwrap())
+        .collect();
+    let b = &batches[0];
+    assert_eq!(b.len(), 100);
+    assert_eq!(b.ts_ns, events.iter().map(|e| e.ts_ns).collect::<Vec<_>>());
+    assert_eq!(b.size, events.iter().map(|e| e.size).collect::<Vec<_>>());
+    assert!(b.addr.is_empty() && b.kind.is_empty() && b.tid.is_empty() && b.stack_id.is_empty());
+
+    let b = trace
+        .events(EventColumns::REPLAY)
+        .unwrap()
+        .next()
+        .unwrap()
+        .unwrap();
+    assert!(b.tid.is_empty());
+    assert_eq!(b.kind.len(), 100);
+}
+
+#[test]
+fn unknown_table_directory_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    // What a later minor version may add: RSS samples, say.
+    std::fs::create_dir(root.join("rss")).unwrap();
+    write_foreign_parquet(&root.join("rss/part-00000.parquet"), Some("rss"));
+    std::fs::write(root.join("rss/README"), "not parquet at all").unwrap();
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+    assert_eq!(read_events(&trace), every_kind_events());
+}
+
+/// A segment as a newer minor version might write it: an extra column in
+/// the middle of the known ones.
+fn write_with_extra_column(path: &std::path::Path, table: Table, batch: RecordBatch) {
+    let mut fields: Vec<Field> = batch
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| f.as_ref().clone())
+        .collect();
+    let mut cols: Vec<ArrayRef> = batch.columns().to_vec();
+    fields.insert(2, Field::new("cpu", DataType::UInt32, true));
+    cols.insert(
+        2,
+        Arc::new(UInt32Array::from_iter(
+            (0..batch.num_rows() as u32).map(Some),
+        )),
+    );
+    let schema = Arc::new(Schema::new(fields));
+    let batch = RecordBatch::try_new(schema.clone(), cols).unwrap();
+    let kv = vec![KeyValue::new(
+        TABLE_KEY.to_string(),
+        table.name().to_string(),
+    )];
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let mut w = ArrowWriter::try_new(File::create(path).unwrap(), schema, Some(props)).unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+}
+
+#[test]
+fn unknown_extra_column_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    // Re-read our own segments as Arrow and write them back with a column
+    // this version does not know, as the next segment of each table.
+    for table in [Table::Events, Table::Stacks] {
+        let seg = &segments(&root, table.name())[0];
+        let batches: Vec<RecordBatch> =
+            ParquetRecordBatchReaderBuilder::try_new(File::open(seg).unwrap())
+                .unwrap()
+                .build()
+                .unwrap()
+                .map(|b| b.unwrap())
+                .collect();
+        assert_eq!(batches.len(), 1, "test tables fit one batch");
+        let batch = batches.into_iter().next().unwrap();
+        write_with_extra_column(
+            &root.join(table.name()).join("part-00001.parquet"),
+            table,
+            batch,
+        );
+    }
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+    let mut twice = every_kind_events();
+    twice.extend(every_kind_events());
+    assert_eq!(read_events(&trace), twice);
+    let mut stacks2 = stacks();
+    stacks2.extend(stacks());
+    assert_eq!(trace.stacks().unwrap(), stacks2);
+}
+
+#[test]
+fn newer_minor_version_is_accepted() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    edit_meta(&root, |m| {
+        m["format_version"] = "1.9".into();
+        m["rss_sampling_hz"] = 10.into();
+    });
+    let trace = Trace::open(&root).unwrap();
+    assert_eq!(trace.meta().version(), Some((1, 9)));
+    assert_eq!(
+        trace.meta().extra.get("rss_sampling_hz"),
+        Some(&serde_json::json!(10))
+    );
+    assert_eq!(read_events(&trace), every_kind_events());
+}
+
+#[test]
+fn inprogress_segment_is_skipped_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("killed.parquet");
+    let events = synthetic_events(200);
+    let mut w = TraceWriter::create(&root, meta(), WriterOptions::default()).unwrap();
+    for e in &events[..100] {
+        w.push_event(e).unwrap();
+    }
+    w.rotate().unwrap();
+    for e in &events[100..] {
+        w.push_event(e).unwrap();
+    }
+    // The recorder dies here: no finish. Leave what a half-written segment
+    // looks like next to the closed one.
+    drop(w);
+    std::fs::copy(
+        segments(&root, "events")[0].clone(),
+        root.join("events/part-00001.parquet.inprogress"),
+    )
+    .unwrap();
+    let trace = Trace::open(&root).unwrap();
+    assert!(!trace.meta().complete);
+    let w = trace.warnings().join("\n");
+    assert!(
+        w.contains("part-00001.parquet.inprogress: skipping unfinished segment"),
+        "{w}"
+    );
+    assert!(w.contains("did not finish cleanly"), "{w}");
+    assert_eq!(read_events(&trace), events[..100]);
+}
+
+#[test]
+fn truncated_last_segment_is_skipped_and_earlier_ones_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    let events = synthetic_events(300);
+    write_trace(&root, small_opts(100), &events, &[], &[], &[]);
+    let segs = segments(&root, "events");
+    assert_eq!(segs.len(), 3);
+    truncate_half(&segs[2]);
+    let trace = Trace::open(&root).unwrap();
+    let w = trace.warnings().join("\n");
+    assert!(
+        w.contains("part-00002.parquet: skipping truncated last segment"),
+        "{w}"
+    );
+    assert_eq!(trace.warnings().len(), 1);
+    assert_eq!(trace.event_count(), 200);
+    assert_eq!(read_events(&trace), events[..200]);
+}
+
+#[test]
+fn files_are_private_to_the_owner() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let mode = |p: &std::path::Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+    assert_eq!(mode(&root), 0o700);
+    assert_eq!(mode(&root.join("meta.json")), 0o600);
+    for t in Table::ALL {
+        assert_eq!(mode(&root.join(t.name())), 0o700, "{t:?}");
+        for seg in segments(&root, t.name()) {
+            assert_eq!(mode(&seg), 0o600, "{}", seg.display());
+        }
+    }
+}
+
+#[test]
+fn force_replaces_an_existing_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let opts = WriterOptions {
+        force: true,
+        ..WriterOptions::default()
+    };
+    write_trace(&root, opts, &synthetic_events(5), &[], &[], &[]);
+    let trace = Trace::open(&root).unwrap();
+    assert_eq!(read_events(&trace), synthetic_events(5));
+    assert!(trace.stacks().unwrap().is_empty());
+}
