@@ -23,8 +23,10 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod elf;
 pub mod event;
 pub mod pipeline;
+pub mod placement;
 pub mod procmaps;
 pub mod stacks;
 pub mod symbolize;

@@ -1,0 +1,316 @@
+//! Minimal ELF64 little-endian reader for probe placement: function symbols
+//! (`.dynsym` and `.symtab`, with GNU symbol versions), `PT_LOAD` segments
+//! for address → file offset, and the bytes of a function.
+//!
+//! Only what [`crate::placement`] needs; everything is bounds-checked and a
+//! malformed file yields an [`ElfError`] or fewer symbols, never a panic.
+
+use std::path::{Path, PathBuf};
+
+/// Errors from [`ElfFile::open`] / [`ElfFile::parse`].
+#[derive(Debug, thiserror::Error)]
+pub enum ElfError {
+    /// The file could not be read.
+    #[error("reading {path}: {source}")]
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// The I/O error.
+        #[source]
+        source: std::io::Error,
+    },
+    /// Valid ELF, but not 64-bit little-endian x86-64.
+    #[error("not a supported ELF file: {0}")]
+    Unsupported(&'static str),
+    /// Truncated or inconsistent headers.
+    #[error("malformed ELF file: {0}")]
+    Malformed(&'static str),
+}
+
+/// Symbol type, restricted to what can be probed.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum SymbolKind {
+    /// `STT_FUNC`
+    Func,
+    /// `STT_GNU_IFUNC`: the value is the resolver.
+    Ifunc,
+}
+
+/// A defined function symbol.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Symbol {
+    /// Name without version.
+    pub name: String,
+    /// GNU version name (e.g. `GLIBC_2.2.5`), if any.
+    pub version: Option<String>,
+    /// False for hidden (non-default, `name@VERSION`) versions.
+    pub default_version: bool,
+    /// True when the symbol comes from `.dynsym`.
+    pub dynamic: bool,
+    /// `st_value`: the virtual address.
+    pub value: u64,
+    /// `st_size` in bytes (0 when unknown).
+    pub size: u64,
+    /// Function or ifunc.
+    pub kind: SymbolKind,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Segment {
+    vaddr: u64,
+    offset: u64,
+    filesz: u64,
+}
+
+/// A parsed ELF file (kept in memory).
+#[derive(Debug)]
+pub struct ElfFile {
+    data: Vec<u8>,
+    segments: Vec<Segment>,
+    symbols: Vec<Symbol>,
+}
+
+const SHT_SYMTAB: u32 = 2;
+const SHT_DYNSYM: u32 = 11;
+const SHT_GNU_VERDEF: u32 = 0x6fff_fffd;
+const SHT_GNU_VERSYM: u32 = 0x6fff_ffff;
+const PT_LOAD: u32 = 1;
+const STT_FUNC: u8 = 2;
+const STT_GNU_IFUNC: u8 = 10;
+const EM_X86_64: u16 = 62;
+
+fn rd<const N: usize>(d: &[u8], off: u64) -> Result<[u8; N], ElfError> {
+    let start = usize::try_from(off).map_err(|_| ElfError::Malformed("offset"))?;
+    d.get(start..start.checked_add(N).ok_or(ElfError::Malformed("offset"))?)
+        .map(|s| s.try_into().unwrap())
+        .ok_or(ElfError::Malformed("truncated"))
+}
+fn u16_at(d: &[u8], off: u64) -> Result<u16, ElfError> {
+    rd::<2>(d, off).map(u16::from_le_bytes)
+}
+fn u32_at(d: &[u8], off: u64) -> Result<u32, ElfError> {
+    rd::<4>(d, off).map(u32::from_le_bytes)
+}
+fn u64_at(d: &[u8], off: u64) -> Result<u64, ElfError> {
+    rd::<8>(d, off).map(u64::from_le_bytes)
+}
+
+fn cstr(d: &[u8], off: u64) -> Option<&str> {
+    let start = usize::try_from(off).ok()?;
+    let rest = d.get(start..)?;
+    let end = rest.iter().position(|&b| b == 0)?;
+    std::str::from_utf8(&rest[..end]).ok()
+}
+
+#[derive(Clone, Copy)]
+struct Section {
+    kind: u32,
+    offset: u64,
+    size: u64,
+    link: u32,
+    entsize: u64,
+}
+
+impl ElfFile {
+    /// Reads and parses the file.
+    pub fn open(path: &Path) -> Result<Self, ElfError> {
+        let data = std::fs::read(path).map_err(|source| ElfError::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        Self::parse(data)
+    }
+
+    /// Parses an in-memory ELF64 little-endian x86-64 image.
+    pub fn parse(data: Vec<u8>) -> Result<Self, ElfError> {
+        let d = &data[..];
+        if d.get(..4) != Some(b"\x7fELF") {
+            return Err(ElfError::Unsupported("bad magic"));
+        }
+        if d.get(4) != Some(&2) || d.get(5) != Some(&1) {
+            return Err(ElfError::Unsupported("only 64-bit little-endian ELF"));
+        }
+        if u16_at(d, 18)? != EM_X86_64 {
+            return Err(ElfError::Unsupported("not x86-64"));
+        }
+        let phoff = u64_at(d, 32)?;
+        let shoff = u64_at(d, 40)?;
+        let phentsize = u64::from(u16_at(d, 54)?);
+        let phnum = u64::from(u16_at(d, 56)?);
+        let shentsize = u64::from(u16_at(d, 58)?);
+        let shnum = u64::from(u16_at(d, 60)?);
+
+        let mut segments = Vec::new();
+        for i in 0..phnum {
+            let ph = phoff + i * phentsize;
+            if u32_at(d, ph)? == PT_LOAD {
+                segments.push(Segment {
+                    offset: u64_at(d, ph + 8)?,
+                    vaddr: u64_at(d, ph + 16)?,
+                    filesz: u64_at(d, ph + 32)?,
+                });
+            }
+        }
+
+        let mut sections = Vec::new();
+        if shoff != 0 {
+            for i in 0..shnum {
+                let sh = shoff + i * shentsize;
+                sections.push(Section {
+                    kind: u32_at(d, sh + 4)?,
+                    offset: u64_at(d, sh + 24)?,
+                    size: u64_at(d, sh + 32)?,
+                    link: u32_at(d, sh + 40)?,
+                    entsize: u64_at(d, sh + 56)?,
+                });
+            }
+        }
+
+        let versions = read_verdef(d, &sections);
+        let versym = sections.iter().find(|s| s.kind == SHT_GNU_VERSYM).copied();
+        let mut symbols = Vec::new();
+        for sec in &sections {
+            let dynamic = match sec.kind {
+                SHT_DYNSYM => true,
+                SHT_SYMTAB => false,
+                _ => continue,
+            };
+            let Some(strtab) = sections.get(sec.link as usize) else {
+                continue;
+            };
+            let entsize = if sec.entsize == 0 { 24 } else { sec.entsize };
+            for i in 0..sec.size / entsize {
+                let e = sec.offset + i * entsize;
+                let Ok(name_off) = u32_at(d, e) else { break };
+                let info = d.get(e as usize + 4).copied().unwrap_or(0);
+                let shndx = u16_at(d, e + 6).unwrap_or(0);
+                let value = u64_at(d, e + 8).unwrap_or(0);
+                let size = u64_at(d, e + 16).unwrap_or(0);
+                let kind = match info & 0xf {
+                    STT_FUNC => SymbolKind::Func,
+                    STT_GNU_IFUNC => SymbolKind::Ifunc,
+                    _ => continue,
+                };
+                if shndx == 0 || value == 0 {
+                    continue; // undefined
+                }
+                let Some(name) = cstr(d, strtab.offset + u64::from(name_off)) else {
+                    continue;
+                };
+                if name.is_empty() {
+                    continue;
+                }
+                let (version, default_version) = match (dynamic, versym) {
+                    (true, Some(vs)) => match u16_at(d, vs.offset + 2 * i) {
+                        Ok(v) => {
+                            let idx = v & 0x7fff;
+                            let name = versions
+                                .iter()
+                                .find(|(ndx, _)| *ndx == idx && idx > 1)
+                                .map(|(_, n)| n.clone());
+                            (name, v & 0x8000 == 0)
+                        }
+                        Err(_) => (None, true),
+                    },
+                    _ => (None, true),
+                };
+                symbols.push(Symbol {
+                    name: name.to_string(),
+                    version,
+                    default_version,
+                    dynamic,
+                    value,
+                    size,
+                    kind,
+                });
+            }
+        }
+        Ok(ElfFile {
+            data,
+            segments,
+            symbols,
+        })
+    }
+
+    /// All defined function symbols (dynamic first, then `.symtab`).
+    pub fn function_symbols(&self) -> impl Iterator<Item = &Symbol> {
+        self.symbols.iter()
+    }
+
+    /// Finds a function by name, optionally versioned: `name`,
+    /// `name@VERSION` or `name@@VERSION`. Without a version the default
+    /// (`@@`) version wins over hidden ones; `.dynsym` wins over `.symtab`.
+    /// A symbol of size 0 is used only when no sized one exists.
+    pub fn lookup_function(&self, requested: &str) -> Option<&Symbol> {
+        let (name, version) = match requested.find('@') {
+            Some(at) => (
+                &requested[..at],
+                Some(requested[at..].trim_start_matches('@')),
+            ),
+            None => (requested, None),
+        };
+        self.symbols
+            .iter()
+            .filter(|s| s.name == name)
+            .filter(|s| match version {
+                Some(v) => s.version.as_deref() == Some(v),
+                None => true,
+            })
+            .max_by_key(|s| (s.default_version, s.dynamic, s.size != 0))
+    }
+
+    /// File offset of a virtual address, via the `PT_LOAD` segment containing it.
+    pub fn vaddr_to_offset(&self, vaddr: u64) -> Option<u64> {
+        self.segments
+            .iter()
+            .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)
+            .map(|s| vaddr - s.vaddr + s.offset)
+    }
+
+    /// The file bytes backing `[vaddr, vaddr + len)`, clipped to the segment's
+    /// file size (so possibly shorter than `len`).
+    pub fn bytes_at(&self, vaddr: u64, len: u64) -> Option<&[u8]> {
+        let seg = self
+            .segments
+            .iter()
+            .find(|s| vaddr >= s.vaddr && vaddr - s.vaddr < s.filesz)?;
+        let avail = seg.filesz - (vaddr - seg.vaddr);
+        let start = usize::try_from(vaddr - seg.vaddr + seg.offset).ok()?;
+        let n = usize::try_from(len.min(avail)).ok()?;
+        self.data.get(start..start.checked_add(n)?)
+    }
+}
+
+/// `(version index, name)` pairs from `.gnu.version_d`.
+fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
+    let mut out = Vec::new();
+    let Some(sec) = sections.iter().find(|s| s.kind == SHT_GNU_VERDEF) else {
+        return out;
+    };
+    let Some(strtab) = sections.get(sec.link as usize) else {
+        return out;
+    };
+    let mut off = sec.offset;
+    let end = sec.offset.saturating_add(sec.size);
+    // Bounded: a malformed chain must not loop forever.
+    for _ in 0..4096 {
+        if off >= end {
+            break;
+        }
+        let (Ok(ndx), Ok(aux), Ok(next)) =
+            (u16_at(d, off + 4), u32_at(d, off + 12), u32_at(d, off + 16))
+        else {
+            break;
+        };
+        if let Ok(name_off) = u32_at(d, off + u64::from(aux)) {
+            if let Some(name) = cstr(d, strtab.offset + u64::from(name_off)) {
+                out.push((ndx, name.to_string()));
+            }
+        }
+        if next == 0 {
+            break;
+        }
+        off += u64::from(next);
+    }
+    out
+}
