@@ -38,13 +38,17 @@ struct {
 	__uint(max_entries, 64 << 20);
 } events SEC(".maps");
 
-/* In-flight outermost call of a thread. */
+/* Per-thread state: the in-flight outermost call, and the buffer its
+ * event is built in. Uprobe programs are preemptible, so a per-CPU scratch
+ * buffer could be overwritten by another thread's probe mid-event; a
+ * per-thread buffer cannot. */
 struct thread_state {
 	__u64 a0;
 	__u64 a1;
 	__u64 a2;
 	__u8 active;
 	__u8 kind;
+	struct memleak_event ev;
 };
 
 struct {
@@ -82,18 +86,14 @@ static __always_inline void count_lost(__u32 reason)
 {
 	__u64 *v = bpf_map_lookup_elem(&lost, &reason);
 	if (v)
-		*v += 1;
+		__sync_fetch_and_add(v, 1);
 }
 
-static __always_inline struct memleak_event *new_event(__u8 kind)
+/* Fills the header of an event being built in `e`. */
+static __always_inline struct memleak_event *init_event(struct memleak_event *e, __u8 kind)
 {
-	__u32 zero = 0;
-	struct memleak_event *e = bpf_map_lookup_elem(&scratch, &zero);
-	__u64 id;
+	__u64 id = bpf_get_current_pid_tgid();
 
-	if (!e)
-		return 0;
-	id = bpf_get_current_pid_tgid();
 	e->ts_ns = bpf_ktime_get_ns();
 	e->pid = id >> 32;
 	e->tid = (__u32)id;
@@ -106,6 +106,16 @@ static __always_inline struct memleak_event *new_event(__u8 kind)
 	e->old_addr = 0;
 	e->old_size = 0;
 	return e;
+}
+
+/* An event in the per-CPU buffer: only for tracepoint programs, which run
+ * with preemption off and never nest on a CPU. */
+static __always_inline struct memleak_event *new_cpu_event(__u8 kind)
+{
+	__u32 zero = 0;
+	struct memleak_event *e = bpf_map_lookup_elem(&scratch, &zero);
+
+	return e ? init_event(e, kind) : 0;
 }
 
 static __always_inline void submit(void *ctx, struct memleak_event *e, int stack, bool kernel)
@@ -165,11 +175,10 @@ static __always_inline int alloc_entry(struct pt_regs *ctx)
 	if (is_free_kind(kind) && st->a0) {
 		/* operator delete: record now; the return half only ends the
 		 * nesting so the free() inside it is not recorded twice. */
-		struct memleak_event *e = new_event(kind);
-		if (e) {
-			e->addr = st->a0;
-			submit(ctx, e, 0, false);
-		}
+		struct memleak_event *e = init_event(&st->ev, kind);
+
+		e->addr = st->a0;
+		submit(ctx, e, 0, false);
 	}
 	return 0;
 }
@@ -239,9 +248,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 	}
 	if (!old && (size < min_size || size > max_size))
 		return 0;
-	e = new_event(kind);
-	if (!e)
-		return 0;
+	e = init_event(&st->ev, kind);
 	e->addr = addr;
 	e->size = size;
 	e->old_addr = old;
@@ -270,12 +277,14 @@ int free_entry(struct pt_regs *ctx)
 	if (!addr)
 		return 0;
 	task = bpf_get_current_task_btf();
-	st = bpf_task_storage_get(&threads, task, 0, 0);
-	if (st && st->active)
+	st = bpf_task_storage_get(&threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!st) {
+		count_lost(ML_INFLIGHT_FULL);
 		return 0;
-	e = new_event(bpf_get_attach_cookie(ctx) & 0xff);
-	if (!e)
+	}
+	if (st->active)
 		return 0;
+	e = init_event(&st->ev, bpf_get_attach_cookie(ctx) & 0xff);
 	e->addr = addr;
 	if (e->kind == MK_MUNMAP)
 		e->size = PT_REGS_PARM2(ctx);
@@ -289,7 +298,7 @@ static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 
 	if (!bpf_map_lookup_elem(&traced, &tgid))
 		return 0;
-	e = new_event(kind);
+	e = new_cpu_event(kind);
 	if (!e)
 		return 0;
 	e->pid = tgid;
@@ -314,10 +323,13 @@ int on_exit(void *ctx)
 	return lifecycle(MK_EXIT, id >> 32, 0);
 }
 
-SEC("tracepoint/sched/sched_process_fork")
-int on_fork(struct trace_event_raw_sched_process_fork *ctx)
+/* BTF-typed, to see the tasks: a new thread is not a fork. */
+SEC("tp_btf/sched_process_fork")
+int BPF_PROG(on_fork, struct task_struct *parent, struct task_struct *child)
 {
-	return lifecycle(MK_FORK, ctx->parent_pid, ctx->child_pid);
+	if (child->pid != child->tgid)
+		return 0;
+	return lifecycle(MK_FORK, parent->tgid, child->tgid);
 }
 
 /* Kernel allocators. */
@@ -328,7 +340,7 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 
 	if (kernel_tgid && (bpf_get_current_pid_tgid() >> 32) != kernel_tgid)
 		return 0;
-	e = new_event(kind);
+	e = new_cpu_event(kind);
 	if (!e)
 		return 0;
 	e->addr = addr;

@@ -85,11 +85,6 @@ struct trace_entry {
 	int pid;
 } __attribute__((preserve_access_index));
 
-struct trace_event_raw_sched_process_fork {
-	pid_t parent_pid;
-	pid_t child_pid;
-} __attribute__((preserve_access_index));
-
 struct trace_event_raw_kmalloc {
 	long unsigned int call_site;
 	const void *ptr;

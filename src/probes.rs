@@ -117,13 +117,14 @@ impl<'obj> Probes<'obj> {
         for (prog, name) in [
             (&p.on_exec, "sched_process_exec"),
             (&p.on_exit, "sched_process_exit"),
-            (&p.on_fork, "sched_process_fork"),
         ] {
             let link = prog
                 .attach_tracepoint(TracepointCategory::Sched, name)
                 .with_context(|| format!("attaching sched:{name}"))?;
             self.links.push(link);
         }
+        let fork = p.on_fork.attach().context("attaching sched_process_fork")?;
+        self.links.push(fork);
         Ok(())
     }
 

@@ -231,10 +231,26 @@ mod tests {
 /// Moves each probe past a first instruction the kernel would single-step,
 /// when that is safe (see [`crate::placement`]); `entry_only` disables it.
 pub fn apply_placement(lib: &mut LibraryProbes, entry_only: bool) {
-    if entry_only {
-        for p in &mut lib.points {
-            p.probe_offset = p.entry_offset;
-            p.note = "entry (--probe-placement=entry)".into();
-        }
+    use crate::placement::{choose, Placement, Policy, ProbeKind};
+    let policy = if entry_only {
+        Policy::Entry
+    } else {
+        Policy::Auto
+    };
+    let data = std::fs::read(&lib.path).unwrap_or_default();
+    for p in &mut lib.points {
+        let start = p.entry_offset as usize;
+        let end = start.saturating_add(p.size as usize).min(data.len());
+        let code = data.get(start..end).unwrap_or(&[]);
+        let kind = match p.func.mode {
+            ProbeMode::Session => ProbeKind::EntryAndReturn,
+            ProbeMode::EntryOnly => ProbeKind::EntryOnly,
+        };
+        let placement = choose(code, p.entry_offset, p.size, kind, policy);
+        p.probe_offset = p.entry_offset + placement.offset();
+        p.note = match &placement {
+            Placement::Entry { reason } => format!("entry: {reason}"),
+            Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
+        };
     }
 }

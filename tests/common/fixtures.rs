@@ -1,0 +1,289 @@
+//! Building, recording and checking the fixture programs of `fixtures/`.
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use memleak_analyze::report::{analyze, AnalyzeOptions, Report};
+use serde_json::Value;
+
+pub fn root() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Builds every fixture once per test process.
+pub fn fixtures_dir() -> &'static Path {
+    static DIR: OnceLock<PathBuf> = OnceLock::new();
+    DIR.get_or_init(|| {
+        let out = root().join("target").join("fixtures-test");
+        let status = Command::new("make")
+            .args(["-s", "-C"])
+            .arg(root().join("fixtures"))
+            .arg(format!("OUT={}", out.display()))
+            .status()
+            .expect("make runs");
+        assert!(status.success(), "building fixtures failed");
+        out
+    })
+}
+
+pub fn memleak() -> Command {
+    Command::new(env!("CARGO_BIN_EXE_memleak"))
+}
+
+pub struct Fixture {
+    pub name: String,
+    pub expected: Value,
+}
+
+/// One outstanding-allocation group: bytes, count, frames.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Group {
+    pub frames: Vec<(String, String, u32, bool)>,
+    pub bytes: u64,
+    pub count: u64,
+}
+
+impl Fixture {
+    pub fn load(name: &str) -> Fixture {
+        let path = root()
+            .join("fixtures")
+            .join(format!("{name}.expected.json"));
+        let expected: Value =
+            serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+        Fixture {
+            name: name.to_string(),
+            expected,
+        }
+    }
+
+    pub fn binary(&self) -> PathBuf {
+        fixtures_dir().join(self.expected["program"].as_str().unwrap())
+    }
+
+    pub fn args(&self) -> Vec<String> {
+        self.expected["args"]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    }
+
+    /// Records the fixture to completion; returns the trace directory.
+    pub fn record(&self, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("trace.parquet");
+        let out = memleak()
+            .args(["record", "-q", "-o"])
+            .arg(&trace)
+            .args(extra)
+            .arg("--")
+            .arg(self.binary())
+            .args(self.args())
+            .current_dir(fixtures_dir())
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "record of {} failed: {:?}\n{}",
+            self.name,
+            out.status,
+            String::from_utf8_lossy(&out.stderr)
+        );
+        (dir, trace)
+    }
+
+    fn sources(&self) -> Vec<String> {
+        std::fs::read_dir(root().join("fixtures"))
+            .unwrap()
+            .filter_map(|e| e.ok()?.file_name().into_string().ok())
+            .filter(|n| n.ends_with(".c") || n.ends_with(".cc") || n.ends_with(".h"))
+            .collect()
+    }
+
+    pub fn expected_groups(&self, keys: &[&str]) -> Vec<Group> {
+        let mut out = Vec::new();
+        for key in keys {
+            for g in self.expected[*key].as_array().into_iter().flatten() {
+                out.push(Group {
+                    frames: g["frames"]
+                        .as_array()
+                        .unwrap()
+                        .iter()
+                        .map(|f| {
+                            (
+                                f["function"].as_str().unwrap().to_string(),
+                                f["file"].as_str().unwrap().to_string(),
+                                f["line"].as_u64().unwrap() as u32,
+                                f["inlined"].as_bool().unwrap_or(false),
+                            )
+                        })
+                        .collect(),
+                    bytes: g["bytes"].as_u64().unwrap(),
+                    count: g["count"].as_u64().unwrap(),
+                });
+            }
+        }
+        out.sort();
+        out
+    }
+
+    /// Splits the report's outstanding stacks into groups with user frames
+    /// (compared exactly) and runtime groups (stacks with no fixture frame).
+    pub fn actual_groups(&self, report: &Report) -> (Vec<Group>, Vec<(u64, u64, Vec<String>)>) {
+        let sources = self.sources();
+        let fixtures_src = root().join("fixtures");
+        let mut user = Vec::new();
+        let mut runtime = Vec::new();
+        for s in report.stacks.iter().filter(|s| s.count > 0) {
+            let mut flat = Vec::new();
+            let mut ours = Vec::new();
+            let mut all_functions = Vec::new();
+            // glibc has a strdup.c too: a frame is ours only if its full
+            // path is in fixtures/.
+            let is_ours = |file: Option<&str>| {
+                file.is_some_and(|f| {
+                    Path::new(f).starts_with(&fixtures_src) && sources.contains(&basename(Some(f)))
+                })
+            };
+            for f in &s.frames {
+                for i in &f.inlined {
+                    flat.push((
+                        strip_params(&i.function),
+                        basename(i.file.as_deref()),
+                        i.line.unwrap_or(0),
+                        true,
+                    ));
+                    ours.push(is_ours(i.file.as_deref()));
+                    all_functions.push(i.function.clone());
+                }
+                let func = f
+                    .function
+                    .clone()
+                    .unwrap_or_else(|| format!("{:#x}", f.addr));
+                all_functions.push(func.clone());
+                all_functions.push(f.path.clone().unwrap_or_default());
+                flat.push((
+                    strip_params(&func),
+                    basename(f.file.as_deref()),
+                    f.line.unwrap_or(0),
+                    false,
+                ));
+                ours.push(is_ours(f.file.as_deref()));
+            }
+            match ours.iter().position(|&o| o) {
+                Some(_) => {
+                    // Keep the stack up to the last fixture frame: what lies
+                    // beyond (libc start code, thread start) is not ours.
+                    let last = ours.iter().rposition(|&o| o).unwrap();
+                    flat.truncate(last + 1);
+                    user.push(Group {
+                        frames: flat,
+                        bytes: s.bytes,
+                        count: s.count,
+                    });
+                }
+                None => runtime.push((s.bytes, s.count, all_functions)),
+            }
+        }
+        user.sort();
+        (user, runtime)
+    }
+}
+
+fn basename(p: Option<&str>) -> String {
+    p.map(|p| {
+        Path::new(p)
+            .file_name()
+            .unwrap()
+            .to_string_lossy()
+            .into_owned()
+    })
+    .unwrap_or_default()
+}
+
+/// `ns::f(int, char*)` -> `ns::f`, as the expected files write names.
+pub fn strip_params(name: &str) -> String {
+    let trimmed = name.trim_end();
+    if !trimmed.ends_with(')') {
+        return trimmed.to_string();
+    }
+    let mut depth = 0;
+    for (i, c) in trimmed.char_indices().rev() {
+        match c {
+            ')' => depth += 1,
+            '(' => {
+                depth -= 1;
+                if depth == 0 {
+                    return trimmed[..i].to_string();
+                }
+            }
+            _ => {}
+        }
+    }
+    trimmed.to_string()
+}
+
+/// Events of each kind in the trace.
+pub fn event_counts(trace: &Path) -> BTreeMap<String, u64> {
+    memleak_trace::Trace::open(trace)
+        .unwrap()
+        .meta()
+        .counters
+        .events
+        .clone()
+}
+
+/// Records a fixture and checks every outstanding allocation exactly.
+pub fn check_fixture(fx: &Fixture) {
+    let (_dir, trace) = fx.record(&[]);
+    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    assert_eq!(report.summary.lost_total(), 0, "{}: lost events", fx.name);
+    let (user, runtime) = fx.actual_groups(&report);
+    let expected = fx.expected_groups(&["outstanding", "mappings"]);
+    assert_eq!(
+        user, expected,
+        "{}: outstanding allocations by stack differ",
+        fx.name
+    );
+
+    // Runtime allocations (before main, inside libstdc++/ld.so/pthread):
+    // every expected one must be found, and nothing else may remain.
+    let mut runtime = runtime;
+    for r in fx.expected["runtime"].as_array().into_iter().flatten() {
+        // A runtime frame may have no symbol (`???`): then the object names it.
+        let needle = r["object_contains"]
+            .as_str()
+            .or(r["function_contains"].as_str())
+            .unwrap_or("");
+        let (bytes, count) = (r["bytes"].as_u64().unwrap(), r["count"].as_u64().unwrap());
+        let pos = runtime
+            .iter()
+            .position(|(b, c, f)| *b == bytes && *c == count && f.iter().any(|f| f.contains(needle)))
+            .unwrap_or_else(|| panic!("{}: runtime allocation {bytes} bytes x{count} in {needle} not found in {runtime:?}", fx.name));
+        runtime.remove(pos);
+    }
+    assert!(
+        runtime.is_empty(),
+        "{}: unexpected outstanding allocations outside the program: {runtime:?}",
+        fx.name
+    );
+
+    // The program's own call counts: every successful call is one event.
+    let counts = event_counts(&trace);
+    if let Some(calls) = fx.expected["recorded_calls"]
+        .as_object()
+        .or(fx.expected["calls"].as_object())
+    {
+        if fx.expected.get("exec_into").is_none() {
+            for (kind, n) in calls {
+                let got = counts.get(kind).copied().unwrap_or(0);
+                assert!(
+                    got >= n.as_u64().unwrap().min(1),
+                    "{}: no {kind} events",
+                    fx.name
+                );
+            }
+        }
+    }
+}
