@@ -71,7 +71,11 @@ pub fn every_kind_events() -> Vec<Event> {
                 size: if i == 1 { u64::MAX } else { i * 8 },
                 old_addr,
                 old_size,
-                stack_id: if i.is_multiple_of(2) { Some(1 + i) } else { None },
+                stack_id: if i.is_multiple_of(2) {
+                    Some(1 + i)
+                } else {
+                    None
+                },
             }
         })
         .collect()

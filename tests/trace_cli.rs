@@ -1,0 +1,305 @@
+//! `memleak info` on good and bad traces: what it prints, its exit code, and
+//! the one-line `memleak: error:` it gives for every bad input.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter, WriterOptions};
+
+fn memleak(args: &[&std::ffi::OsStr]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memleak"))
+        .args(args)
+        .output()
+        .expect("run memleak")
+}
+
+fn info(path: &Path, json: bool) -> Output {
+    let mut args = vec![std::ffi::OsStr::new("info"), path.as_os_str()];
+    if json {
+        args.push("--json".as_ref());
+    }
+    memleak(&args)
+}
+
+fn events(n: usize) -> Vec<Event> {
+    (0..n)
+        .map(|i| Event {
+            ts_ns: 5_000_000_000 + i as u64 * 2_000,
+            pid: 321,
+            tid: 321 + (i % 2) as u32,
+            kind: if i % 3 == 2 {
+                EventKind::Free
+            } else {
+                EventKind::Malloc
+            },
+            addr: 0x1000 + i as u64 * 64,
+            size: if i % 3 == 2 { 0 } else { 48 },
+            old_addr: None,
+            old_size: None,
+            stack_id: (i % 3 != 2).then_some(1),
+        })
+        .collect()
+}
+
+/// A finished trace of `n` events in segments of `segment_rows`.
+fn write(root: &Path, n: usize, segment_rows: usize) {
+    let mut meta = Meta::for_this_host("0.1.0-test");
+    meta.command = vec![
+        "memleak".into(),
+        "record".into(),
+        "--".into(),
+        "./seed".into(),
+    ];
+    meta.pids = vec![321];
+    meta.end_ns = meta.start_ns + 2_500_000_000;
+    meta.exit_code = Some(0);
+    meta.counters.lost.insert("ring_full".into(), 7);
+    let opts = WriterOptions {
+        segment_rows,
+        row_group_rows: 10,
+        ..WriterOptions::default()
+    };
+    let mut w = TraceWriter::create(root, meta, opts).unwrap();
+    w.push_stack(&StackRecord {
+        stack_id: 1,
+        pid: 321,
+        kernel: false,
+        truncated: false,
+        frames: vec![0x401000],
+    })
+    .unwrap();
+    for e in events(n) {
+        w.push_event(&e).unwrap();
+    }
+    w.finish().unwrap();
+}
+
+fn segments(root: &Path, table: &str) -> Vec<PathBuf> {
+    let mut v: Vec<PathBuf> = std::fs::read_dir(root.join(table))
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
+        .collect();
+    v.sort();
+    v
+}
+
+fn truncate_half(path: &Path) {
+    let len = std::fs::metadata(path).unwrap().len();
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(path)
+        .unwrap()
+        .set_len(len / 2)
+        .unwrap();
+}
+
+/// Asserts a failed run: non-zero exit, nothing on stdout, and stderr one
+/// line starting with `memleak: error:` that contains `needle`.
+fn assert_fails(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "exit status {} for stderr {stderr:?}",
+        out.status
+    );
+    assert_eq!(
+        stderr.lines().count(),
+        1,
+        "stderr is not one line: {stderr:?}"
+    );
+    assert!(stderr.starts_with("memleak: error: "), "{stderr:?}");
+    assert!(stderr.contains(needle), "{stderr:?} lacks {needle:?}");
+    assert!(
+        out.stdout.is_empty(),
+        "stdout: {}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+#[test]
+fn info_describes_a_trace() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let out = info(&root, false);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        out.stderr.is_empty(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    for needle in [
+        "format:    memleak-trace 1.0 (written by memleak 0.1.0-test)",
+        "command:   memleak record -- ./seed",
+        "pids:      321",
+        "duration:  2.500 s",
+        "complete:  yes (traced command exited with 0)",
+        "events     90",
+        "  malloc           60",
+        "  free             30",
+        "lost       7",
+        "  ring_full            7",
+    ] {
+        // Compare with runs of spaces squeezed: the alignment may change.
+        let squeeze = |s: &str| s.split_whitespace().collect::<Vec<_>>().join(" ");
+        let lines: Vec<String> = stdout.lines().map(squeeze).collect();
+        assert!(
+            lines.iter().any(|l| l.contains(&squeeze(needle))),
+            "{needle:?} not in\n{stdout}"
+        );
+    }
+    let events_line = stdout
+        .lines()
+        .find(|l| l.trim_start().starts_with("events ") && l.starts_with(' '))
+        .unwrap();
+    let cols: Vec<&str> = events_line.split_whitespace().collect();
+    assert_eq!(&cols[..4], ["events", "3", "90", "9"], "{events_line}");
+    assert!(
+        stdout.contains("start:     20"),
+        "wall-clock start in\n{stdout}"
+    );
+}
+
+#[test]
+fn info_json_is_machine_readable() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let out = info(&root, true);
+    assert!(out.status.success());
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
+    assert_eq!(v["format_version"], "1.0");
+    assert_eq!(v["complete"], true);
+    assert_eq!(v["pids"], serde_json::json!([321]));
+    assert_eq!(v["events_total"], 90);
+    assert_eq!(v["events"]["malloc"], 60);
+    assert_eq!(v["lost"]["ring_full"], 7);
+    assert_eq!(v["tables"]["events"]["segments"], 3);
+    assert_eq!(v["tables"]["events"]["rows"], 90);
+    assert_eq!(v["tables"]["stacks"]["rows"], 1);
+    assert_eq!(v["duration_s"], 2.5);
+    assert_eq!(v["warnings"], serde_json::json!([]));
+}
+
+#[test]
+fn empty_trace_reports_zero_events() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("empty.parquet");
+    TraceWriter::create(&root, Meta::default(), WriterOptions::default())
+        .unwrap()
+        .finish()
+        .unwrap();
+    let out = info(&root, true);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["events_total"], 0);
+    assert_eq!(v["tables"]["events"]["rows"], 0);
+    let text = info(&root, false);
+    assert!(text.status.success());
+    assert!(String::from_utf8_lossy(&text.stdout).contains("events     0"));
+}
+
+#[test]
+fn truncated_last_segment_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    truncate_half(&segments(&root, "events")[2]);
+    let out = info(&root, true);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert_eq!(stderr.lines().count(), 1, "{stderr}");
+    assert!(stderr.starts_with("memleak: warning: "), "{stderr}");
+    assert!(
+        stderr.contains("part-00002.parquet: skipping truncated last segment"),
+        "{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["tables"]["events"]["rows"], 80);
+}
+
+#[test]
+fn missing_path_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let p = dir.path().join("nope.parquet");
+    assert_fails(&info(&p, false), "nope.parquet: no such file or directory");
+}
+
+#[test]
+fn directory_that_is_not_a_trace_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    assert_fails(
+        &info(dir.path(), false),
+        "not a memleak trace (no meta.json)",
+    );
+    let f = dir.path().join("file.txt");
+    std::fs::write(&f, "text").unwrap();
+    assert_fails(&info(&f, false), "not a memleak trace (not a directory)");
+}
+
+#[test]
+fn garbage_meta_json_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 10, 100);
+    std::fs::write(root.join("meta.json"), "{{{ not json").unwrap();
+    assert_fails(&info(&root, false), "meta.json: corrupt (invalid JSON");
+}
+
+#[test]
+fn newer_major_version_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 10, 100);
+    let path = root.join("meta.json");
+    let text = std::fs::read_to_string(&path)
+        .unwrap()
+        .replace("\"format_version\": \"1.0\"", "\"format_version\": \"3.1\"");
+    std::fs::write(&path, text).unwrap();
+    assert_fails(
+        &info(&root, false),
+        "trace format 3.1 is newer than this memleak supports (1.x); upgrade memleak",
+    );
+}
+
+#[test]
+fn corrupt_segment_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    truncate_half(&segments(&root, "events")[0]);
+    assert_fails(&info(&root, false), "part-00000.parquet: corrupt (");
+}
+
+#[test]
+fn foreign_parquet_fails() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 10, 100);
+    // A lone Parquet file instead of a trace directory.
+    let seg = segments(&root, "events")[0].clone();
+    assert_fails(
+        &info(&seg, false),
+        "foreign Parquet file (a single Parquet file",
+    );
+    // A segment of another table where events belong.
+    std::fs::copy(
+        &segments(&root, "stacks")[0],
+        root.join("events/part-00001.parquet"),
+    )
+    .unwrap();
+    assert_fails(
+        &info(&root, false),
+        "foreign Parquet file (a memleak stacks segment in the events directory)",
+    );
+}
