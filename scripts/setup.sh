@@ -1,0 +1,63 @@
+#!/usr/bin/env bash
+# Installs everything memleak needs to build, record and test, on a fresh
+# Debian 12 machine as root. Safe to run again: it only adds what is missing.
+set -euo pipefail
+
+APT_PACKAGES=(
+    clang llvm libelf-dev zlib1g-dev pkg-config make gcc g++ # build + BPF
+    valgrind gdb                                             # fixture cross-checks
+    python3 python3-pip python3-venv                         # DuckDB/pyarrow reader test
+    linux-perf bpftool                                       # handy for debugging probes
+    ca-certificates curl git
+)
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo "$@"; fi
+}
+
+missing=()
+for p in "${APT_PACKAGES[@]}"; do
+    dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+    echo "setup: installing ${missing[*]}"
+    as_root apt-get update -qq
+    # Optional packages may not exist on every release; install what exists.
+    as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+        || for p in "${missing[@]}"; do
+            as_root env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "$p" \
+                || echo "setup: warning: could not install $p" >&2
+        done
+fi
+
+# Python modules of the external-reader test. The python3 on PATH may be
+# Debian's (PEP 668 "externally managed") or a pyenv/venv one.
+if ! python3 -c 'import duckdb, pyarrow' 2>/dev/null; then
+    echo "setup: installing duckdb and pyarrow for $(command -v python3)"
+    python3 -m pip install --quiet duckdb pyarrow 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages duckdb pyarrow
+fi
+python3 -c 'import duckdb, pyarrow' # fail loudly if still missing
+
+# Rust: rustup is expected; install the toolchain pieces the scripts use.
+if ! command -v cargo >/dev/null; then
+    [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
+fi
+if ! command -v cargo >/dev/null; then
+    echo "setup: error: cargo not found; install Rust with rustup (https://rustup.rs) and rerun" >&2
+    exit 1
+fi
+if command -v rustup >/dev/null; then
+    rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
+fi
+
+# BPF needs tracefs (uprobes) and debugfs; mount them if they are not.
+if [ "$(id -u)" -eq 0 ]; then
+    if [ -d /sys/kernel/tracing ] && [ -z "$(ls -A /sys/kernel/tracing 2>/dev/null)" ]; then
+        mount -t tracefs nodev /sys/kernel/tracing 2>/dev/null || echo "setup: warning: cannot mount tracefs" >&2
+    fi
+    if [ -d /sys/kernel/debug ] && [ -z "$(ls -A /sys/kernel/debug 2>/dev/null)" ]; then
+        mount -t debugfs nodev /sys/kernel/debug 2>/dev/null || echo "setup: warning: cannot mount debugfs" >&2
+    fi
+fi
+echo "setup: ok"
