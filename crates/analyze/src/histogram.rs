@@ -108,7 +108,7 @@ impl AgeHistogram {
         }
         let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
         out.push_str(&format!(
-            "{indent}{:>23} : count      bytes       distribution\n",
+            "{indent}{:>24} : count      bytes       distribution\n",
             "age (usecs)"
         ));
         for b in &buckets {

@@ -20,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod decode;
 pub mod filter;
 pub mod folded;
 pub mod hash;

@@ -33,10 +33,11 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 
 use memleak_trace::reader::RowGroupUnit;
-use memleak_trace::{EventBatch, EventColumns, EventKind, Trace};
+use memleak_trace::{EventKind, Trace};
 use rayon::prelude::*;
 use serde::Serialize;
 
+use crate::decode::{Columns, Decoder, Slices};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};
@@ -181,10 +182,11 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let units = trace.event_units();
     let window = rayon::current_num_threads().max(1);
     let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
+    let decoder = Decoder::new(trace);
     let decode = |chunk: &[RowGroupUnit]| -> memleak_trace::Result<Vec<Decoded>> {
         chunk
             .par_iter()
-            .map(|u| Decoded::read(trace, u, opts.at_ts))
+            .map(|u| Decoded::read(&decoder, u, opts.at_ts))
             .collect()
     };
 
@@ -201,7 +203,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         let cur = cur?;
         // Row groups are in time order: once one is cut by `at`, the rest
         // are entirely after it.
-        let cut = cur.iter().any(|d| d.rows < d.batch.len());
+        let cut = cur.iter().any(|d| d.rows < d.cols.len());
         let following = if cut {
             None
         } else {
@@ -221,16 +223,17 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     for x in &deltas[..n] {
                         x.store(0, Relaxed);
                     }
+                    let cols = d.cols.slices(n);
                     partitions
                         .par_iter_mut()
-                        .for_each(|p| p.replay_batch(&d.batch, n, &deltas, &ctx));
+                        .for_each(|p| p.replay_batch(cols, &deltas, &ctx));
                     for p in &mut partitions {
                         for (i, v) in p.sparse.drain(..) {
                             let x = &deltas[i as usize];
                             x.store(x.load(Relaxed) + v, Relaxed);
                         }
                     }
-                    let ts = &d.batch.ts_ns[..n];
+                    let ts = cols.ts;
                     for (i, x) in deltas[..n].iter().enumerate() {
                         outstanding += x.load(Relaxed);
                         if outstanding > peak {
@@ -239,7 +242,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                         }
                     }
                     if let Some(f) = opts.progress {
-                        f(d.batch.len() as u64);
+                        f(d.cols.len() as u64);
                     }
                 }
             },
@@ -249,8 +252,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 *k += c;
             }
             if d.rows > 0 {
-                stats.first_ts.get_or_insert(d.batch.ts_ns[0]);
-                stats.last_ts = Some(d.batch.ts_ns[d.rows - 1]);
+                let ts = d.cols.slices(d.rows).ts;
+                stats.first_ts.get_or_insert(ts[0]);
+                stats.last_ts = Some(ts[d.rows - 1]);
             }
         }
         drop(cur);
@@ -344,24 +348,29 @@ impl Replay {
 
 /// One decoded row group and what was counted while decoding it.
 struct Decoded {
-    batch: EventBatch,
+    cols: Columns,
     /// Rows at or before the `at` cutoff.
     rows: usize,
     kinds: Box<[u64; 256]>,
 }
 
 impl Decoded {
-    fn read(trace: &Trace, unit: &RowGroupUnit, at: Option<u64>) -> memleak_trace::Result<Decoded> {
-        let batch = trace.read_unit(unit, EventColumns::REPLAY)?;
+    fn read(
+        decoder: &Decoder<'_>,
+        unit: &RowGroupUnit,
+        at: Option<u64>,
+    ) -> memleak_trace::Result<Decoded> {
+        let cols = decoder.read(unit)?;
+        let all = cols.slices(cols.len());
         let rows = match at {
-            Some(at) => batch.ts_ns.partition_point(|&t| t <= at),
-            None => batch.len(),
+            Some(at) => all.ts.partition_point(|&t| t <= at),
+            None => cols.len(),
         };
         let mut kinds = Box::new([0u64; 256]);
-        for &k in &batch.kind[..rows] {
+        for &k in &all.kind[..rows] {
             kinds[k as usize] += 1;
         }
-        Ok(Decoded { batch, rows, kinds })
+        Ok(Decoded { cols, rows, kinds })
     }
 }
 
@@ -448,7 +457,7 @@ impl<'a> Ctx<'a> {
     }
 
     #[inline(always)]
-    fn selected(&self, kind: EventKind, pid: u32) -> bool {
+    fn selected(&self, kind: u8, pid: u32) -> bool {
         self.kind_ok[kind as usize] && (!self.filter.has_pids() || self.filter.pid_selected(pid))
     }
 }
@@ -646,10 +655,11 @@ impl Partition {
         }
     }
 
-    fn replay_batch(&mut self, b: &EventBatch, n: usize, deltas: &[AtomicI64], ctx: &Ctx<'_>) {
+    fn replay_batch(&mut self, b: Slices<'_>, deltas: &[AtomicI64], ctx: &Ctx<'_>) {
         let p = self.index;
-        let (kinds, addrs, sizes) = (&b.kind[..n], &b.addr[..n], &b.size[..n]);
-        let (ts, pids, stacks) = (&b.ts_ns[..n], &b.pid[..n], &b.stack_id[..n]);
+        let n = b.kind.len();
+        let (kinds, addrs, sizes) = (b.kind, &b.addr[..n], &b.size[..n]);
+        let (ts, pids, stacks) = (&b.ts[..n], &b.pid[..n], &b.stack_id[..n]);
         let olds = &b.old_addr[..n];
         let f = ctx.filter;
         for i in 0..n {
@@ -752,11 +762,11 @@ impl Partition {
         &mut self,
         op: Op,
         slot: usize,
-        b: &EventBatch,
+        b: Slices<'_>,
         i: usize,
         f: &ResolvedFilter,
     ) -> i64 {
-        let (addr, size, ts, stack) = (b.addr[i], b.size[i], b.ts_ns[i], b.stack_id[i]);
+        let (addr, size, ts, stack) = (b.addr[i], b.size[i], b.ts[i], b.stack_id[i]);
         match op {
             Op::Map => {
                 if addr == 0 || size == 0 {

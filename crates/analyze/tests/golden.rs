@@ -1,0 +1,224 @@
+//! Golden-file tests of the text, JSON and folded outputs, and a
+//! well-formedness check of the SVG. Regenerate the golden files with
+//! `UPDATE_GOLDEN=1 cargo test -p memleak-analyze --test golden`, then
+//! review the diff by eye.
+
+mod common;
+
+use std::path::PathBuf;
+
+use common::{TraceBuilder, MS};
+use memleak_analyze::{analyze, folded, json, svg, text, AnalyzeOptions, Filter, Report, Weight};
+use memleak_trace::{EventKind, FrameRecord, StackRecord};
+
+/// A small program's trace: two leaking user stacks (one through an
+/// inlined helper, one through an unsymbolized library frame), a kernel
+/// leak, a truncated stack, a fully freed stack, and some anomalies.
+fn fixture() -> TraceBuilder {
+    let mut tb = TraceBuilder::new();
+    tb.stack(1, &[0x401010, 0x401200, 0x7f00_0002_9d90])
+        .stack(2, &[0x401300, 0x401200, 0x7f00_0002_9d90])
+        .stack(3, &[0x401400, 0x401200])
+        .stack(5, &[0x401500]);
+    tb.stacks.push(StackRecord {
+        stack_id: 4,
+        pid: 0,
+        kernel: true,
+        truncated: false,
+        frames: vec![0xffff_ffff_8123_4567, 0xffff_ffff_8100_1000],
+    });
+    tb.stacks[2].truncated = true;
+    tb.frame(100, 0x401010, "make_leak", 0x10, "leak.c", 12)
+        .inlined("fill_buffer", "util.h", 7)
+        .frame(100, 0x401200, "main", 0x40, "leak.c", 30)
+        .frame(100, 0x401300, "cache_insert", 0x22, "cache.c", 88)
+        .frame(100, 0x401400, "parse_line", 0x8, "parse.c", 41)
+        .frame(100, 0x401500, "worker_loop", 0x30, "worker.c", 9);
+    // A library frame without a symbol: only the object and offset.
+    tb.frames.push(FrameRecord {
+        pid: 100,
+        addr: 0x7f00_0002_9d90,
+        path: Some("/usr/lib/x86_64-linux-gnu/libc.so.6".into()),
+        file_offset: Some(0x29d90),
+        ..FrameRecord::default()
+    });
+    tb.frame(
+        0,
+        0xffff_ffff_8123_4567,
+        "kmalloc_trace",
+        0x27,
+        "mm/slub.c",
+        4012,
+    )
+    .frame(
+        0,
+        0xffff_ffff_8100_1000,
+        "do_syscall_64",
+        0x5d,
+        "arch/x86/entry/common.c",
+        83,
+    );
+    tb.meta.counters.lost.insert("ring_full".into(), 3);
+
+    tb.malloc(100, 0x5000, 4096, 1)
+        .malloc(200, 0x6000, 4096, 1)
+        .malloc(300, 0x7000, 100, 2)
+        .malloc(400, 0x7100, 100, 2)
+        .malloc(500, 0x7200, 100, 2)
+        .malloc(600, 0x8000, 24, 3)
+        .free(700, 0x8000)
+        .malloc(800, 0x8100, 24, 3)
+        .ev(900, 100, EventKind::Kmalloc, 0xffff_8880_0001_0000, 512, 4)
+        .malloc(1000, 0x9000, 64, 5)
+        .realloc(1100, 0x9000, 0x9100, 128, 5)
+        .free(1200, 0x9100)
+        .free(1300, 0xdead0) // allocated before the recording
+        .free(1400, 0x8000); // a double free
+    tb.malloc(9000, 0xa000, 1_000_000, 1); // young and large
+    tb
+}
+
+fn report(opts: AnalyzeOptions) -> Report {
+    let dir = tempfile::tempdir().unwrap();
+    let path = fixture().write(dir.path());
+    let mut r = analyze(&path, &opts).unwrap();
+    // The temporary directory differs per run.
+    r.summary.trace = "golden/trace.parquet".into();
+    r
+}
+
+fn golden(name: &str, actual: &str) {
+    let path = PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden")
+        .join(name);
+    if std::env::var_os("UPDATE_GOLDEN").is_some() {
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let expected = std::fs::read_to_string(&path).unwrap_or_else(|e| {
+        panic!(
+            "{}: {e} (run with UPDATE_GOLDEN=1 to create it)",
+            path.display()
+        )
+    });
+    if expected != actual {
+        let diff: Vec<String> = expected
+            .lines()
+            .zip(actual.lines())
+            .enumerate()
+            .filter(|(_, (e, a))| e != a)
+            .take(5)
+            .map(|(i, (e, a))| format!("line {}:\n  expected: {e}\n  actual:   {a}", i + 1))
+            .collect();
+        panic!(
+            "{name} differs from the golden file ({} vs {} lines):\n{}\n(run with UPDATE_GOLDEN=1 to accept)",
+            expected.lines().count(),
+            actual.lines().count(),
+            diff.join("\n")
+        );
+    }
+}
+
+#[test]
+fn text_report() {
+    golden(
+        "report.txt",
+        &text::render(&report(AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        })),
+    );
+}
+
+#[test]
+fn text_report_filtered() {
+    let opts = AnalyzeOptions {
+        top: 2,
+        filter: Filter {
+            older_than_ns: Some(9_500 * MS),
+            ..Filter::default()
+        },
+        ..Default::default()
+    };
+    golden("report-older-than.txt", &text::render(&report(opts)));
+}
+
+#[test]
+fn json_report() {
+    let text = json::render(&report(AnalyzeOptions {
+        top: 10,
+        ..Default::default()
+    }));
+    let v: serde_json::Value = serde_json::from_str(&text).unwrap();
+    assert_eq!(
+        v["summary"]["outstanding_bytes"],
+        4096 * 2 + 1_000_000 + 300 + 24 + 512
+    );
+    assert_eq!(v["stacks"][0]["frames"][0]["function"], "make_leak");
+    golden("report.json", &text);
+}
+
+#[test]
+fn folded_stacks() {
+    let r = report(AnalyzeOptions::default());
+    golden("bytes.folded", &folded::render(&r, Weight::Bytes));
+    golden(
+        "allocations.folded",
+        &folded::render(&r, Weight::Allocations),
+    );
+}
+
+#[test]
+fn svg_is_well_formed_and_names_the_leaks() {
+    use quick_xml::events::Event;
+    let r = report(AnalyzeOptions::default());
+    let svg = String::from_utf8(svg::render(&r, Weight::Bytes).unwrap()).unwrap();
+    let mut reader = quick_xml::Reader::from_str(&svg);
+    let mut depth = 0i64;
+    let mut texts = String::new();
+    loop {
+        match reader.read_event() {
+            Ok(Event::Start(_)) => depth += 1,
+            Ok(Event::End(_)) => depth -= 1,
+            Ok(Event::Text(t)) => {
+                texts.push_str(&t.decode().unwrap());
+                texts.push('\n');
+            }
+            Ok(Event::Eof) => break,
+            Ok(_) => {}
+            Err(e) => panic!(
+                "SVG is not well-formed at {}: {e}",
+                reader.buffer_position()
+            ),
+        }
+    }
+    assert_eq!(depth, 0, "unbalanced elements");
+    assert!(
+        texts.contains("memleak: trace.parquet, by outstanding bytes"),
+        "title names trace and weight"
+    );
+    for f in [
+        "make_leak",
+        "cache_insert",
+        "main",
+        "kmalloc_trace",
+        "fill_buffer",
+    ] {
+        assert!(texts.contains(f), "{f} missing from the flamegraph");
+    }
+    // Stack 5 freed everything: it has no outstanding bytes to draw.
+    assert!(!texts.contains("worker_loop"));
+
+    // Nothing outstanding: still a valid SVG that says so.
+    let none = report(AnalyzeOptions {
+        filter: Filter {
+            min_size: Some(u64::MAX),
+            ..Filter::default()
+        },
+        ..Default::default()
+    });
+    let svg = String::from_utf8(svg::render(&none, Weight::Bytes).unwrap()).unwrap();
+    let mut reader = quick_xml::Reader::from_str(&svg);
+    while !matches!(reader.read_event().unwrap(), Event::Eof) {}
+    assert!(svg.contains("nothing to draw"));
+}
