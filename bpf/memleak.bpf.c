@@ -46,7 +46,16 @@ struct thread_state {
 	__u64 a0;
 	__u64 a1;
 	__u64 a2;
+	/* Wrappers: the last allocations made inside, to find the size of
+	 * the block the wrapper hands out (getline also allocates a FILE
+	 * buffer, asprintf a scratch buffer). */
+	__u64 inner_addr[4];
+	__u64 inner_sz[4];
+	__u64 nested_size;
+	__u64 entry_ptr; /* MW_GETLINE: *arg0 at entry */
+	__u32 n_inner;
 	__u8 active;
+	__u8 depth;
 	__u8 kind;
 	struct memleak_event ev;
 };
@@ -165,13 +174,33 @@ static __always_inline int alloc_entry(struct pt_regs *ctx)
 		count_lost(ML_INFLIGHT_FULL);
 		return 1;
 	}
-	if (st->active)
-		return 1;
+	if (st->active) {
+		/* Nested: not recorded. Inside a wrapper, watch malloc, calloc
+		 * and realloc return, to learn the size of the block the
+		 * wrapper hands out. */
+		if (st->kind < MW_STRDUP || st->depth)
+			return 1;
+		if (kind == MK_MALLOC)
+			st->nested_size = PT_REGS_PARM1(ctx);
+		else if (kind == MK_CALLOC)
+			st->nested_size = PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx);
+		else if (kind == MK_REALLOC)
+			st->nested_size = PT_REGS_PARM2(ctx);
+		else
+			return 1;
+		st->depth = 1;
+		return 0;
+	}
 	st->active = 1;
 	st->kind = kind;
 	st->a0 = PT_REGS_PARM1(ctx);
 	st->a1 = PT_REGS_PARM2(ctx);
 	st->a2 = PT_REGS_PARM3(ctx);
+	st->n_inner = 0;
+	st->depth = 0;
+	st->entry_ptr = 0;
+	if (kind == MW_GETLINE && st->a0)
+		bpf_probe_read_user(&st->entry_ptr, sizeof(st->entry_ptr), (void *)st->a0);
 	if (is_free_kind(kind) && st->a0) {
 		/* operator delete: record now; the return half only ends the
 		 * nesting so the free() inside it is not recorded twice. */
@@ -181,6 +210,18 @@ static __always_inline int alloc_entry(struct pt_regs *ctx)
 		submit(ctx, e, 0, false);
 	}
 	return 0;
+}
+
+/* Size of the nested allocation that produced `addr`, or ~0 if none. */
+static __always_inline __u64 inner_size_of(struct thread_state *st, __u64 addr)
+{
+	__u64 size = ~0ULL;
+
+	for (int i = 0; i < 4; i++) {
+		if (i < st->n_inner && st->inner_addr[i] == addr)
+			size = st->inner_sz[i];
+	}
+	return size;
 }
 
 static __always_inline int alloc_return(struct pt_regs *ctx)
@@ -193,11 +234,20 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 
 	if (!st || !st->active)
 		return 0;
+	ret = PT_REGS_RC(ctx);
+	if (st->depth) {
+		/* Return of an allocation nested in a wrapper. */
+		__u32 slot = st->n_inner++ & 3;
+
+		st->depth = 0;
+		st->inner_addr[slot] = ret;
+		st->inner_sz[slot] = st->nested_size;
+		return 0;
+	}
 	st->active = 0;
 	kind = st->kind;
 	if (is_free_kind(kind))
 		return 0;
-	ret = PT_REGS_RC(ctx);
 	switch (kind) {
 	case MK_CALLOC:
 		size = st->a0 * st->a1;
@@ -232,6 +282,26 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 		old_size = st->a1;
 		size = st->a2;
 		addr = (long)ret == -1 ? 0 : ret;
+		break;
+	case MW_STRDUP:
+		kind = MK_MALLOC;
+		addr = ret;
+		size = inner_size_of(st, addr);
+		break;
+	case MW_ASPRINTF:
+		kind = MK_MALLOC;
+		if ((int)ret >= 0 && st->a0)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)st->a0);
+		size = inner_size_of(st, addr);
+		break;
+	case MW_GETLINE:
+		if (st->a0)
+			bpf_probe_read_user(&addr, sizeof(addr), (void *)st->a0);
+		old = st->entry_ptr;
+		size = inner_size_of(st, addr);
+		if (size == ~0ULL)
+			return 0; /* the caller's buffer was reused as is */
+		kind = old ? MK_REALLOC : MK_MALLOC;
 		break;
 	default: /* malloc, valloc, pvalloc, new, new[] */
 		size = st->a0;

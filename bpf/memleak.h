@@ -41,6 +41,16 @@ enum memleak_kind {
 	MK_FORK = 50,
 };
 
+/* Probe cookies of libc functions that allocate on the caller's behalf.
+ * They are recorded as the outermost call, so the stack starts at the
+ * caller even though libc has no frame pointers; the event carries the
+ * kind of the underlying allocation. Never stored in a trace. */
+enum memleak_wrapper {
+	MW_STRDUP = 64,   /* returns the block; size = last nested allocation */
+	MW_ASPRINTF = 65, /* block stored at *arg0 on success (ret >= 0) */
+	MW_GETLINE = 66,  /* block at *arg0, possibly reallocated from *arg0 at entry */
+};
+
 /* Reasons an event or part of one was lost; indexes of the `lost` map. */
 enum memleak_lost {
 	ML_RING_FULL = 0,    /* ring buffer had no room: event dropped */

@@ -94,7 +94,7 @@ impl<'obj> Probes<'obj> {
             }
             let opts = UprobeMultiOpts {
                 offsets: points.iter().map(|p| p.probe_offset as usize).collect(),
-                cookies: points.iter().map(|p| p.func.kind as u64).collect(),
+                cookies: points.iter().map(|p| u64::from(p.func.cookie)).collect(),
                 session: mode == ProbeMode::Session,
                 ..Default::default()
             };

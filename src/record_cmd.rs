@@ -388,6 +388,18 @@ fn libraries_for(
     }
     place(&mut libc, placement);
     out.push(libc);
+    // The wrappers live in libc even when -O names another allocator.
+    let libc_path = if object.is_some() || launched {
+        targets::find_library(if launched { std::process::id() } else { pid }, "libc.so")
+    } else {
+        Some(c_lib.clone())
+    };
+    if let Some(path) = libc_path {
+        let mut wrappers =
+            targets::resolve(&path, targets::C_WRAPPERS, "").map_err(anyhow::Error::msg)?;
+        place(&mut wrappers, placement);
+        out.push(wrappers);
+    }
     let cxx = if launched {
         [
             "/lib/x86_64-linux-gnu/libstdc++.so.6",

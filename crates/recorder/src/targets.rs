@@ -29,10 +29,26 @@ pub struct AllocFn {
     pub kind: EventKind,
     /// How it is probed.
     pub mode: ProbeMode,
+    /// The BPF attach cookie: the kind code, or a wrapper code.
+    pub cookie: u8,
 }
 
 const fn f(symbol: &'static str, kind: EventKind, mode: ProbeMode) -> AllocFn {
-    AllocFn { symbol, kind, mode }
+    AllocFn {
+        symbol,
+        kind,
+        mode,
+        cookie: kind as u8,
+    }
+}
+
+const fn w(symbol: &'static str, cookie: u8) -> AllocFn {
+    AllocFn {
+        symbol,
+        kind: EventKind::Malloc,
+        mode: ProbeMode::Session,
+        cookie,
+    }
 }
 
 use EventKind as K;
@@ -78,6 +94,28 @@ pub const CXX_ALLOCATORS: &[AllocFn] = &[
     f("_ZdaPvSt11align_val_t", K::DeleteArray, S),
     f("_ZdaPvmSt11align_val_t", K::DeleteArray, S),
     f("_ZdaPvSt11align_val_tRKSt9nothrow_t", K::DeleteArray, S),
+];
+
+/// Cookie kinds of libc wrappers (see `enum memleak_wrapper`).
+pub mod wrapper {
+    /// strdup, strndup: size of the nested allocation.
+    pub const STRDUP: u8 = 64;
+    /// asprintf, vasprintf: block at `*arg0`.
+    pub const ASPRINTF: u8 = 65;
+    /// getline, getdelim: block at `*arg0`.
+    pub const GETLINE: u8 = 66;
+}
+
+/// libc functions that allocate for their caller. libc is built without
+/// frame pointers, so a stack captured at the nested malloc would skip the
+/// caller; probing the wrapper as the outermost call keeps it.
+pub const C_WRAPPERS: &[AllocFn] = &[
+    w("strdup", wrapper::STRDUP),
+    w("strndup", wrapper::STRDUP),
+    w("asprintf", wrapper::ASPRINTF),
+    w("vasprintf", wrapper::ASPRINTF),
+    w("getline", wrapper::GETLINE),
+    w("getdelim", wrapper::GETLINE),
 ];
 
 /// A resolved probe point.
