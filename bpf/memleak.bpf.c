@@ -246,7 +246,7 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 	}
 	st->active = 0;
 	kind = st->kind;
-	if (is_free_kind(kind))
+	if (is_free_kind(kind) || kind == MW_SILENT)
 		return 0;
 	switch (kind) {
 	case MK_CALLOC:

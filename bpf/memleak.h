@@ -49,6 +49,7 @@ enum memleak_wrapper {
 	MW_STRDUP = 64,   /* returns the block; size = last nested allocation */
 	MW_ASPRINTF = 65, /* block stored at *arg0 on success (ret >= 0) */
 	MW_GETLINE = 66,  /* block at *arg0, possibly reallocated from *arg0 at entry */
+	MW_SILENT = 67,   /* libc housekeeping (thread-exit tcache flush): frees inside are not the program's */
 };
 
 /* Reasons an event or part of one was lost; indexes of the `lost` map. */

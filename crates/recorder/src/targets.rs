@@ -104,6 +104,8 @@ pub mod wrapper {
     pub const ASPRINTF: u8 = 65;
     /// getline, getdelim: block at `*arg0`.
     pub const GETLINE: u8 = 66;
+    /// libc housekeeping whose nested frees are not the program's.
+    pub const SILENT: u8 = 67;
 }
 
 /// libc functions that allocate for their caller. libc is built without
@@ -116,6 +118,9 @@ pub const C_WRAPPERS: &[AllocFn] = &[
     w("vasprintf", wrapper::ASPRINTF),
     w("getline", wrapper::GETLINE),
     w("getdelim", wrapper::GETLINE),
+    // At thread exit glibc flushes the thread's tcache by calling free() on
+    // blocks the program freed long ago: not frees of the program's.
+    w("__libc_thread_freeres", wrapper::SILENT),
 ];
 
 /// A resolved probe point.
