@@ -362,6 +362,38 @@ int free_entry(struct pt_regs *ctx)
 	return 0;
 }
 
+/* The overhead floor for benchmarks: the same probes at the same places,
+ * only counting hits (no state, event, stack or ring buffer). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} hits SEC(".maps");
+
+static __always_inline void count_hit(void)
+{
+	__u32 zero = 0;
+	__u64 *v = bpf_map_lookup_elem(&hits, &zero);
+
+	if (v)
+		*v += 1;
+}
+
+SEC("uprobe.session")
+int count_session(struct pt_regs *ctx)
+{
+	count_hit();
+	return 0;
+}
+
+SEC("uprobe.multi")
+int count_entry(struct pt_regs *ctx)
+{
+	count_hit();
+	return 0;
+}
+
 static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 {
 	struct memleak_event *e;

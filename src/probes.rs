@@ -36,12 +36,15 @@ pub struct ProbeConfig {
     pub ring_bytes: u32,
     pub kernel_tgid: u32,
     pub kernel_stacks: bool,
+    /// Benchmark floor: attach counting programs instead of the recorder's.
+    pub count_only: bool,
 }
 
 /// The loaded program and its attachments.
 pub struct Probes<'obj> {
     skel: MemleakSkel<'obj>,
     links: Vec<Link>,
+    count_only: bool,
 }
 
 const MAX_FRAMES: u32 = 127;
@@ -81,6 +84,7 @@ impl<'obj> Probes<'obj> {
         Ok(Probes {
             skel,
             links: Vec::new(),
+            count_only: cfg.count_only,
         })
     }
 
@@ -98,9 +102,12 @@ impl<'obj> Probes<'obj> {
                 session: mode == ProbeMode::Session,
                 ..Default::default()
             };
-            let prog = match mode {
-                ProbeMode::Session => &self.skel.progs.alloc_session,
-                ProbeMode::EntryOnly => &self.skel.progs.free_entry,
+            let progs = &self.skel.progs;
+            let prog = match (mode, self.count_only) {
+                (ProbeMode::Session, false) => &progs.alloc_session,
+                (ProbeMode::EntryOnly, false) => &progs.free_entry,
+                (ProbeMode::Session, true) => &progs.count_session,
+                (ProbeMode::EntryOnly, true) => &progs.count_entry,
             };
             let link = prog
                 .attach_uprobe_multi_with_opts(pid, &lib.path, "", opts)
@@ -201,6 +208,23 @@ impl<'obj> Probes<'obj> {
             move |data: &[u8]| if f(data) { 0 } else { -1 },
         )?;
         Ok(b.build()?)
+    }
+
+    /// Probe hits counted in `count_only` mode.
+    pub fn hits(&self) -> u64 {
+        self.skel
+            .maps
+            .hits
+            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
+            .ok()
+            .flatten()
+            .map(|per_cpu| {
+                per_cpu
+                    .iter()
+                    .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("u64")))
+                    .sum()
+            })
+            .unwrap_or(0)
     }
 
     /// Loss counters summed over CPUs, indexed like

@@ -77,6 +77,10 @@ pub struct RecordArgs {
     /// How often the ring buffer is drained, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub poll_ms: u64,
+    /// Benchmark floor: attach the same probes at the same places but only
+    /// count hits; no events are recorded.
+    #[arg(long, hide = true)]
+    pub count_only: bool,
     /// No status line and no summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -195,6 +199,7 @@ fn record(
         ring_bytes: args.ring_size,
         kernel_tgid: args.kernel_pid.unwrap_or(0),
         kernel_stacks: !args.no_kernel_stacks,
+        count_only: args.count_only,
     };
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
@@ -336,13 +341,23 @@ fn record(
     let mut rec = recorder.into_inner();
     rec.set_lost(&probes.lost());
     rec.meta_mut().exit_code = exit_code;
+    // Our own CPU (consumer, Parquet, symbolization): the probes themselves
+    // run in the target's context and are charged to it.
+    let cpu_ns = self_cpu_ns();
+    rec.meta_mut()
+        .extra
+        .insert("recorder_cpu_ns".into(), cpu_ns.into());
     let stats = rec.stats().clone();
     let meta = rec.finish()?;
+    if args.count_only {
+        eprintln!("memleak: count-only: {} probe hits", probes.hits());
+    }
     if !args.quiet {
         let lost = meta.counters.lost_total();
         eprintln!(
-            "memleak: recorded {} events, {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
+            "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
             stats.events,
+            cpu_ns as f64 / stats.events.max(1) as f64,
             stats.stacks,
             stats.frames,
             started.elapsed().as_secs_f64(),
@@ -426,6 +441,14 @@ fn libraries_for(
 /// Applies the probe-placement policy to resolved functions.
 fn place(lib: &mut LibraryProbes, policy: Placement) {
     memleak_recorder::targets::apply_placement(lib, policy == Placement::Entry);
+}
+
+fn self_cpu_ns() -> u64 {
+    // SAFETY: getrusage fills the struct.
+    let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
+    unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut ru) };
+    let tv = |t: libc::timeval| t.tv_sec as u64 * 1_000_000_000 + t.tv_usec as u64 * 1000;
+    tv(ru.ru_utime) + tv(ru.ru_stime)
 }
 
 fn process_alive(pid: u32) -> bool {
