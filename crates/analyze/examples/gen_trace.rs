@@ -244,7 +244,7 @@ fn main() {
     let pick = |rng: &mut Rng, v: &Vec<u64>| v[rng.skewed(v.len() as u64) as usize];
 
     while n < a.events {
-        ts += 1 + rng.below(150);
+        ts += 1 + rng.below(2000);
         let t = rng.skewed(nthreads as u64) as usize;
         let pidx = t % a.pids as usize;
         let pid = 1000 + pidx as u32;

@@ -31,6 +31,7 @@ pub mod ranges;
 pub mod replay;
 pub mod report;
 pub mod svg;
+pub mod table;
 pub mod text;
 pub mod time;
 

@@ -41,6 +41,7 @@ use crate::decode::{Columns, Decoder, Slices};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};
+use crate::table::{prefetch, BlockTable};
 
 /// How to replay.
 #[derive(Default)]
@@ -183,10 +184,22 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let window = rayon::current_num_threads().max(1);
     let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
     let decoder = Decoder::new(trace);
+    // Where the time goes, for MEMLEAK_ANALYZE_TIMING=1 (ns of CPU in
+    // decoding, replaying partitions, and the sequential peak pass).
+    let timing = std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some();
+    let (t_decode, t_replay, t_peak) = (AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0));
+    let timed = |acc: &AtomicI64, t: std::time::Instant| {
+        acc.fetch_add(t.elapsed().as_nanos() as i64, Relaxed);
+    };
     let decode = |chunk: &[RowGroupUnit]| -> memleak_trace::Result<Vec<Decoded>> {
         chunk
             .par_iter()
-            .map(|u| Decoded::read(&decoder, u, opts.at_ts))
+            .map(|u| {
+                let t = std::time::Instant::now();
+                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx);
+                timed(&t_decode, t);
+                d
+            })
             .collect()
     };
 
@@ -195,7 +208,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut outstanding: i64 = 0;
     let mut peak: i64 = 0;
     let mut peak_ts = 0u64;
-    let mut deltas: Vec<AtomicI64> = Vec::new();
+    let mut totals: Vec<i64> = Vec::new();
 
     let mut next = chunks.first().map(|c| decode(c));
     let mut k = 0;
@@ -217,30 +230,32 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     if n == 0 {
                         continue;
                     }
-                    if deltas.len() < n {
-                        deltas.resize_with(n, || AtomicI64::new(0));
-                    }
-                    for x in &deltas[..n] {
-                        x.store(0, Relaxed);
-                    }
                     let cols = d.cols.slices(n);
-                    partitions
-                        .par_iter_mut()
-                        .for_each(|p| p.replay_batch(cols, &deltas, &ctx));
+                    partitions.par_iter_mut().for_each(|p| {
+                        let t = std::time::Instant::now();
+                        let rows = d.rows_of.as_ref().map(|r| r[p.index].as_slice());
+                        p.replay_batch(cols, rows, &ctx);
+                        timed(&t_replay, t);
+                    });
+                    let t = std::time::Instant::now();
+                    // Sum the partitions' changes per row, then walk the rows in
+                    // time order for the peak.
+                    totals.clear();
+                    totals.resize(n, 0);
                     for p in &mut partitions {
-                        for (i, v) in p.sparse.drain(..) {
-                            let x = &deltas[i as usize];
-                            x.store(x.load(Relaxed) + v, Relaxed);
+                        for (i, v) in p.deltas.drain(..) {
+                            totals[i as usize] += v;
                         }
                     }
                     let ts = cols.ts;
-                    for (i, x) in deltas[..n].iter().enumerate() {
-                        outstanding += x.load(Relaxed);
+                    for (i, x) in totals.iter().enumerate() {
+                        outstanding += x;
                         if outstanding > peak {
                             peak = outstanding;
                             peak_ts = ts[i];
                         }
                     }
+                    timed(&t_peak, t);
                     if let Some(f) = opts.progress {
                         f(d.cols.len() as u64);
                     }
@@ -262,6 +277,15 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         k += 1;
     }
 
+    if timing {
+        let s = |a: &AtomicI64| a.load(Relaxed) as f64 / 1e9;
+        eprintln!(
+            "memleak: timing: decode {:.3}s, replay {:.3}s ({nparts} partitions), peak pass {:.3}s (CPU seconds)",
+            s(&t_decode),
+            s(&t_replay),
+            s(&t_peak)
+        );
+    }
     for &kind in EventKind::ALL {
         if kinds[kind as usize] > 0 {
             stats.events_by_kind.insert(kind, kinds[kind as usize]);
@@ -303,7 +327,7 @@ impl Replay {
                     } else {
                         Some(st.pid)
                     };
-                    for (&addr, b) in &st.blocks {
+                    for (addr, b) in st.blocks.iter() {
                         let o = OutstandingBlock {
                             pid,
                             addr,
@@ -349,6 +373,8 @@ impl Replay {
 /// One decoded row group and what was counted while decoding it.
 struct Decoded {
     cols: Columns,
+    /// With several partitions: the rows each takes part in.
+    rows_of: Option<Vec<Vec<u32>>>,
     /// Rows at or before the `at` cutoff.
     rows: usize,
     kinds: Box<[u64; 256]>,
@@ -359,6 +385,7 @@ impl Decoded {
         decoder: &Decoder<'_>,
         unit: &RowGroupUnit,
         at: Option<u64>,
+        ctx: &Ctx<'_>,
     ) -> memleak_trace::Result<Decoded> {
         let cols = decoder.read(unit)?;
         let all = cols.slices(cols.len());
@@ -370,8 +397,51 @@ impl Decoded {
         for &k in &all.kind[..rows] {
             kinds[k as usize] += 1;
         }
-        Ok(Decoded { cols, rows, kinds })
+        let rows_of = (ctx.nparts > 1).then(|| split_rows(cols.slices(rows), ctx));
+        Ok(Decoded {
+            cols,
+            rows_of,
+            rows,
+            kinds,
+        })
     }
+}
+
+/// Lists, for each partition, the rows it takes part in: the owner of the
+/// address (both owners for a realloc), partition 0 for mappings, every
+/// partition for exec and fork. Done while decoding, in parallel, so each
+/// replay worker reads only its own rows.
+fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>) -> Vec<Vec<u32>> {
+    let n = b.kind.len();
+    let mut out: Vec<Vec<u32>> = (0..ctx.nparts)
+        .map(|_| Vec::with_capacity(n / ctx.nparts + n / 8))
+        .collect();
+    for i in 0..n {
+        match ctx.ops[b.kind[i] as usize] {
+            Op::Alloc
+            | Op::Free
+            | Op::KernelAlloc
+            | Op::KernelFree
+            | Op::PageAlloc
+            | Op::PageFree => out[ctx.owner(b.addr[i])].push(i as u32),
+            Op::Realloc => {
+                let (new, old) = (b.addr[i], b.old_addr[i]);
+                let p = if new != 0 {
+                    ctx.owner(new)
+                } else {
+                    ctx.owner(old)
+                };
+                out[p].push(i as u32);
+                if old != 0 && new != 0 && ctx.owner(old) != p {
+                    out[ctx.owner(old)].push(i as u32);
+                }
+            }
+            Op::Map | Op::Unmap | Op::Remap => out[0].push(i as u32),
+            Op::Exec | Op::Fork => out.iter_mut().for_each(|o| o.push(i as u32)),
+            Op::Nothing => {}
+        }
+    }
+    out
 }
 
 /// What replay does with an event kind.
@@ -517,7 +587,7 @@ impl StackTotals {
 #[derive(Clone)]
 struct PidState {
     pid: u32,
-    blocks: IntMap<u64, Block>,
+    blocks: BlockTable,
     /// Only partition 0 has mappings.
     ranges: RangeSet,
 }
@@ -526,33 +596,41 @@ impl PidState {
     fn new(pid: u32) -> Self {
         PidState {
             pid,
-            blocks: int_map(),
+            blocks: BlockTable::default(),
             ranges: RangeSet::default(),
         }
     }
 
     fn bytes(&self) -> u64 {
-        self.blocks.values().map(|b| b.size).sum::<u64>() + self.ranges.bytes()
+        self.blocks.bytes() + self.ranges.bytes()
     }
 }
 
-/// Slots of the recent-frees cache (a power of two). 16 K entries of 8
-/// bytes stay in L2; a double free usually follows the first free closely.
-const RECENT_FREES: usize = 1 << 14;
+/// Slots of the recent-frees cache (a power of two). 4 K entries of 8
+/// bytes stay in L1/L2; a double free usually follows the first free
+/// closely.
+const RECENT_FREES: usize = 1 << 12;
+/// Slots of the direct-mapped pid → state cache.
+const PID_CACHE: usize = 64;
+/// How many rows ahead replay prefetches table slots: enough to cover a
+/// memory latency with the work of the rows in between.
+const AHEAD: usize = 12;
 
 struct Partition {
     index: usize,
     pids: Vec<PidState>,
     slot_of: IntMap<u32, usize>,
-    last_pid: u32,
-    last_slot: usize,
+    /// Direct-mapped cache of `slot_of`: events of several processes
+    /// interleave, so a last-used entry would miss.
+    pid_cache: [(u32, u32); PID_CACHE],
     /// Fingerprints of recently freed (namespace, address) pairs.
     recent_frees: Box<[u64]>,
     totals: StackTotals,
     counts: Counts,
-    /// Changes of outstanding bytes this partition made to events it does
-    /// not own: (row, delta).
-    sparse: Vec<(u32, i64)>,
+    /// Changes of outstanding bytes this partition made in the current
+    /// row group: (row, delta), in row order. Each partition keeps its own
+    /// so no two threads write the same cache line.
+    deltas: Vec<(u32, i64)>,
     next_mapping: u64,
 }
 
@@ -562,22 +640,27 @@ impl Partition {
             index,
             pids: vec![PidState::new(KERNEL_PID), PidState::new(PAGE_PID)],
             slot_of: int_map(),
-            last_pid: NO_PID,
-            last_slot: 0,
+            pid_cache: [(NO_PID, 0); PID_CACHE],
             recent_frees: vec![0; RECENT_FREES].into_boxed_slice(),
             totals: StackTotals::new(max_stack),
             counts: Counts::default(),
-            sparse: Vec::new(),
+            deltas: Vec::new(),
             next_mapping: 1,
         }
     }
 
     #[inline(always)]
+    fn peek_slot(&self, pid: u32) -> Option<usize> {
+        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
+        (p == pid).then_some(s as usize)
+    }
+
+    #[inline(always)]
     fn slot(&mut self, pid: u32) -> usize {
-        if pid == self.last_pid {
-            return self.last_slot;
+        match self.peek_slot(pid) {
+            Some(s) => s,
+            None => self.slot_slow(pid),
         }
-        self.slot_slow(pid)
     }
 
     #[cold]
@@ -590,8 +673,7 @@ impl Partition {
                 self.pids.len() - 1
             }
         };
-        self.last_pid = pid;
-        self.last_slot = slot;
+        self.pid_cache[pid as usize % PID_CACHE] = (pid, slot as u32);
         slot
     }
 
@@ -624,11 +706,12 @@ impl Partition {
 
     #[inline(always)]
     fn free(&mut self, slot: usize, addr: u64) -> i64 {
-        let fp = mix(addr ^ ((self.pids[slot].pid as u64) << 40).rotate_left(7)) | 1;
-        let cached = &mut self.recent_frees[(fp >> 50) as usize & (RECENT_FREES - 1)];
+        let h = mix(addr);
+        let fp = (h ^ ((self.pids[slot].pid as u64) << 32)) | 1;
+        let cached = &mut self.recent_frees[h as usize & (RECENT_FREES - 1)];
         let hit = *cached == fp;
         *cached = fp;
-        match self.pids[slot].blocks.remove(&addr) {
+        match self.pids[slot].blocks.remove(addr) {
             Some(b) => {
                 self.counts.frees += 1;
                 self.counts.freed_bytes += b.size;
@@ -645,24 +728,69 @@ impl Partition {
         }
     }
 
-    /// Records a change of outstanding bytes for row `i`.
+    /// Records a change of outstanding bytes at row `i`.
     #[inline(always)]
-    fn emit(&mut self, deltas: &[AtomicI64], i: usize, owned: bool, d: i64) {
-        if owned {
-            deltas[i].store(deltas[i].load(Relaxed) + d, Relaxed);
-        } else if d != 0 {
-            self.sparse.push((i as u32, d));
+    fn emit(&mut self, i: usize, d: i64) {
+        if d != 0 {
+            self.deltas.push((i as u32, d));
         }
     }
 
-    fn replay_batch(&mut self, b: Slices<'_>, deltas: &[AtomicI64], ctx: &Ctx<'_>) {
+    /// Prefetches what row `j` will touch, if this partition owns it.
+    #[inline(always)]
+    fn prefetch_row(&self, b: &Slices<'_>, j: usize, ctx: &Ctx<'_>) {
+        let (slot, a, b2) = match ctx.ops[b.kind[j] as usize] {
+            Op::Alloc | Op::Free => (self.peek_slot(b.pid[j]), b.addr[j], 0),
+            Op::KernelAlloc | Op::KernelFree => (Some(KERNEL_SLOT), b.addr[j], 0),
+            Op::PageAlloc | Op::PageFree => (Some(PAGE_SLOT), b.addr[j], 0),
+            Op::Realloc => (self.peek_slot(b.pid[j]), b.addr[j], b.old_addr[j]),
+            _ => return,
+        };
+        let Some(slot) = slot else { return };
+        let table = &self.pids[slot].blocks;
+        for a in [a, b2] {
+            if a != 0 && ctx.owner(a) == self.index {
+                table.prefetch(a);
+                let h = mix(a);
+                prefetch(
+                    self.recent_frees
+                        .as_ptr()
+                        .wrapping_add(h as usize & (RECENT_FREES - 1))
+                        as *const u8,
+                );
+            }
+        }
+    }
+
+    /// Replays the rows of a row group this partition takes part in: all
+    /// of them (`rows` is `None`) or the listed ones, in order.
+    fn replay_batch(&mut self, b: Slices<'_>, rows: Option<&[u32]>, ctx: &Ctx<'_>) {
+        match rows {
+            None => self.replay_rows(b, b.kind.len(), |k| k, ctx),
+            Some(r) => self.replay_rows(b, r.len(), |k| r[k] as usize, ctx),
+        }
+    }
+
+    #[inline(always)]
+    fn replay_rows(
+        &mut self,
+        b: Slices<'_>,
+        count: usize,
+        row: impl Fn(usize) -> usize,
+        ctx: &Ctx<'_>,
+    ) {
         let p = self.index;
-        let n = b.kind.len();
-        let (kinds, addrs, sizes) = (b.kind, &b.addr[..n], &b.size[..n]);
-        let (ts, pids, stacks) = (&b.ts[..n], &b.pid[..n], &b.stack_id[..n]);
-        let olds = &b.old_addr[..n];
+        let (kinds, addrs, sizes) = (b.kind, b.addr, b.size);
+        let (ts, pids, stacks, olds) = (b.ts, b.pid, b.stack_id, b.old_addr);
         let f = ctx.filter;
-        for i in 0..n {
+        for k in 0..AHEAD.min(count) {
+            self.prefetch_row(&b, row(k), ctx);
+        }
+        for k in 0..count {
+            if k + AHEAD < count {
+                self.prefetch_row(&b, row(k + AHEAD), ctx);
+            }
+            let i = row(k);
             let kind = kinds[i];
             match ctx.ops[kind as usize] {
                 op @ (Op::Alloc | Op::KernelAlloc | Op::PageAlloc) => {
@@ -676,7 +804,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i], f);
-                    deltas[i].store(d, Relaxed);
+                    self.emit(i, d);
                 }
                 op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
                     let a = addrs[i];
@@ -689,7 +817,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.free(slot, a);
-                    deltas[i].store(d, Relaxed);
+                    self.emit(i, d);
                 }
                 Op::Realloc => {
                     let (old, new, size) = (olds[i], addrs[i], sizes[i]);
@@ -700,19 +828,16 @@ impl Partition {
                     if !(own_old || own_new) || !ctx.selected(kind, pids[i]) {
                         continue;
                     }
-                    // The event's owner is the owner of its new address, or
-                    // of the old one when nothing was allocated.
-                    let owner_addr = if new != 0 { new } else { old };
-                    let owned = ctx.owner(owner_addr) == p;
                     let slot = self.slot(pids[i]);
+                    // The free comes first: realloc in place reuses the address.
+                    let mut d = 0;
                     if own_old {
-                        let d = self.free(slot, old);
-                        self.emit(deltas, i, owned, d);
+                        d += self.free(slot, old);
                     }
                     if own_new {
-                        let d = self.alloc(slot, new, size, ts[i], stacks[i], f);
-                        self.emit(deltas, i, owned, d);
+                        d += self.alloc(slot, new, size, ts[i], stacks[i], f);
                     }
+                    self.emit(i, d);
                 }
                 op @ (Op::Map | Op::Unmap | Op::Remap) => {
                     if p != 0 || !ctx.selected(kind, pids[i]) {
@@ -720,7 +845,7 @@ impl Partition {
                     }
                     let slot = self.slot(pids[i]);
                     let d = self.replay_range(op, slot, b, i, f);
-                    deltas[i].store(d, Relaxed);
+                    self.emit(i, d);
                 }
                 Op::Exec => {
                     if !ctx.selected(kind, pids[i]) {
@@ -730,9 +855,9 @@ impl Partition {
                     let slot = self.slot(pids[i]);
                     let st = &mut self.pids[slot];
                     let d = -(st.bytes() as i64);
-                    st.blocks = int_map();
+                    st.blocks = BlockTable::default();
                     st.ranges = RangeSet::default();
-                    self.emit(deltas, i, p == 0, d);
+                    self.emit(i, d);
                 }
                 Op::Fork => {
                     let child = addrs[i] as u32;
@@ -750,7 +875,7 @@ impl Partition {
                     let d = copy.bytes() as i64 - st.bytes() as i64;
                     st.blocks = copy.blocks;
                     st.ranges = copy.ranges;
-                    self.emit(deltas, i, p == 0, d);
+                    self.emit(i, d);
                 }
                 Op::Nothing => {}
             }
