@@ -267,3 +267,53 @@ fn kind_codes(col: &dyn Array) -> Option<Vec<u8>> {
             .collect(),
     )
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memleak_trace::{Event, Meta, TraceWriter, WriterOptions};
+
+    #[test]
+    fn fast_path_matches_the_reference_reader() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let opts = WriterOptions {
+            row_group_rows: 5,
+            segment_rows: 12,
+            ..WriterOptions::default()
+        };
+        let mut w = TraceWriter::create(&path, Meta::default(), opts).unwrap();
+        for i in 0..40u64 {
+            let kind = EventKind::ALL[i as usize % EventKind::ALL.len()];
+            w.push_event(&Event {
+                ts_ns: 100 + i,
+                pid: 7 + (i % 3) as u32,
+                tid: 1,
+                kind,
+                addr: 0x1000 * i,
+                size: i * 3,
+                old_addr: (i % 4 == 0).then_some(0x99 + i),
+                old_size: (i % 5 == 0).then_some(i),
+                stack_id: (i % 2 == 0).then_some(i),
+            })
+            .unwrap();
+        }
+        w.finish().unwrap();
+        let trace = Trace::open(&path).unwrap();
+        let dec = Decoder::new(&trace);
+        assert!(dec.segments.is_some(), "segments match the trace's units");
+        for u in trace.event_units() {
+            let fast = dec.read(&u).unwrap();
+            let slow = Columns::from_batch(trace.read_unit(&u, EventColumns::REPLAY).unwrap());
+            let (a, b) = (fast.slices(fast.len()), slow.slices(slow.len()));
+            assert_eq!(a.ts, b.ts);
+            assert_eq!(a.pid, b.pid);
+            assert_eq!(a.kind, b.kind);
+            assert_eq!(a.addr, b.addr);
+            assert_eq!(a.size, b.size);
+            assert_eq!(a.old_addr, b.old_addr);
+            assert_eq!(a.stack_id, b.stack_id);
+            assert_eq!(a.old_size, b.old_size);
+        }
+    }
+}

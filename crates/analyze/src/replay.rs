@@ -54,6 +54,9 @@ pub struct ReplayOptions<'a> {
     pub partitions: usize,
     /// Called with the number of rows replayed after each row group.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
+    /// Highest stack id of the trace, if the caller read the stacks
+    /// already (replay sizes per-stack arrays by it).
+    pub max_stack_id: Option<u64>,
 }
 
 /// An outstanding heap block.
@@ -170,12 +173,15 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         opts.partitions
     }
     .max(1);
-    let max_stack = trace
-        .stacks()?
-        .iter()
-        .map(|s| s.stack_id)
-        .max()
-        .unwrap_or(0);
+    let max_stack = match opts.max_stack_id {
+        Some(m) => m,
+        None => trace
+            .stacks()?
+            .iter()
+            .map(|s| s.stack_id)
+            .max()
+            .unwrap_or(0),
+    };
     let ctx = Ctx::new(nparts, &opts.filter);
     let mut partitions: Vec<Partition> =
         (0..nparts).map(|i| Partition::new(i, max_stack)).collect();
@@ -523,7 +529,7 @@ impl<'a> Ctx<'a> {
         }
         // A different mix from the hash maps', so each partition's map
         // still sees well-spread hashes.
-        ((mix(addr ^ 0x2545_F491_4F6C_DD1D) >> 32) * self.nparts as u64 >> 32) as usize
+        (((mix(addr ^ 0x2545_F491_4F6C_DD1D) >> 32) * self.nparts as u64) >> 32) as usize
     }
 
     #[inline(always)]
@@ -548,9 +554,12 @@ struct StackTotals {
     sparse: IntMap<u64, AllocatedTotals>,
 }
 
+/// Stack ids below this are counted in a flat array.
+const DENSE_STACKS: u64 = 1 << 20;
+
 impl StackTotals {
     fn new(max_stack: u64) -> Self {
-        let dense_len = if max_stack < (1 << 20) {
+        let dense_len = if max_stack < DENSE_STACKS {
             max_stack as usize + 1
         } else {
             0
@@ -563,12 +572,26 @@ impl StackTotals {
 
     #[inline(always)]
     fn add(&mut self, stack: u64, bytes: u64) {
+        if stack as usize >= self.dense.len() {
+            self.grow(stack);
+        }
         let t = match self.dense.get_mut(stack as usize) {
             Some(t) => t,
             None => self.sparse.entry(stack).or_default(),
         };
         t.allocations += 1;
         t.bytes += bytes;
+    }
+
+    /// Ids the stacks table did not announce: keep small ones dense.
+    #[cold]
+    fn grow(&mut self, stack: u64) {
+        if stack < DENSE_STACKS {
+            let len = (stack as usize + 1)
+                .next_power_of_two()
+                .min(DENSE_STACKS as usize);
+            self.dense.resize(len, AllocatedTotals::default());
+        }
     }
 
     fn for_each(&self, mut f: impl FnMut(u64, &AllocatedTotals)) {

@@ -218,8 +218,17 @@ pub fn analyze_trace(
         at_ts,
         partitions: opts.partitions,
         progress,
+        // Unknown yet: per-stack arrays grow as ids show up.
+        max_stack_id: Some(0),
     };
-    let replayed = replay(trace, &ropts)?;
+    // The stacks and frames tables are read while the events replay: the
+    // pool has idle moments (the first decode, the peak pass) to fill.
+    let (replayed, tables) = rayon::join(
+        || replay(trace, &ropts),
+        || (trace.stacks(), trace.frames()),
+    );
+    let replayed = replayed?;
+    let (stack_records, frame_records) = (tables.0?, tables.1?);
     let stats = replayed.stats();
     let eval_ts = match at_ts {
         Some(at) => at,
@@ -231,7 +240,14 @@ pub fn analyze_trace(
             .max(start_ts),
     };
 
-    let stacks = build_stacks(trace, &replayed, &filter, eval_ts, opts.sort)?;
+    let stacks = build_stacks(
+        stack_records,
+        frame_records,
+        &replayed,
+        &filter,
+        eval_ts,
+        opts.sort,
+    );
     let mut age_histogram = AgeHistogram::default();
     let (mut outstanding_bytes, mut outstanding_allocations, mut outstanding_stacks) = (0, 0, 0);
     for s in &stacks {
@@ -276,16 +292,18 @@ pub fn analyze_trace(
 
 /// Recording start, or the first event if the meta does not say.
 fn start_ts(trace: &Trace) -> memleak_trace::Result<u64> {
-    let first = match trace.event_units().first() {
-        Some(u) => trace.read_unit(u, EventColumns::TS)?.ts_ns.first().copied(),
-        None => None,
-    };
     let meta = trace.meta().start_ns;
-    Ok(match (meta, first) {
-        (0, Some(f)) => f,
-        (0, None) => 0,
-        (m, Some(f)) => m.min(f),
-        (m, None) => m,
+    if meta != 0 {
+        return Ok(meta);
+    }
+    Ok(match trace.event_units().first() {
+        Some(u) => trace
+            .read_unit(u, EventColumns::TS)?
+            .ts_ns
+            .first()
+            .copied()
+            .unwrap_or(0),
+        None => 0,
     })
 }
 
@@ -333,12 +351,13 @@ struct OutstandingByStack {
 }
 
 fn build_stacks(
-    trace: &Trace,
+    stack_records: Vec<StackRecord>,
+    frame_records: Vec<FrameRecord>,
     replayed: &Replay,
     filter: &ResolvedFilter,
     eval_ts: u64,
     sort: SortKey,
-) -> memleak_trace::Result<Vec<StackReport>> {
+) -> Vec<StackReport> {
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
     let per_partition = replayed.fold_outstanding(
@@ -380,13 +399,9 @@ fn build_stacks(
     }
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
 
-    let stacks: HashMap<u64, StackRecord> = trace
-        .stacks()?
-        .into_iter()
-        .map(|s| (s.stack_id, s))
-        .collect();
-    let frames: HashMap<(u32, u64), FrameRecord> = trace
-        .frames()?
+    let stacks: HashMap<u64, StackRecord> =
+        stack_records.into_iter().map(|s| (s.stack_id, s)).collect();
+    let frames: HashMap<(u32, u64), FrameRecord> = frame_records
         .into_iter()
         .map(|f| ((f.pid, f.addr), f))
         .collect();
@@ -421,7 +436,7 @@ fn build_stacks(
         })
         .collect();
     sort_stacks(&mut out, sort);
-    Ok(out)
+    out
 }
 
 fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {

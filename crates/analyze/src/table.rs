@@ -250,7 +250,7 @@ mod tests {
             x ^= x << 17;
             // Few distinct addresses, so runs collide, wrap and shift back.
             let addr = 0x1000 + (x % 5000) * 16;
-            if x % 3 == 0 {
+            if x.is_multiple_of(3) {
                 assert_eq!(t.remove(addr), m.remove(&addr), "step {step}");
             } else {
                 assert_eq!(
