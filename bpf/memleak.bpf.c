@@ -459,6 +459,18 @@ int count_entry(struct pt_regs *ctx)
 	return 0;
 }
 
+/* ld.so calls _dl_debug_state() around every change of the loaded objects,
+ * before unmapping a dlclosed one. In -c mode every thread of the child is
+ * ptraced; stopping the thread here lets the recorder drain the ring and
+ * snapshot the maps while the library is still mapped, so a library that is
+ * dlopened, leaks and is dlclosed at once still symbolizes. */
+SEC("uprobe")
+int dl_state(struct pt_regs *ctx)
+{
+	bpf_send_signal_thread(19 /* SIGSTOP */);
+	return 0;
+}
+
 static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 {
 	struct memleak_event *e;

@@ -118,6 +118,25 @@ impl<'obj> Probes<'obj> {
         Ok(())
     }
 
+    /// Stops the (ptraced) threads of `pid` whenever ld.so changes its list
+    /// of loaded objects, so the caller can snapshot the maps before a
+    /// dlclose unmaps a library. Only for a ptraced child: anyone else
+    /// would really be stopped.
+    pub fn attach_dl_stops(&mut self, pid: i32, ld_so: &Path) -> Result<()> {
+        let opts = libbpf_rs::UprobeOpts {
+            func_name: Some("_dl_debug_state".into()),
+            ..Default::default()
+        };
+        let link = self
+            .skel
+            .progs
+            .dl_state
+            .attach_uprobe_with_opts(pid, ld_so, 0, opts)
+            .with_context(|| format!("attaching to {}:_dl_debug_state", ld_so.display()))?;
+        self.links.push(link);
+        Ok(())
+    }
+
     /// Records exec/exit/fork of traced processes.
     pub fn attach_lifecycle(&mut self) -> Result<()> {
         let p = &self.skel.progs;

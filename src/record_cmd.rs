@@ -243,6 +243,16 @@ fn record(
             probes.attach_library(pid as i32, &lib)?;
         }
     }
+    if let Target::Child(c) = &target {
+        // Our own ld.so is the one the child will run (same system).
+        match targets::find_library(std::process::id(), "ld-linux") {
+            Some(ld) => probes.attach_dl_stops(c.pid as i32, &ld)?,
+            None if args.verbose => {
+                eprintln!("memleak: no ld.so found; dlclosed libraries may not symbolize")
+            }
+            None => {}
+        }
+    }
     if args.kernel || args.kernel_pid.is_some() {
         for note in probes.attach_kernel(args.percpu)? {
             eprintln!("memleak: note: {note}");
@@ -306,17 +316,18 @@ fn record(
             }
             Target::Child(c) => {
                 let child_pid = c.pid;
-                let mut on_exit_stop = || -> Result<()> {
-                    // The child is stopped at exit with its address space
-                    // intact: drain what it did and capture its maps, so a
-                    // program that lives 5 ms still symbolizes.
+                let mut on_stop = || -> Result<()> {
+                    // The child is stopped at exit, or in ld.so before it
+                    // unmaps a library, with its address space intact: drain
+                    // what it did and capture its maps, so a program that
+                    // lives 5 ms, or a dlclosed library, still symbolizes.
                     probes::drain(&rb, Duration::ZERO)?;
                     let mut rec = recorder.borrow_mut();
                     rec.snapshot_maps(child_pid)?;
                     rec.flush_frames()?;
                     Ok(())
                 };
-                if let Some(code) = c.poll(&mut on_exit_stop)? {
+                if let Some(code) = c.poll(&mut on_stop)? {
                     exit_code = Some(code);
                     break;
                 }
@@ -601,7 +612,7 @@ mod child {
                         libc::PTRACE_SETOPTIONS,
                         self.pid as i32,
                         0,
-                        libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_EXITKILL,
+                        libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACECLONE,
                     );
                     libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
                 } else {
@@ -613,63 +624,61 @@ mod child {
 
         /// Non-blocking: handles ptrace stops; returns the exit code once
         /// the child is gone (128+signal if killed).
-        pub fn poll(
-            &mut self,
-            on_exit_stop: &mut dyn FnMut() -> Result<()>,
-        ) -> Result<Option<i32>> {
+        pub fn poll(&mut self, on_stop: &mut dyn FnMut() -> Result<()>) -> Result<Option<i32>> {
             loop {
                 let mut status = 0;
-                // SAFETY: waiting for our own child.
-                let r = unsafe {
-                    libc::waitpid(self.pid as i32, &mut status, libc::WNOHANG | libc::__WALL)
-                };
-                if r == 0 {
+                // Every thread of the child is traced (PTRACE_O_TRACECLONE).
+                // SAFETY: waiting for our own child's threads.
+                let tid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+                if tid == 0 {
                     return Ok(None);
                 }
-                if r < 0 {
+                if tid < 0 {
                     self.exited = true;
                     return Ok(Some(0));
                 }
-                if libc::WIFEXITED(status) {
+                let main = tid as u32 == self.pid;
+                if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                    if !main {
+                        continue; // a thread ended
+                    }
                     self.exited = true;
-                    return Ok(Some(libc::WEXITSTATUS(status)));
-                }
-                if libc::WIFSIGNALED(status) {
-                    self.exited = true;
-                    return Ok(Some(128 + libc::WTERMSIG(status)));
-                }
-                if libc::WIFSTOPPED(status) {
-                    let sig = libc::WSTOPSIG(status);
-                    let event = (status >> 16) & 0xff;
-                    let inject = if sig == libc::SIGTRAP && event == libc::PTRACE_EVENT_EXIT {
-                        on_exit_stop()?;
-                        0
-                    } else if sig == libc::SIGTRAP {
-                        0
+                    return Ok(Some(if libc::WIFEXITED(status) {
+                        libc::WEXITSTATUS(status)
                     } else {
-                        sig
-                    };
-                    // SAFETY: the tracee is stopped.
-                    unsafe { libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, inject) };
+                        128 + libc::WTERMSIG(status)
+                    }));
                 }
+                if !libc::WIFSTOPPED(status) {
+                    continue;
+                }
+                let sig = libc::WSTOPSIG(status);
+                let event = (status >> 16) & 0xff;
+                let inject = match (sig, event) {
+                    // Exit of the process: its address space is still there.
+                    (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
+                        if main {
+                            on_stop()?;
+                        }
+                        0
+                    }
+                    (libc::SIGTRAP, _) => 0,
+                    // Our probe on ld.so's _dl_debug_state (or a new
+                    // thread's first stop): the maps are about to change.
+                    (libc::SIGSTOP, _) => {
+                        on_stop()?;
+                        0
+                    }
+                    (other, _) => other,
+                };
+                // SAFETY: the thread is in a ptrace stop.
+                unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0, inject) };
             }
         }
 
-        /// Stops tracing and lets the child run on.
-        pub fn detach(&mut self) {
-            if self.exited {
-                return;
-            }
-            // PTRACE_DETACH needs a stopped tracee: interrupt it first.
-            // SAFETY: plain syscalls on our own child.
-            unsafe {
-                libc::kill(self.pid as i32, libc::SIGSTOP);
-                let mut status = 0;
-                libc::waitpid(self.pid as i32, &mut status, libc::__WALL);
-                libc::ptrace(libc::PTRACE_DETACH, self.pid as i32, 0, 0);
-                libc::kill(self.pid as i32, libc::SIGCONT);
-            }
-        }
+        /// Stops tracing and lets the child run on: when the tracer exits,
+        /// the kernel detaches and resumes every traced thread.
+        pub fn detach(&mut self) {}
 
         fn reap_blocking(&mut self) {
             let mut status = 0;
