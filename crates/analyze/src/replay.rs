@@ -762,26 +762,28 @@ impl Partition {
     /// Prefetches what row `j` will touch, if this partition owns it.
     #[inline(always)]
     fn prefetch_row(&self, b: &Slices<'_>, j: usize, ctx: &Ctx<'_>) {
-        let (slot, a, b2) = match ctx.ops[b.kind[j] as usize] {
-            Op::Alloc | Op::Free => (self.peek_slot(b.pid[j]), b.addr[j], 0),
-            Op::KernelAlloc | Op::KernelFree => (Some(KERNEL_SLOT), b.addr[j], 0),
-            Op::PageAlloc | Op::PageFree => (Some(PAGE_SLOT), b.addr[j], 0),
+        // What each kind touches: its block's slot, plus the recent-frees
+        // entry for frees. Prefetching more than needed fills the CPU's
+        // miss buffers and stalls the demand loads.
+        let (slot, alloc, free) = match ctx.ops[b.kind[j] as usize] {
+            Op::Alloc => (self.peek_slot(b.pid[j]), b.addr[j], 0),
+            Op::Free => (self.peek_slot(b.pid[j]), 0, b.addr[j]),
+            Op::KernelAlloc => (Some(KERNEL_SLOT), b.addr[j], 0),
+            Op::KernelFree => (Some(KERNEL_SLOT), 0, b.addr[j]),
+            Op::PageAlloc => (Some(PAGE_SLOT), b.addr[j], 0),
+            Op::PageFree => (Some(PAGE_SLOT), 0, b.addr[j]),
             Op::Realloc => (self.peek_slot(b.pid[j]), b.addr[j], b.old_addr[j]),
             _ => return,
         };
         let Some(slot) = slot else { return };
         let table = &self.pids[slot].blocks;
-        for a in [a, b2] {
-            if a != 0 && ctx.owner(a) == self.index {
-                table.prefetch(a);
-                let h = mix(a);
-                prefetch(
-                    self.recent_frees
-                        .as_ptr()
-                        .wrapping_add(h as usize & (RECENT_FREES - 1))
-                        as *const u8,
-                );
-            }
+        if alloc != 0 && ctx.owner(alloc) == self.index {
+            table.prefetch(alloc);
+        }
+        if free != 0 && ctx.owner(free) == self.index {
+            table.prefetch(free);
+            let h = mix(free) as usize & (RECENT_FREES - 1);
+            prefetch(self.recent_frees.as_ptr().wrapping_add(h) as *const u8);
         }
     }
 

@@ -86,9 +86,10 @@ pub fn format_duration(ns: u64) -> String {
 }
 
 fn short(v: f64, unit: &str) -> String {
-    if v >= 100.0 {
+    // Thresholds after rounding, so 9.996 prints as 10.0, not 10.00.
+    if v >= 99.95 {
         format!("{v:.0}{unit}")
-    } else if v >= 10.0 {
+    } else if v >= 9.995 {
         format!("{v:.1}{unit}")
     } else {
         format!("{v:.2}{unit}")
@@ -141,5 +142,6 @@ mod tests {
         assert_eq!(format_bytes(512), "512 B");
         assert_eq!(format_bytes(1536), "1.50 KiB");
         assert_eq!(format_bytes(3 << 20), "3.00 MiB");
+        assert_eq!(format_duration(9_996_000_000), "10.0s");
     }
 }
