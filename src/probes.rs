@@ -43,7 +43,7 @@ pub struct ProbeConfig {
 /// The loaded program and its attachments.
 pub struct Probes<'obj> {
     skel: MemleakSkel<'obj>,
-    links: Vec<Link>,
+    links: std::cell::RefCell<Vec<Link>>,
     count_only: bool,
 }
 
@@ -83,14 +83,14 @@ impl<'obj> Probes<'obj> {
             .context("loading the BPF program")?;
         Ok(Probes {
             skel,
-            links: Vec::new(),
+            links: Default::default(),
             count_only: cfg.count_only,
         })
     }
 
     /// Attaches the allocator probes of one library for `pid` (-1: every
     /// process). Session probes and entry-only probes are one link each.
-    pub fn attach_library(&mut self, pid: i32, lib: &LibraryProbes) -> Result<()> {
+    pub fn attach_library(&self, pid: i32, lib: &LibraryProbes) -> Result<()> {
         for mode in [ProbeMode::Session, ProbeMode::EntryOnly] {
             let points: Vec<_> = lib.points.iter().filter(|p| p.func.mode == mode).collect();
             if points.is_empty() {
@@ -113,7 +113,7 @@ impl<'obj> Probes<'obj> {
                 .attach_uprobe_multi_with_opts(pid, &lib.path, "", opts)
                 .map_err(explain_bpf_error)
                 .with_context(|| format!("attaching uprobes to {}", lib.path.display()))?;
-            self.links.push(link);
+            self.links.borrow_mut().push(link);
         }
         Ok(())
     }
@@ -122,7 +122,7 @@ impl<'obj> Probes<'obj> {
     /// of loaded objects, so the caller can snapshot the maps before a
     /// dlclose unmaps a library. Only for a ptraced child: anyone else
     /// would really be stopped.
-    pub fn attach_dl_stops(&mut self, pid: i32, ld_so: &Path) -> Result<()> {
+    pub fn attach_dl_stops(&self, pid: i32, ld_so: &Path) -> Result<()> {
         let opts = libbpf_rs::UprobeOpts {
             func_name: Some("_dl_debug_state".into()),
             ..Default::default()
@@ -133,7 +133,7 @@ impl<'obj> Probes<'obj> {
             .dl_state
             .attach_uprobe_with_opts(pid, ld_so, 0, opts)
             .with_context(|| format!("attaching to {}:_dl_debug_state", ld_so.display()))?;
-        self.links.push(link);
+        self.links.borrow_mut().push(link);
         Ok(())
     }
 
@@ -147,10 +147,10 @@ impl<'obj> Probes<'obj> {
             let link = prog
                 .attach_tracepoint(TracepointCategory::Sched, name)
                 .with_context(|| format!("attaching sched:{name}"))?;
-            self.links.push(link);
+            self.links.borrow_mut().push(link);
         }
         let fork = p.on_fork.attach().context("attaching sched_process_fork")?;
-        self.links.push(fork);
+        self.links.borrow_mut().push(fork);
         Ok(())
     }
 
@@ -191,7 +191,7 @@ impl<'obj> Probes<'obj> {
         for (prog, cat, name) in list {
             match prog.attach_tracepoint(cat.clone(), name) {
                 Ok(link) => {
-                    self.links.push(link);
+                    self.links.borrow_mut().push(link);
                     attached += 1;
                 }
                 Err(e) => notes.push(format!(

@@ -77,6 +77,10 @@ pub struct RecordArgs {
     /// How often the ring buffer is drained, in milliseconds.
     #[arg(long, default_value_t = 10)]
     pub poll_ms: u64,
+    /// With a command: also trace the processes it forks, each under its
+    /// own pid (every child is stopped until its probes are in place).
+    #[arg(long)]
+    pub follow_forks: bool,
     /// Benchmark floor: attach the same probes at the same places but only
     /// count hits; no events are recorded.
     #[arg(long, hide = true)]
@@ -218,14 +222,16 @@ fn record(
         Target::KernelOnly => vec![],
     };
 
+    let mut libs = Vec::new();
     for &pid in &pids {
         probes.trace_pid(pid)?;
-        for lib in libraries_for(
+        libs = libraries_for(
             pid,
             matches!(target, Target::Child(_)),
             object.as_ref(),
             args,
-        )? {
+        )?;
+        for lib in &libs {
             if args.verbose {
                 for p in &lib.points {
                     eprintln!(
@@ -240,13 +246,14 @@ fn record(
                     eprintln!("memleak: {} has no {m}; skipped", lib.path.display());
                 }
             }
-            probes.attach_library(pid as i32, &lib)?;
+            probes.attach_library(pid as i32, lib)?;
         }
     }
+    // Our own ld.so is the one the child will run (same system).
+    let ld_so = targets::find_library(std::process::id(), "ld-linux");
     if let Target::Child(c) = &target {
-        // Our own ld.so is the one the child will run (same system).
-        match targets::find_library(std::process::id(), "ld-linux") {
-            Some(ld) => probes.attach_dl_stops(c.pid as i32, &ld)?,
+        match &ld_so {
+            Some(ld) => probes.attach_dl_stops(c.pid as i32, ld)?,
             None if args.verbose => {
                 eprintln!("memleak: no ld.so found; dlclosed libraries may not symbolize")
             }
@@ -274,7 +281,12 @@ fn record(
         libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
     }
     if let Target::Child(c) = &mut target {
-        c.release()?;
+        c.release(args.follow_forks)?;
+    }
+    if args.follow_forks && !matches!(target, Target::Child(_)) {
+        bail!(
+            "--follow-forks needs a command (-c or --): only a ptraced child can be held at fork"
+        );
     }
 
     let recorder = RefCell::new(recorder);
@@ -316,6 +328,20 @@ fn record(
             }
             Target::Child(c) => {
                 let child_pid = c.pid;
+                let mut on_fork = |pid: u32| -> Result<()> {
+                    // The new process is held stopped: its probes go in
+                    // before its first instruction.
+                    probes.trace_pid(pid)?;
+                    for lib in &libs {
+                        probes.attach_library(pid as i32, lib)?;
+                    }
+                    if let Some(ld) = &ld_so {
+                        probes.attach_dl_stops(pid as i32, ld)?;
+                    }
+                    recorder.borrow_mut().meta_mut().pids.push(pid);
+                    recorder.borrow_mut().snapshot_maps(pid)?;
+                    Ok(())
+                };
                 let mut on_stop = || -> Result<()> {
                     // The child is stopped at exit, or in ld.so before it
                     // unmaps a library, with its address space intact: drain
@@ -327,7 +353,7 @@ fn record(
                     rec.flush_frames()?;
                     Ok(())
                 };
-                if let Some(code) = c.poll(&mut on_stop)? {
+                if let Some(code) = c.poll(&mut on_stop, &mut on_fork)? {
                     exit_code = Some(code);
                     break;
                 }
@@ -525,6 +551,37 @@ mod child {
         go_tx: libc::c_int,
         err_rx: libc::c_int,
         exited: bool,
+        detached: bool,
+        adopted: std::collections::HashSet<u32>,
+    }
+
+    impl Drop for Child {
+        /// A child we started for a recording that failed is not left
+        /// running untraced: it is killed and reaped.
+        fn drop(&mut self) {
+            if !self.exited && !self.detached {
+                // SAFETY: our own child.
+                unsafe {
+                    libc::kill(self.pid as i32, libc::SIGKILL);
+                    let mut status = 0;
+                    libc::waitpid(self.pid as i32, &mut status, libc::__WALL);
+                }
+            }
+        }
+    }
+
+    /// Whether a traced task is a process (thread-group leader).
+    fn is_process(tid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{tid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines().find_map(|l| {
+                    l.strip_prefix("Tgid:")
+                        .map(|v| v.trim().parse::<u32>().ok())
+                })
+            })
+            .flatten()
+            == Some(tid)
     }
 
     impl Child {
@@ -580,11 +637,13 @@ mod child {
                 go_tx: go[1],
                 err_rx: err[0],
                 exited: false,
+                detached: false,
+                adopted: Default::default(),
             })
         }
 
         /// Lets the child exec; fails if exec fails.
-        pub fn release(&mut self) -> Result<()> {
+        pub fn release(&mut self, follow_forks: bool) -> Result<()> {
             let mut e = 0i32;
             // SAFETY: fds are ours; buffers are valid.
             let n = unsafe {
@@ -612,7 +671,13 @@ mod child {
                         libc::PTRACE_SETOPTIONS,
                         self.pid as i32,
                         0,
-                        libc::PTRACE_O_TRACEEXIT | libc::PTRACE_O_TRACECLONE,
+                        libc::PTRACE_O_TRACEEXIT
+                            | libc::PTRACE_O_TRACECLONE
+                            | if follow_forks {
+                                libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK
+                            } else {
+                                0
+                            },
                     );
                     libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
                 } else {
@@ -624,7 +689,11 @@ mod child {
 
         /// Non-blocking: handles ptrace stops; returns the exit code once
         /// the child is gone (128+signal if killed).
-        pub fn poll(&mut self, on_stop: &mut dyn FnMut() -> Result<()>) -> Result<Option<i32>> {
+        pub fn poll(
+            &mut self,
+            on_stop: &mut dyn FnMut() -> Result<()>,
+            on_fork: &mut dyn FnMut(u32) -> Result<()>,
+        ) -> Result<Option<i32>> {
             loop {
                 let mut status = 0;
                 // Every thread of the child is traced (PTRACE_O_TRACECLONE).
@@ -638,6 +707,11 @@ mod child {
                     return Ok(Some(0));
                 }
                 let main = tid as u32 == self.pid;
+                if (libc::WIFEXITED(status) || libc::WIFSIGNALED(status))
+                    && self.adopted.remove(&(tid as u32))
+                {
+                    continue; // a followed child process ended
+                }
                 if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                     if !main {
                         continue; // a thread ended
@@ -655,6 +729,14 @@ mod child {
                 let sig = libc::WSTOPSIG(status);
                 let event = (status >> 16) & 0xff;
                 let inject = match (sig, event) {
+                    // --follow-forks: a new process, stopped until we let it go.
+                    (libc::SIGTRAP, libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK) => {
+                        let mut child: libc::c_ulong = 0;
+                        // SAFETY: the thread is in a ptrace stop; child is writable.
+                        unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut child) };
+                        self.adopt(child as u32, on_fork)?;
+                        0
+                    }
                     // Exit of the process: its address space is still there.
                     (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
                         if main {
@@ -666,6 +748,11 @@ mod child {
                     // Our probe on ld.so's _dl_debug_state (or a new
                     // thread's first stop): the maps are about to change.
                     (libc::SIGSTOP, _) => {
+                        // A forked child's first stop can come before its
+                        // parent's fork event.
+                        if !main && is_process(tid as u32) {
+                            self.adopt(tid as u32, on_fork)?;
+                        }
                         on_stop()?;
                         0
                     }
@@ -676,9 +763,18 @@ mod child {
             }
         }
 
+        fn adopt(&mut self, pid: u32, on_fork: &mut dyn FnMut(u32) -> Result<()>) -> Result<()> {
+            if self.adopted.insert(pid) {
+                on_fork(pid)?;
+            }
+            Ok(())
+        }
+
         /// Stops tracing and lets the child run on: when the tracer exits,
         /// the kernel detaches and resumes every traced thread.
-        pub fn detach(&mut self) {}
+        pub fn detach(&mut self) {
+            self.detached = true;
+        }
 
         fn reap_blocking(&mut self) {
             let mut status = 0;

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::fixtures::{check_fixture, Fixture};
+use common::fixtures::{check_fixture, check_trace, Fixture};
 
 macro_rules! fixture_tests {
     ($($name:ident),* $(,)?) => {$(
@@ -22,3 +22,39 @@ fixture_tests!(
     seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
     dl_main, execer
 );
+
+/// With --follow-forks the child is held at fork until its probes are in
+/// place, and its leaks are attributed to its own pid.
+#[test]
+fn forker_follow_forks() {
+    let fx = Fixture::load("forker");
+    let (_dir, trace) = fx.record(&["--follow-forks"]);
+    let report = check_trace(&fx, &trace, &["outstanding", "child_outstanding"]);
+    let pids = memleak_trace::Trace::open(&trace)
+        .unwrap()
+        .meta()
+        .pids
+        .clone();
+    assert_eq!(pids.len(), 2, "parent and child recorded: {pids:?}");
+    for s in report.stacks.iter().filter(|s| s.count > 0) {
+        let in_child = s
+            .frames
+            .iter()
+            .any(|f| f.function.as_deref() == Some("child_leak"));
+        let want = if in_child { pids[1] } else { pids[0] };
+        assert_eq!(
+            s.pid,
+            Some(want),
+            "stack {} attributed to the wrong process",
+            s.stack_id
+        );
+    }
+}
+
+/// Without --follow-forks the child is not traced at all.
+#[test]
+fn forker_parent_only() {
+    let fx = Fixture::load("forker");
+    let (_dir, trace) = fx.record(&[]);
+    check_trace(&fx, &trace, &["outstanding"]);
+}

@@ -240,10 +240,15 @@ const RUNTIME_MAPPINGS: &[&str] = &["allocate_stack", "new_heap", "alloc_new_hea
 /// Records a fixture and checks every outstanding allocation exactly.
 pub fn check_fixture(fx: &Fixture) {
     let (_dir, trace) = fx.record(&[]);
-    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    check_trace(fx, &trace, &["outstanding", "mappings"]);
+}
+
+/// Checks a recorded trace against the expected groups under `keys`.
+pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
+    let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
     assert_eq!(report.summary.lost_total(), 0, "{}: lost events", fx.name);
     let (user, runtime) = fx.actual_groups(&report);
-    let expected = fx.expected_groups(&["outstanding", "mappings"]);
+    let expected = fx.expected_groups(keys);
     assert_eq!(
         user, expected,
         "{}: outstanding allocations by stack differ",
@@ -281,7 +286,7 @@ pub fn check_fixture(fx: &Fixture) {
     );
 
     // The program's own call counts: every successful call is one event.
-    let counts = event_counts(&trace);
+    let counts = event_counts(trace);
     if let Some(calls) = fx.expected["recorded_calls"]
         .as_object()
         .or(fx.expected["calls"].as_object())
@@ -303,4 +308,5 @@ pub fn check_fixture(fx: &Fixture) {
             }
         }
     }
+    report
 }

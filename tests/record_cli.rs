@@ -1,0 +1,188 @@
+//! `memleak record`'s failures: each is one line on stderr starting with
+//! `memleak: error:`, a non-zero exit, and no trace left behind.
+#![cfg(feature = "bpf")]
+
+mod common;
+
+use std::process::{Command, Output};
+
+use common::fixtures::{fixtures_dir, memleak};
+
+fn one_line_error(out: &Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected failure, got {:?}",
+        out.status
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("libbpf:")).collect();
+    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
+    assert!(lines[0].starts_with("memleak: error: "), "{err}");
+    lines[0].to_string()
+}
+
+#[test]
+fn missing_pid_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args(["record", "-p", "999999", "-o"])
+        .arg(dir.path().join("t"))
+        .output()
+        .unwrap();
+    assert_eq!(
+        one_line_error(&out),
+        "memleak: error: no such process: 999999"
+    );
+    assert!(!dir.path().join("t").exists());
+}
+
+#[test]
+fn existing_output_is_refused_without_force() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    std::fs::create_dir(&trace).unwrap();
+    let out = memleak()
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.ends_with("already exists (use --force to overwrite)"),
+        "{line}"
+    );
+    assert!(trace.is_dir(), "the existing output must be left alone");
+}
+
+#[test]
+fn unknown_allocator_library_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args(["record", "-O", "/nonexistent/libjemalloc.so", "-o"])
+        .arg(dir.path().join("t"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("/nonexistent/libjemalloc.so: cannot read allocator library"),
+        "{line}"
+    );
+}
+
+#[test]
+fn missing_symbols_prefix_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args(["record", "--symbols-prefix", "je_", "-o"])
+        .arg(dir.path().join("t"))
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("none of the allocator functions found"),
+        "{line}"
+    );
+    assert!(!dir.path().join("t").exists(), "no empty trace left behind");
+}
+
+#[test]
+fn command_that_cannot_run_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args(["record", "-o"])
+        .arg(dir.path().join("t"))
+        .args(["--", "/nonexistent/prog"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("cannot execute command: No such file or directory"),
+        "{line}"
+    );
+}
+
+#[test]
+fn unprivileged_user_is_told_what_is_needed() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = Command::new("setpriv")
+        .args([
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            "--inh-caps=-all",
+            "--bounding-set=-all",
+        ])
+        .arg(env!("CARGO_BIN_EXE_memleak"))
+        .args(["record", "-o"])
+        .arg(dir.path().join("t"))
+        .args(["--", "true"])
+        .output()
+        .expect("setpriv (util-linux) runs");
+    let line = one_line_error(&out);
+    assert!(
+        line.contains("needs root (or CAP_BPF and CAP_PERFMON)"),
+        "{line}"
+    );
+}
+
+#[test]
+fn exit_status_of_the_command_is_returned() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(dir.path().join("t"))
+        .args(["--", "sh", "-c", "exit 7"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        out.status.code(),
+        Some(7),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let meta = memleak_trace::Trace::open(dir.path().join("t"))
+        .unwrap()
+        .meta()
+        .clone();
+    assert_eq!(meta.exit_code, Some(7));
+    assert!(meta.complete);
+}
+
+/// A full disk stops the recording cleanly: a one-line error, and every
+/// segment closed before it stays readable.
+#[test]
+fn full_disk_keeps_closed_segments_valid() {
+    let mnt = tempfile::tempdir().unwrap();
+    let ok = Command::new("mount")
+        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .arg(mnt.path())
+        .status()
+        .unwrap();
+    assert!(ok.success(), "mounting a tmpfs needs root");
+    struct Unmount<'a>(&'a std::path::Path);
+    impl Drop for Unmount<'_> {
+        fn drop(&mut self) {
+            let _ = Command::new("umount").arg(self.0).status();
+        }
+    }
+    let _guard = Unmount(mnt.path());
+    let trace = mnt.path().join("t.parquet");
+    let bench = fixtures_dir().join("threads");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&bench)
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(line.contains("no space left on device"), "{line}");
+    // What was closed is intact (possibly nothing but meta.json).
+    let t = memleak_trace::Trace::open(&trace).expect("closed segments stay valid");
+    for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
+        batch.expect("every closed segment decodes");
+    }
+}
