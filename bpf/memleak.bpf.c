@@ -27,6 +27,7 @@ const volatile __u64 max_size = ~0ULL;
 const volatile __u32 stack_bytes = MEMLEAK_MAX_FRAMES * 8;
 const volatile __u64 wakeup_bytes = 1 << 20;
 const volatile __u32 kernel_tgid = 0;
+const volatile __u32 self_tgid = 0; /* the recorder: its own allocations are not traced */
 const volatile bool kernel_stacks = true;
 
 /* Exported so the skeleton carries the type and a test can compare it with
@@ -517,7 +518,11 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 {
 	struct memleak_event *e;
 
-	if (kernel_tgid && (bpf_get_current_pid_tgid() >> 32) != kernel_tgid)
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	/* Writing the trace makes the recorder allocate kernel memory too;
+	 * recording that would only measure ourselves. */
+	if (tgid == self_tgid || (kernel_tgid && tgid != kernel_tgid))
 		return 0;
 	e = new_cpu_event(kind);
 	if (!e)

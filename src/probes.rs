@@ -71,6 +71,7 @@ impl<'obj> Probes<'obj> {
         ro.stack_bytes = cfg.stack_depth.clamp(1, MAX_FRAMES) * 8;
         ro.wakeup_bytes = u64::from(cfg.ring_bytes / 4);
         ro.kernel_tgid = cfg.kernel_tgid;
+        ro.self_tgid = std::process::id();
         ro.kernel_stacks = cfg.kernel_stacks;
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps

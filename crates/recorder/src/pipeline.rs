@@ -41,6 +41,11 @@ pub struct Recorder {
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
     last_snapshot: HashMap<u32, Instant>,
+    /// New stacks, written once their frames are symbolized (see
+    /// [`looks_complete`]).
+    pending_stacks: Vec<StackRecord>,
+    /// Function of each symbolized user frame, to judge stack completeness.
+    frame_functions: HashMap<(u32, u64), Option<String>>,
     live: Option<HashMap<(u32, u64), u64>>,
     stats: Stats,
 }
@@ -61,6 +66,8 @@ impl Recorder {
             pending: Vec::new(),
             symbolizer: FrameSymbolizer::default(),
             last_snapshot: HashMap::new(),
+            pending_stacks: Vec::new(),
+            frame_functions: HashMap::new(),
             live: track_live.then(HashMap::new),
             stats: Stats::default(),
         }
@@ -142,13 +149,13 @@ impl Recorder {
         if interned.new {
             self.stats.stacks += 1;
             let frames: Vec<u64> = raw.frames().collect();
-            self.writer.push_stack(&StackRecord {
+            self.pending_stacks.push(StackRecord {
                 stack_id: interned.id,
                 pid,
                 kernel,
                 truncated: raw.flags & FLAG_STACK_FULL != 0,
                 frames: frames.clone(),
-            })?;
+            });
             for addr in frames {
                 if self.seen_frames.insert((pid, addr)) {
                     self.stats.frames += 1;
@@ -194,14 +201,28 @@ impl Recorder {
         Ok(())
     }
 
-    /// Symbolizes queued frames and appends them to the `frames` table.
+    /// Symbolizes queued frames and appends them to the `frames` table,
+    /// then writes the stacks that were waiting for them.
     pub fn flush_frames(&mut self) -> memleak_trace::Result<()> {
-        if self.pending.is_empty() {
-            return Ok(());
+        if !self.pending.is_empty() {
+            let pending = std::mem::take(&mut self.pending);
+            for rec in self.symbolizer.symbolize(pending) {
+                if rec.pid != 0 {
+                    self.frame_functions
+                        .insert((rec.pid, rec.addr), rec.function.clone());
+                }
+                self.writer.push_frame(&rec)?;
+            }
         }
-        let pending = std::mem::take(&mut self.pending);
-        for rec in self.symbolizer.symbolize(pending) {
-            self.writer.push_frame(&rec)?;
+        for mut stack in std::mem::take(&mut self.pending_stacks) {
+            if !stack.kernel && !stack.truncated {
+                let outer = stack
+                    .frames
+                    .last()
+                    .and_then(|&a| self.frame_functions.get(&(stack.pid, a)));
+                stack.truncated = !looks_complete(outer.and_then(|f| f.as_deref()));
+            }
+            self.writer.push_stack(&stack)?;
         }
         Ok(())
     }
@@ -230,6 +251,29 @@ impl Recorder {
         self.flush_frames()?;
         self.writer.finish()
     }
+}
+
+/// Functions a complete user stack ends in: process and thread entry
+/// points. A frame-pointer walk that stops anywhere else lost the outer
+/// frames (code built without frame pointers, or a corrupt chain).
+const STACK_ROOTS: &[&str] = &[
+    "_start",
+    "__libc_start_main",
+    "__libc_start_call_main",
+    "start_thread",
+    "clone",
+    "clone3",
+    "__clone",
+    "__clone3",
+    "thread_start",
+];
+
+fn looks_complete(outermost_function: Option<&str>) -> bool {
+    outermost_function.is_some_and(|f| {
+        STACK_ROOTS
+            .iter()
+            .any(|r| f == *r || f.starts_with(&format!("{r}@")))
+    })
 }
 
 fn track_live(
