@@ -521,8 +521,11 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 
 	/* Writing the trace makes the recorder allocate kernel memory too;
-	 * recording that would only measure ourselves. */
-	if (tgid == self_tgid || (kernel_tgid && tgid != kernel_tgid))
+	 * recording that would only measure ourselves. --kernel-pid narrows
+	 * allocations only: another task may free what the process allocated
+	 * (RCU callbacks, workqueues), and dropping that free would invent a
+	 * leak. */
+	if (tgid == self_tgid || (kernel_tgid && size && tgid != kernel_tgid))
 		return 0;
 	e = new_cpu_event(kind);
 	if (!e)

@@ -77,6 +77,9 @@ fn report(trace: &Trace) -> serde_json::Value {
         "tables": tables,
         "events_bytes_per_event": (events_rows > 0).then(|| events_bytes as f64 / events_rows as f64),
         "warnings": trace.warnings(),
+        "notes": m.extra.get("notes").cloned().unwrap_or_default(),
+        "failed_allocations": m.extra.get("failed_allocations").cloned(),
+        "recorder_cpu_ns": m.extra.get("recorder_cpu_ns").cloned(),
     })
 }
 
@@ -161,6 +164,12 @@ fn print_text(r: &serde_json::Value) {
     };
     counts("events", "events_total");
     counts("lost", "lost_total");
+    if let Some(n) = r["failed_allocations"].as_u64() {
+        println!("failed allocations: {n} (returned NULL; not outstanding)");
+    }
+    for note in r["notes"].as_array().into_iter().flatten() {
+        println!("note:      {}", note.as_str().unwrap_or_default());
+    }
 
     println!(
         "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",

@@ -247,6 +247,45 @@ impl<'obj> Probes<'obj> {
             .unwrap_or(0)
     }
 
+    /// Runs of the kernel tracepoint programs the kernel skipped because
+    /// another BPF program was already running on that CPU: events lost
+    /// without the program ever seeing them.
+    pub fn recursion_misses(&self) -> u64 {
+        use std::os::fd::{AsFd, AsRawFd};
+        let p = &self.skel.progs;
+        [
+            &p.on_kmalloc,
+            &p.on_kfree,
+            &p.on_kmem_cache_alloc,
+            &p.on_kmem_cache_free,
+            &p.on_page_alloc,
+            &p.on_page_free,
+            &p.on_percpu_alloc,
+            &p.on_percpu_free,
+            &p.on_exec,
+            &p.on_exit,
+        ]
+        .iter()
+        .map(|prog| {
+            let mut info = libbpf_sys::bpf_prog_info::default();
+            let mut len = std::mem::size_of_val(&info) as u32;
+            // SAFETY: info is a valid bpf_prog_info of `len` bytes.
+            let ret = unsafe {
+                libbpf_sys::bpf_obj_get_info_by_fd(
+                    prog.as_fd().as_raw_fd(),
+                    (&mut info as *mut libbpf_sys::bpf_prog_info).cast(),
+                    &mut len,
+                )
+            };
+            if ret == 0 {
+                info.recursion_misses
+            } else {
+                0
+            }
+        })
+        .sum()
+    }
+
     /// Loss counters summed over CPUs, indexed like
     /// `memleak_recorder::event::LOST_REASONS`.
     pub fn lost(&self) -> Vec<u64> {

@@ -140,7 +140,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         (Some(_), false) => bail!("give the command either with -c or after --, not both"),
         (None, _) => args.argv.clone(),
     };
-    if args.pid.is_empty() && argv.is_empty() && !args.kernel {
+    if args.pid.is_empty() && argv.is_empty() && !args.kernel && args.kernel_pid.is_none() {
         bail!("nothing to trace: give -p PID, -c CMD, -- CMD ARGS, or --kernel");
     }
     if !args.pid.is_empty() && !argv.is_empty() {
@@ -249,6 +249,7 @@ fn record(
             probes.attach_library(pid as i32, lib)?;
         }
     }
+    let mut notes: Vec<String> = Vec::new();
     // Our own ld.so is the one the child will run (same system).
     let ld_so = targets::find_library(std::process::id(), "ld-linux");
     if let Target::Child(c) = &target {
@@ -263,12 +264,20 @@ fn record(
     if args.kernel || args.kernel_pid.is_some() {
         for note in probes.attach_kernel(args.percpu)? {
             eprintln!("memleak: note: {note}");
+            notes.push(note);
         }
     }
 
     let track_live = !args.quiet && std::io::stderr().is_terminal();
     let mut recorder = Recorder::new(writer, track_live);
     recorder.meta_mut().pids = pids.clone();
+    if !notes.is_empty() {
+        // Whoever analyzes the trace must know what was not recorded.
+        recorder
+            .meta_mut()
+            .extra
+            .insert("notes".into(), serde_json::json!(notes));
+    }
     for &pid in &pids {
         if !matches!(target, Target::Child(_)) {
             recorder.snapshot_maps(pid)?;
@@ -377,6 +386,11 @@ fn record(
     drop(rb);
     let mut rec = recorder.into_inner();
     rec.set_lost(&probes.lost());
+    let misses = probes.recursion_misses();
+    rec.meta_mut()
+        .counters
+        .lost
+        .insert("recursion".into(), misses);
     rec.meta_mut().exit_code = exit_code;
     // Our own CPU (consumer, Parquet, symbolization): the probes themselves
     // run in the target's context and are charged to it.

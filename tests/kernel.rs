@@ -297,8 +297,7 @@ fn kernel_outstanding_does_not_grow_with_iterations() {
 /// blocks of slab growth between the runs, and the recorder accounting for
 /// every free the kernel did not let it see.
 #[test]
-#[ignore = "needs kernel probes that do not lose frees to BPF recursion (tp_btf), \
-            and recursion misses counted as lost events"]
+#[ignore = "needs kernel probes that do not lose frees to BPF recursion (tp_btf)"]
 fn kernel_outstanding_strict_bound() {
     let _guard = serial();
     let dir = tempfile::tempdir().unwrap();
@@ -508,7 +507,6 @@ fn kernel_without_a_tracepoint_records_the_rest_with_a_note() {
 /// without page frees every page looks leaked, and whoever analyzes the
 /// trace later has to be told.
 #[test]
-#[ignore = "needs record to store attach notes in meta.json (\"notes\": [..])"]
 fn missing_tracepoint_note_is_stored_in_the_trace() {
     let _guard = serial();
     let dir = tempfile::tempdir().unwrap();
