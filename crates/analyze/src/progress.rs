@@ -21,7 +21,7 @@ impl Progress {
         let bar = ProgressBar::with_draw_target(Some(total), ProgressDrawTarget::stderr());
         bar.set_style(
             ProgressStyle::with_template(
-                "{spinner} replaying [{bar:40}] {human_pos}/{human_len} events ({per_sec}, {eta})",
+                "{spinner} replaying [{bar:40}] {human_pos}/{human_len} events ({per_sec:.0}, {eta})",
             )
             .expect("valid template")
             .progress_chars("=> "),

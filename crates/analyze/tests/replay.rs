@@ -469,3 +469,15 @@ fn random_traces_match_a_sequential_model() {
         assert_eq!(r.summary.anomalies.total(), anomalies, "seed {seed}");
     }
 }
+
+#[test]
+fn empty_trace() {
+    let tb = TraceBuilder::new();
+    let r = run(&tb);
+    assert_eq!(r.summary.events, 0);
+    assert!(r.stacks.is_empty());
+    let text = memleak_analyze::text::render(&r);
+    assert!(text.starts_with("No outstanding allocations.\n"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&memleak_analyze::json::render(&r)).unwrap();
+    assert_eq!(v["stacks"].as_array().unwrap().len(), 0);
+}
