@@ -72,11 +72,20 @@ struct {
 	__type(value, struct thread_state);
 } threads SEC(".maps");
 
+/* Kernel-context programs build events here. BTF tracepoint programs can
+ * nest on a CPU (an interrupt's kfree inside a kmalloc handler), so each
+ * nesting level has its own slot. */
+#define SCRATCH_LEVELS 4
+struct cpu_scratch {
+	__u32 depth;
+	struct memleak_event ev[SCRATCH_LEVELS];
+};
+
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
 	__uint(max_entries, 1);
 	__type(key, __u32);
-	__type(value, struct memleak_event);
+	__type(value, struct cpu_scratch);
 } scratch SEC(".maps");
 
 struct {
@@ -85,6 +94,16 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } lost SEC(".maps");
+
+/* Kernel objects whose free must be matched to the allocation: with
+ * --kernel-pid, the objects that were recorded (only their frees are
+ * wanted); otherwise the recorder's own objects (their frees are not). */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 1 << 18);
+	__type(key, __u64);
+	__type(value, __u8);
+} kobjs SEC(".maps");
 
 /* Processes whose lifecycle (exec, exit, fork) is recorded. */
 struct {
@@ -122,14 +141,32 @@ static __always_inline struct memleak_event *init_event(struct memleak_event *e,
 	return e;
 }
 
-/* An event in the per-CPU buffer: only for tracepoint programs, which run
- * with preemption off and never nest on a CPU. */
-static __always_inline struct memleak_event *new_cpu_event(__u8 kind)
+/* An event in the per-CPU buffer, for tracepoint programs (preemption
+ * off). Pair with put_cpu_event(). */
+static __always_inline struct memleak_event *get_cpu_event(__u8 kind)
 {
 	__u32 zero = 0;
-	struct memleak_event *e = bpf_map_lookup_elem(&scratch, &zero);
+	struct cpu_scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+	__u32 d;
 
-	return e ? init_event(e, kind) : 0;
+	if (!s)
+		return 0;
+	d = s->depth;
+	if (d >= SCRATCH_LEVELS) {
+		count_lost(ML_INFLIGHT_FULL);
+		return 0;
+	}
+	s->depth = d + 1;
+	return init_event(&s->ev[d], kind);
+}
+
+static __always_inline void put_cpu_event(void)
+{
+	__u32 zero = 0;
+	struct cpu_scratch *s = bpf_map_lookup_elem(&scratch, &zero);
+
+	if (s && s->depth)
+		s->depth--;
 }
 
 /* Walks the frame-pointer chain of the user stack at an allocator's
@@ -478,12 +515,13 @@ static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 
 	if (!bpf_map_lookup_elem(&traced, &tgid))
 		return 0;
-	e = new_cpu_event(kind);
+	e = get_cpu_event(kind);
 	if (!e)
 		return 0;
 	e->pid = tgid;
 	e->addr = arg;
 	submit(0, e, 0, false);
+	put_cpu_event();
 	return 0;
 }
 
@@ -519,53 +557,72 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 	struct memleak_event *e;
 
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+	__u8 one = 1;
 
 	/* Writing the trace makes the recorder allocate kernel memory too;
-	 * recording that would only measure ourselves. --kernel-pid narrows
-	 * allocations only: another task may free what the process allocated
-	 * (RCU callbacks, workqueues), and dropping that free would invent a
-	 * leak. */
-	if (tgid == self_tgid || (kernel_tgid && size && tgid != kernel_tgid))
-		return 0;
-	e = new_cpu_event(kind);
+	 * recording that would only measure ourselves. --kernel-pid keeps the
+	 * allocations of one process. Either way the free of an object may run
+	 * in any task (RCU callbacks, workqueues, softirqs), so frees are
+	 * matched by address, not by task. */
+	if (size) {
+		bool wanted = kernel_tgid ? tgid == kernel_tgid : tgid != self_tgid;
+		bool remember = kernel_tgid ? wanted : !wanted;
+
+		if (remember)
+			bpf_map_update_elem(&kobjs, &addr, &one, BPF_ANY);
+		if (!wanted)
+			return 0;
+	} else {
+		bool known = bpf_map_delete_elem(&kobjs, &addr) == 0;
+
+		if (kernel_tgid ? !known : known)
+			return 0;
+	}
+	e = get_cpu_event(kind);
 	if (!e)
 		return 0;
 	e->addr = addr;
 	e->size = size;
 	submit(ctx, e, size && kernel_stacks, true);
+	put_cpu_event();
 	return 0;
 }
 
-SEC("tracepoint/kmem/kmalloc")
-int on_kmalloc(struct trace_event_raw_kmalloc *ctx)
+/* The slab tracepoints are BTF-typed (tp_btf): the kernel then skips a
+ * program only when that same program is already running on the CPU. As
+ * classic tracepoints, any other BPF program running there (say our
+ * kmalloc handler, interrupted by an RCU callback's kmem_cache_free) made
+ * the kernel drop the event, counted only in recursion_misses. */
+SEC("tp_btf/kmalloc")
+int BPF_PROG(on_kmalloc, unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc)
 {
-	if (!ctx->ptr)
+	if (!ptr)
 		return 0;
-	return kernel_event(ctx, MK_KMALLOC, (__u64)ctx->ptr, ctx->bytes_alloc);
+	return kernel_event(ctx, MK_KMALLOC, (__u64)ptr, bytes_alloc);
 }
 
-SEC("tracepoint/kmem/kfree")
-int on_kfree(struct trace_event_raw_kfree *ctx)
+SEC("tp_btf/kfree")
+int BPF_PROG(on_kfree, unsigned long call_site, const void *ptr)
 {
-	if (!ctx->ptr)
+	if (!ptr)
 		return 0;
-	return kernel_event(ctx, MK_KFREE, (__u64)ctx->ptr, 0);
+	return kernel_event(ctx, MK_KFREE, (__u64)ptr, 0);
 }
 
-SEC("tracepoint/kmem/kmem_cache_alloc")
-int on_kmem_cache_alloc(struct trace_event_raw_kmem_cache_alloc *ctx)
+SEC("tp_btf/kmem_cache_alloc")
+int BPF_PROG(on_kmem_cache_alloc, unsigned long call_site, const void *ptr, struct kmem_cache *s)
 {
-	if (!ctx->ptr)
+	if (!ptr)
 		return 0;
-	return kernel_event(ctx, MK_KMEM_CACHE_ALLOC, (__u64)ctx->ptr, ctx->bytes_alloc);
+	return kernel_event(ctx, MK_KMEM_CACHE_ALLOC, (__u64)ptr, BPF_CORE_READ(s, size));
 }
 
-SEC("tracepoint/kmem/kmem_cache_free")
-int on_kmem_cache_free(struct trace_event_raw_kmem_cache_free *ctx)
+SEC("tp_btf/kmem_cache_free")
+int BPF_PROG(on_kmem_cache_free, unsigned long call_site, const void *ptr)
 {
-	if (!ctx->ptr)
+	if (!ptr)
 		return 0;
-	return kernel_event(ctx, MK_KMEM_CACHE_FREE, (__u64)ctx->ptr, 0);
+	return kernel_event(ctx, MK_KMEM_CACHE_FREE, (__u64)ptr, 0);
 }
 
 SEC("tracepoint/kmem/mm_page_alloc")

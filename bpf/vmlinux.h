@@ -35,6 +35,7 @@ enum bpf_map_type {
 	BPF_MAP_TYPE_HASH = 1,
 	BPF_MAP_TYPE_ARRAY = 2,
 	BPF_MAP_TYPE_PERCPU_ARRAY = 6,
+	BPF_MAP_TYPE_LRU_HASH = 9,
 	BPF_MAP_TYPE_RINGBUF = 27,
 	BPF_MAP_TYPE_TASK_STORAGE = 29,
 };
@@ -83,6 +84,12 @@ struct trace_entry {
 	unsigned char flags;
 	unsigned char preempt_count;
 	int pid;
+} __attribute__((preserve_access_index));
+
+typedef unsigned int gfp_t;
+
+struct kmem_cache {
+	unsigned int size;
 } __attribute__((preserve_access_index));
 
 struct trace_event_raw_kmalloc {

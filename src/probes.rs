@@ -38,6 +38,26 @@ pub struct ProbeConfig {
     pub kernel_stacks: bool,
     /// Benchmark floor: attach counting programs instead of the recorder's.
     pub count_only: bool,
+    /// Load the kernel allocator programs (`--kernel`).
+    pub kernel: bool,
+}
+
+/// The slab tracepoints, attached BTF-typed (see memleak.bpf.c).
+const SLAB_TRACEPOINTS: [&str; 4] = ["kmalloc", "kfree", "kmem_cache_alloc", "kmem_cache_free"];
+
+/// Whether this kernel has tracepoint kmem:`name`. A BTF tracepoint
+/// program for a missing one would fail the whole object's load.
+fn has_kmem_tracepoint(name: &str) -> bool {
+    let roots = ["/sys/kernel/tracing", "/sys/kernel/debug/tracing"];
+    let mounted: Vec<&str> = roots
+        .iter()
+        .copied()
+        .filter(|r| Path::new(r).join("events").is_dir())
+        .collect();
+    mounted.is_empty()
+        || mounted
+            .iter()
+            .any(|r| Path::new(r).join("events/kmem").join(name).is_dir())
 }
 
 /// The loaded program and its attachments.
@@ -73,6 +93,25 @@ impl<'obj> Probes<'obj> {
         ro.kernel_tgid = cfg.kernel_tgid;
         ro.self_tgid = std::process::id();
         ro.kernel_stacks = cfg.kernel_stacks;
+        // Kernel programs are verified only when used: loading costs time.
+        let p = &mut open.progs;
+        let slab = [
+            &mut p.on_kmalloc,
+            &mut p.on_kfree,
+            &mut p.on_kmem_cache_alloc,
+            &mut p.on_kmem_cache_free,
+        ];
+        for (prog, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
+            prog.set_autoload(cfg.kernel && has_kmem_tracepoint(name));
+        }
+        for prog in [
+            &mut p.on_page_alloc,
+            &mut p.on_page_free,
+            &mut p.on_percpu_alloc,
+            &mut p.on_percpu_free,
+        ] {
+            prog.set_autoload(cfg.kernel);
+        }
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
             .events
@@ -159,19 +198,32 @@ impl<'obj> Probes<'obj> {
     /// ones this kernel lacks; fails only if none could be attached.
     pub fn attach_kernel(&mut self, percpu: bool) -> Result<Vec<String>> {
         let p = &self.skel.progs;
+        let mut notes = Vec::new();
+        let mut attached = 0;
+        let slab = [
+            &p.on_kmalloc,
+            &p.on_kfree,
+            &p.on_kmem_cache_alloc,
+            &p.on_kmem_cache_free,
+        ];
+        for (prog, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
+            if !has_kmem_tracepoint(name) {
+                notes.push(format!(
+                    "tracepoint kmem:{name} does not exist on this kernel; not recorded"
+                ));
+                continue;
+            }
+            match prog.attach() {
+                Ok(link) => {
+                    self.links.borrow_mut().push(link);
+                    attached += 1;
+                }
+                Err(e) => notes.push(format!(
+                    "tracepoint kmem:{name} unavailable ({e}); not recorded"
+                )),
+            }
+        }
         let mut list = vec![
-            (&p.on_kmalloc, TracepointCategory::Kmem, "kmalloc"),
-            (&p.on_kfree, TracepointCategory::Kmem, "kfree"),
-            (
-                &p.on_kmem_cache_alloc,
-                TracepointCategory::Kmem,
-                "kmem_cache_alloc",
-            ),
-            (
-                &p.on_kmem_cache_free,
-                TracepointCategory::Kmem,
-                "kmem_cache_free",
-            ),
             (&p.on_page_alloc, TracepointCategory::Kmem, "mm_page_alloc"),
             (&p.on_page_free, TracepointCategory::Kmem, "mm_page_free"),
         ];
@@ -187,8 +239,6 @@ impl<'obj> Probes<'obj> {
                 "percpu_free_percpu",
             ));
         }
-        let mut notes = Vec::new();
-        let mut attached = 0;
         for (prog, cat, name) in list {
             match prog.attach_tracepoint(cat.clone(), name) {
                 Ok(link) => {

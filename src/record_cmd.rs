@@ -204,6 +204,7 @@ fn record(
         kernel_tgid: args.kernel_pid.unwrap_or(0),
         kernel_stacks: !args.no_kernel_stacks,
         count_only: args.count_only,
+        kernel: args.kernel || args.kernel_pid.is_some(),
     };
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
