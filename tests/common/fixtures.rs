@@ -285,28 +285,105 @@ pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
         fx.name
     );
 
-    // The program's own call counts: every successful call is one event.
-    let counts = event_counts(trace);
-    if let Some(calls) = fx.expected["recorded_calls"]
-        .as_object()
-        .or(fx.expected["calls"].as_object())
-    {
-        if fx.expected.get("exec_into").is_none() {
-            for (kind, n) in calls {
-                // glibc's aligned_alloc is memalign (one address, one probe).
-                let kind = if kind == "aligned_alloc" {
-                    "memalign"
-                } else {
-                    kind.as_str()
-                };
-                let got = counts.get(kind).copied().unwrap_or(0);
-                assert!(
-                    got >= n.as_u64().unwrap().min(1),
-                    "{}: no {kind} events",
-                    fx.name
-                );
+    check_call_counts(fx, trace, &report);
+    report
+}
+
+/// The program's own allocator calls: each successful call is exactly one
+/// event with a stack in the program's code. Runtime allocations (ld.so,
+/// libstdc++, pthread) have no fixture frame and are not the program's
+/// calls; failed calls (NULL) record nothing and are counted in meta.json.
+/// glibc's aligned_alloc is memalign (one address, one probe), and the libc
+/// wrappers (strdup, asprintf, getline) record a malloc.
+fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report) {
+    let Some(calls) = fx.expected["calls"].as_object() else {
+        return;
+    };
+    if fx.expected.get("exec_into").is_some() {
+        return;
+    }
+    let fixtures_src = root().join("fixtures");
+    let user_stacks: std::collections::HashSet<u64> = report
+        .stacks
+        .iter()
+        .filter(|s| {
+            s.frames.iter().any(|f| {
+                f.file
+                    .as_deref()
+                    .is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
+            })
+        })
+        .map(|s| s.stack_id)
+        .collect();
+    let t = memleak_trace::Trace::open(trace).unwrap();
+    let mut user: BTreeMap<String, u64> = BTreeMap::new();
+    let cols = memleak_trace::EventColumns::KIND
+        | memleak_trace::EventColumns::STACK_ID
+        | memleak_trace::EventColumns::PID;
+    let first_pid = t.meta().pids.first().copied();
+    for batch in t.events(cols).unwrap() {
+        let b = batch.unwrap();
+        for i in 0..b.len() {
+            // The parent's own calls (a followed child has its own list).
+            if Some(b.pid[i]) != first_pid {
+                continue;
+            }
+            // realloc(p, 0) frees: like a free, it carries no stack.
+            let freeing_realloc =
+                b.kind[i] == memleak_trace::EventKind::Realloc && b.stack_id[i] == 0;
+            if freeing_realloc || user_stacks.contains(&b.stack_id[i]) {
+                *user.entry(b.kind[i].name().to_string()).or_default() += 1;
             }
         }
     }
-    report
+    let failed = t
+        .meta()
+        .extra
+        .get("failed_allocations")
+        .and_then(|v| v.as_u64())
+        .unwrap_or(0);
+    let wrapper = |names: &[&str]| -> u64 {
+        fx.expected["wrapper_calls"]
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| names.contains(&k.as_str()))
+            .map(|(_, v)| v.as_u64().unwrap())
+            .sum()
+    };
+    let wrappers = wrapper(&["strdup", "strndup", "asprintf", "vasprintf"]);
+    // getline allocates only when the caller's buffer is too small.
+    let maybe = wrapper(&["getline", "getdelim"]);
+    let mut want: BTreeMap<String, u64> = BTreeMap::new();
+    for (kind, n) in calls {
+        if ["free", "delete", "delete[]", "munmap"].contains(&kind.as_str()) {
+            continue; // frees carry no stack
+        }
+        let kind = if kind == "aligned_alloc" {
+            "memalign"
+        } else {
+            kind.as_str()
+        };
+        *want.entry(kind.to_string()).or_default() += n.as_u64().unwrap();
+    }
+    if wrappers > 0 {
+        *want.entry("malloc".into()).or_default() += wrappers;
+    }
+    for (kind, &n) in &want {
+        let got = user.get(kind).copied().unwrap_or(0);
+        let n = n + if kind == "malloc" { maybe } else { 0 };
+        assert!(
+            got <= n,
+            "{}: {got} {kind} events from the program for {n} calls",
+            fx.name
+        );
+    }
+    let (got, n): (u64, u64) = (user.values().sum(), want.values().sum());
+    let n = n + maybe.min(got.saturating_sub(n));
+    assert_eq!(
+        got + failed,
+        n,
+        "{}: {got} allocation events + {failed} failed for {n} calls ({user:?} vs {want:?})",
+        fx.name
+    );
 }

@@ -91,50 +91,20 @@ impl RangeSet {
         removed
     }
 
-    /// Applies `mremap(old, old_size, new_size)` landing at `new`: the
-    /// pieces of `[old, old+old_size)` move to `new` (keeping their stack
-    /// and time), truncated to `new_size`; whatever was mapped at the
-    /// destination is replaced; growth beyond `old_size` becomes a new
-    /// mapping made by `grown`. Parts of the old range that were never
-    /// mapped in the trace (mapped before attach) stay untracked.
-    /// Returns `(bytes removed, bytes added)`.
-    pub fn remap(
-        &mut self,
-        old: u64,
-        old_size: u64,
-        new: u64,
-        new_size: u64,
-        grown: Region,
-    ) -> (u64, u64) {
-        let moved = self.remove(old, old.saturating_add(old_size));
-        let mut removed: u64 = moved.iter().map(|(s, r)| r.end - s).sum();
+    /// Applies `mremap(old, old_size, new_size)` landing at `new`, the way
+    /// realloc is treated: whatever was tracked in `[old, old+old_size)`
+    /// and at the destination is released, and `[new, new+new_size)` is a
+    /// new mapping made by the mremap call (`made_by`: its stack and time).
+    /// Returns the bytes removed.
+    pub fn remap(&mut self, old: u64, old_size: u64, new: u64, new_size: u64, made_by: Region) -> u64 {
+        let gone = |v: Vec<(u64, Region)>| v.iter().map(|(s, r)| r.end - s).sum::<u64>();
+        let mut removed = gone(self.remove(old, old.saturating_add(old_size)));
         let new_end = new.saturating_add(new_size);
-        removed += self
-            .remove(new, new_end)
-            .iter()
-            .map(|(s, r)| r.end - s)
-            .sum::<u64>();
-        let mut added = 0;
-        for (s, r) in moved {
-            let start = s - old + new;
-            let end = (r.end - old + new).min(new_end);
-            if end > start {
-                self.regions.insert(start, Region { end, ..r });
-                added += end - start;
-            }
+        removed += gone(self.remove(new, new_end));
+        if new_end > new {
+            self.regions.insert(new, Region { end: new_end, ..made_by });
         }
-        if new_size > old_size {
-            let start = new + old_size;
-            self.regions.insert(
-                start,
-                Region {
-                    end: new_end,
-                    ..grown
-                },
-            );
-            added += new_end - start;
-        }
-        (removed, added)
+        removed
     }
 }
 
@@ -199,32 +169,21 @@ mod tests {
     }
 
     #[test]
-    fn mremap_moves_grows_and_shrinks() {
+    fn mremap_is_a_free_of_the_old_range_and_a_new_mapping() {
         let mut s = RangeSet::default();
         s.insert(0x1000, reg(0x3000, 1));
-        // Move and grow: the old 0x2000 bytes keep origin 1, the growth is 7.
-        assert_eq!(
-            s.remap(0x1000, 0x2000, 0x10000, 0x3000, reg(0, 7)),
-            (0x2000, 0x3000)
-        );
-        assert_eq!(
-            pieces(&s),
-            vec![(0x10000, 0x12000, 1), (0x12000, 0x13000, 7)]
-        );
+        // Move and grow: the whole new range belongs to the mremap (7).
+        assert_eq!(s.remap(0x1000, 0x2000, 0x10000, 0x3000, reg(0, 7)), 0x2000);
+        assert_eq!(pieces(&s), vec![(0x10000, 0x13000, 7)]);
         // Shrink in place.
-        assert_eq!(
-            s.remap(0x10000, 0x3000, 0x10000, 0x1000, reg(0, 8)),
-            (0x3000, 0x1000)
-        );
-        assert_eq!(pieces(&s), vec![(0x10000, 0x11000, 1)]);
-        // Remap of a range mapped before attach: only the growth is tracked.
-        assert_eq!(
-            s.remap(0x50000, 0x1000, 0x60000, 0x3000, reg(0, 9)),
-            (0, 0x2000)
-        );
-        assert_eq!(
-            pieces(&s),
-            vec![(0x10000, 0x11000, 1), (0x61000, 0x63000, 9)]
-        );
+        assert_eq!(s.remap(0x10000, 0x3000, 0x10000, 0x1000, reg(0, 8)), 0x3000);
+        assert_eq!(pieces(&s), vec![(0x10000, 0x11000, 8)]);
+        // Half of a mapping moves: the rest stays with its maker.
+        s.insert(0x20000, reg(0x24000, 2));
+        assert_eq!(s.remap(0x22000, 0x2000, 0x40000, 0x2000, reg(0, 9)), 0x2000);
+        assert_eq!(pieces(&s), vec![(0x10000, 0x11000, 8), (0x20000, 0x22000, 2), (0x40000, 0x42000, 9)]);
+        // Remap of a range mapped before attach: the new range is tracked.
+        assert_eq!(s.remap(0x50000, 0x1000, 0x60000, 0x3000, reg(0, 10)), 0);
+        assert_eq!(pieces(&s).last(), Some(&(0x60000, 0x63000, 10)));
     }
 }

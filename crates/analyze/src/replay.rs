@@ -124,8 +124,8 @@ pub struct ReplayStats {
     pub first_ts: Option<u64>,
     /// Timestamp of the last event read.
     pub last_ts: Option<u64>,
-    /// Allocations replayed (realloc counts as a free and an allocation;
-    /// mmap and a growing mremap count as allocations).
+    /// Allocations replayed (realloc and mremap count as a free and an
+    /// allocation; mmap counts as an allocation).
     pub allocations: u64,
     /// Frees that released a tracked block (or part of a mapping).
     pub frees: u64,
@@ -961,29 +961,25 @@ impl Partition {
                 }
                 let origin = self.next_mapping;
                 self.next_mapping += 1;
-                let grown_region = Region {
+                let made_by = Region {
                     end: 0,
                     ts,
                     stack,
                     origin,
                 };
-                let (removed, added) =
-                    self.pids[slot]
-                        .ranges
-                        .remap(old, old_size, addr, size, grown_region);
-                let grown = size.saturating_sub(old_size);
-                let kept = added - grown;
-                if grown > 0 {
-                    self.counts.allocations += 1;
-                    self.counts.allocated_bytes += grown;
-                    if f.alloc_selected(grown, ts) {
-                        self.totals.add(stack, grown);
-                    }
+                // Like realloc: the old range is released and the new one
+                // is a mapping made by this mremap call.
+                let removed = self.pids[slot].ranges.remap(old, old_size, addr, size, made_by);
+                if removed > 0 {
+                    self.counts.frees += 1;
+                    self.counts.freed_bytes += removed;
                 }
-                if removed > kept {
-                    self.counts.freed_bytes += removed - kept;
+                self.counts.allocations += 1;
+                self.counts.allocated_bytes += size;
+                if f.alloc_selected(size, ts) {
+                    self.totals.add(stack, size);
                 }
-                added as i64 - removed as i64
+                size as i64 - removed as i64
             }
         }
     }
