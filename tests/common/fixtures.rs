@@ -37,6 +37,10 @@ pub struct Fixture {
     pub expected: Value,
 }
 
+/// Outstanding allocations with no frame in the program: bytes, count, and
+/// the functions and objects on their stack.
+pub type RuntimeGroup = (u64, u64, Vec<String>);
+
 /// One outstanding-allocation group: bytes, count, frames.
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Group {
@@ -130,7 +134,7 @@ impl Fixture {
 
     /// Splits the report's outstanding stacks into groups with user frames
     /// (compared exactly) and runtime groups (stacks with no fixture frame).
-    pub fn actual_groups(&self, report: &Report) -> (Vec<Group>, Vec<(u64, u64, Vec<String>)>) {
+    pub fn actual_groups(&self, report: &Report) -> (Vec<Group>, Vec<RuntimeGroup>) {
         let sources = self.sources();
         let fixtures_src = root().join("fixtures");
         let mut user = Vec::new();

@@ -96,13 +96,26 @@ impl RangeSet {
     /// and at the destination is released, and `[new, new+new_size)` is a
     /// new mapping made by the mremap call (`made_by`: its stack and time).
     /// Returns the bytes removed.
-    pub fn remap(&mut self, old: u64, old_size: u64, new: u64, new_size: u64, made_by: Region) -> u64 {
+    pub fn remap(
+        &mut self,
+        old: u64,
+        old_size: u64,
+        new: u64,
+        new_size: u64,
+        made_by: Region,
+    ) -> u64 {
         let gone = |v: Vec<(u64, Region)>| v.iter().map(|(s, r)| r.end - s).sum::<u64>();
         let mut removed = gone(self.remove(old, old.saturating_add(old_size)));
         let new_end = new.saturating_add(new_size);
         removed += gone(self.remove(new, new_end));
         if new_end > new {
-            self.regions.insert(new, Region { end: new_end, ..made_by });
+            self.regions.insert(
+                new,
+                Region {
+                    end: new_end,
+                    ..made_by
+                },
+            );
         }
         removed
     }
@@ -181,7 +194,14 @@ mod tests {
         // Half of a mapping moves: the rest stays with its maker.
         s.insert(0x20000, reg(0x24000, 2));
         assert_eq!(s.remap(0x22000, 0x2000, 0x40000, 0x2000, reg(0, 9)), 0x2000);
-        assert_eq!(pieces(&s), vec![(0x10000, 0x11000, 8), (0x20000, 0x22000, 2), (0x40000, 0x42000, 9)]);
+        assert_eq!(
+            pieces(&s),
+            vec![
+                (0x10000, 0x11000, 8),
+                (0x20000, 0x22000, 2),
+                (0x40000, 0x42000, 9)
+            ]
+        );
         // Remap of a range mapped before attach: the new range is tracked.
         assert_eq!(s.remap(0x50000, 0x1000, 0x60000, 0x3000, reg(0, 10)), 0);
         assert_eq!(pieces(&s).last(), Some(&(0x60000, 0x63000, 10)));

@@ -969,7 +969,9 @@ impl Partition {
                 };
                 // Like realloc: the old range is released and the new one
                 // is a mapping made by this mremap call.
-                let removed = self.pids[slot].ranges.remap(old, old_size, addr, size, made_by);
+                let removed = self.pids[slot]
+                    .ranges
+                    .remap(old, old_size, addr, size, made_by);
                 if removed > 0 {
                     self.counts.frees += 1;
                     self.counts.freed_bytes += removed;

@@ -248,29 +248,6 @@ pub fn find_library(pid: u32, name_prefix: &str) -> Option<PathBuf> {
     })
 }
 
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn resolves_glibc_allocators_and_dedups_aliases() {
-        let libc = find_library(std::process::id(), "libc.so").expect("tests link glibc");
-        let probes = resolve(&libc, C_ALLOCATORS, "").unwrap();
-        let names: Vec<&str> = probes.points.iter().map(|p| p.symbol.as_str()).collect();
-        for must in ["malloc", "free", "calloc", "realloc", "mmap", "munmap"] {
-            assert!(names.contains(&must), "{must} missing from {names:?}");
-        }
-        // glibc's memalign and aligned_alloc are one function.
-        assert!(!(names.contains(&"memalign") && names.contains(&"aligned_alloc")));
-        let offsets: std::collections::HashSet<u64> =
-            probes.points.iter().map(|p| p.entry_offset).collect();
-        assert_eq!(offsets.len(), probes.points.len());
-        let none = resolve(&libc, C_ALLOCATORS, "je_").unwrap();
-        assert!(none.points.is_empty());
-        assert_eq!(none.missing.len(), C_ALLOCATORS.len());
-    }
-}
-
 /// Moves each probe past a first instruction the kernel would single-step,
 /// when that is safe (see [`crate::placement`]); `entry_only` disables it.
 pub fn apply_placement(lib: &mut LibraryProbes, entry_only: bool) {
@@ -295,5 +272,28 @@ pub fn apply_placement(lib: &mut LibraryProbes, entry_only: bool) {
             Placement::Entry { reason } => format!("entry: {reason}"),
             Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
         };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn resolves_glibc_allocators_and_dedups_aliases() {
+        let libc = find_library(std::process::id(), "libc.so").expect("tests link glibc");
+        let probes = resolve(&libc, C_ALLOCATORS, "").unwrap();
+        let names: Vec<&str> = probes.points.iter().map(|p| p.symbol.as_str()).collect();
+        for must in ["malloc", "free", "calloc", "realloc", "mmap", "munmap"] {
+            assert!(names.contains(&must), "{must} missing from {names:?}");
+        }
+        // glibc's memalign and aligned_alloc are one function.
+        assert!(!(names.contains(&"memalign") && names.contains(&"aligned_alloc")));
+        let offsets: std::collections::HashSet<u64> =
+            probes.points.iter().map(|p| p.entry_offset).collect();
+        assert_eq!(offsets.len(), probes.points.len());
+        let none = resolve(&libc, C_ALLOCATORS, "je_").unwrap();
+        assert!(none.points.is_empty());
+        assert_eq!(none.missing.len(), C_ALLOCATORS.len());
     }
 }
