@@ -16,17 +16,19 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use arrow_array::builder::{
-    BooleanBuilder, ListBuilder, StringBuilder, StructBuilder, UInt32Builder, UInt64Builder,
+    BooleanBufferBuilder, BooleanBuilder, ListBuilder, StringBuilder, StructBuilder, UInt32Builder,
+    UInt64Builder,
 };
-use arrow_array::types::Int8Type;
+use arrow_array::types::{ArrowPrimitiveType, Int8Type, UInt32Type, UInt64Type};
 use arrow_array::{
-    ArrayRef, DictionaryArray, Int8Array, RecordBatch, StringArray, UInt32Array, UInt64Array,
+    ArrayRef, DictionaryArray, Int8Array, PrimitiveArray, RecordBatch, StringArray, UInt32Array,
+    UInt64Array,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::{
-    DeltaBinaryPackedEncoderOptions, EnabledStatistics, WriterProperties,
+    DeltaBinaryPackedEncoderOptions, EnabledStatistics, WriterProperties, WriterPropertiesBuilder,
 };
 use parquet::schema::types::ColumnPath;
 
@@ -46,10 +48,16 @@ pub struct WriterOptions {
     pub segment_duration: Duration,
     /// Rows per Parquet row group (the unit of parallel replay).
     pub row_group_rows: usize,
-    /// zstd level.
+    /// zstd level, for every table (default 1: on events, level 3 costs
+    /// about 12 % more CPU per event and is no smaller).
     pub zstd_level: i32,
     /// Replace an existing trace at the path.
     pub force: bool,
+    /// Changes the Parquet settings of the `events` table after the
+    /// writer's own are applied. `None` in normal use; benchmarks (the
+    /// `write_speed` example) use it to compare settings through the real
+    /// write path.
+    pub events_tuning: Option<fn(WriterPropertiesBuilder) -> WriterPropertiesBuilder>,
 }
 
 impl Default for WriterOptions {
@@ -58,8 +66,9 @@ impl Default for WriterOptions {
             segment_rows: 16 << 20,
             segment_duration: Duration::from_secs(30),
             row_group_rows: 256 << 10,
-            zstd_level: 3,
+            zstd_level: 1,
             force: false,
+            events_tuning: None,
         }
     }
 }
@@ -79,6 +88,10 @@ pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
 trait Rows {
     fn len(&self) -> usize;
     fn take_batch(&mut self) -> RecordBatch;
+    /// Gets back the batch's memory once the Parquet writer is done with
+    /// it, so the next batch reuses warm pages instead of faulting in
+    /// fresh ones.
+    fn recycle(&mut self, _batch: RecordBatch) {}
 }
 
 /// One table's sequence of segments.
@@ -137,7 +150,9 @@ impl<R: Rows> TableSegments<R> {
         let (writer, path) = self.open.as_mut().expect("opened above");
         writer
             .write(&batch)
-            .map_err(|e| Error::parquet_write(path, e))
+            .map_err(|e| Error::parquet_write(path, e))?;
+        self.rows.recycle(batch);
+        Ok(())
     }
 
     fn maybe_drain(&mut self) -> Result<()> {
@@ -175,6 +190,13 @@ pub struct TraceWriter {
     maps: TableSegments<MapRows>,
     segment_started: Instant,
     events_written: u64,
+    /// Events pushed since the counters in `meta` were last brought up to
+    /// date, by kind code: a map update per event would cost more than
+    /// encoding it.
+    kind_counts: Box<[u64; 256]>,
+    /// Buffered events at which `push_event` hands a batch over: a full
+    /// batch, or fewer when the segment fills first.
+    events_drain_at: usize,
 }
 
 impl TraceWriter {
@@ -203,7 +225,7 @@ impl TraceWriter {
             events: TableSegments::new(
                 &root,
                 Table::Events,
-                EventRows::default(),
+                EventRows::new(batch),
                 events_props(&opts),
                 batch,
             ),
@@ -233,7 +255,10 @@ impl TraceWriter {
             meta,
             segment_started: Instant::now(),
             events_written: 0,
+            kind_counts: Box::new([0; 256]),
+            events_drain_at: 1,
         };
+        writer.update_drain_at();
         writer.meta.complete = false;
         Ok(writer)
     }
@@ -246,24 +271,56 @@ impl TraceWriter {
     /// The metadata that [`finish`](Self::finish) will write; counters may
     /// be updated through it.
     pub fn meta_mut(&mut self) -> &mut Meta {
+        self.sync_counters();
         &mut self.meta
     }
 
+    /// Adds the per-kind counts gathered by `push_event` to the metadata.
+    fn sync_counters(&mut self) {
+        for (code, n) in self.kind_counts.iter_mut().enumerate() {
+            if *n == 0 {
+                continue;
+            }
+            let kind = EventKind::from_code(code as u8).expect("counted kinds are valid");
+            *self
+                .meta
+                .counters
+                .events
+                .entry(kind.name().to_string())
+                .or_insert(0) += std::mem::take(n);
+        }
+    }
+
     /// Appends an event.
+    #[inline]
     pub fn push_event(&mut self, ev: &Event) -> Result<()> {
         self.events.rows.push(ev);
-        *self
-            .meta
-            .counters
-            .events
-            .entry(ev.kind.name().to_string())
-            .or_insert(0) += 1;
+        self.kind_counts[ev.kind as u8 as usize] += 1;
         self.events_written += 1;
-        self.events.maybe_drain()?;
-        if self.events.rows_in_segment + self.events.rows.len() >= self.opts.segment_rows {
-            self.rotate()?;
+        if self.events.rows.len() >= self.events_drain_at {
+            self.drain_events()?;
         }
         Ok(())
+    }
+
+    /// Hands a full batch of events to the Parquet writer; rotates when the
+    /// segment is full.
+    #[cold]
+    fn drain_events(&mut self) -> Result<()> {
+        self.events.drain()?;
+        if self.events.rows_in_segment >= self.opts.segment_rows {
+            self.rotate()?;
+        }
+        self.update_drain_at();
+        Ok(())
+    }
+
+    fn update_drain_at(&mut self) {
+        let room = self
+            .opts
+            .segment_rows
+            .saturating_sub(self.events.rows_in_segment);
+        self.events_drain_at = self.events.batch_rows.min(room).max(1);
     }
 
     /// Appends a stack.
@@ -301,12 +358,14 @@ impl TraceWriter {
     /// Closes every open segment, making all data so far durable, and
     /// rewrites `meta.json` with the current counters.
     pub fn rotate(&mut self) -> Result<()> {
+        self.sync_counters();
         // Stacks, frames and maps first: a closed events segment must never
         // refer to a stack that is not in a closed stacks segment.
         self.stacks.close_segment()?;
         self.frames.close_segment()?;
         self.maps.close_segment()?;
         self.events.close_segment()?;
+        self.update_drain_at();
         self.segment_started = Instant::now();
         self.meta.store(&self.root)
     }
@@ -346,75 +405,174 @@ fn base_props(
         ]))
 }
 
-/// Encodings chosen by measurement (docs/format.md, "Encodings"; rerun
-/// `cargo run --release -p memleak-trace --example bytes_per_event -- --compare`):
+/// Settings chosen by measurement, for CPU per event first and bytes per
+/// event second (docs/format.md, "Encodings"; rerun
+/// `cargo run --release -p memleak-trace --example write_speed` and
+/// `--example bytes_per_event -- --compare`):
 ///
 /// - `ts_ns` is monotonic: DELTA_BINARY_PACKED leaves only the jitter of
 ///   each delta, and 32-value miniblocks keep an occasional long gap from
-///   widening many neighbours.
+///   widening many neighbours. The packed jitter is close to random, so it
+///   is not compressed: zstd would save 1 % of the table for about 4 %
+///   more CPU.
+/// - `pid` and `tid` change only between bursts: DELTA_BINARY_PACKED stores
+///   runs as zero-width miniblocks, as small as dictionary indices and
+///   cheaper to compute than a hash lookup per value.
 /// - `size` uses BYTE_STREAM_SPLIT: the low bytes of sizes are skewed but
 ///   not byte-aligned once bit-packed, and zstd entropy-codes the split
 ///   byte streams better than it does dictionary indices.
-/// - everything else repeats heavily and is dictionary-encoded; the
-///   all-null `old_*` columns cost only their run-length-encoded levels.
-/// - one data page per column chunk gives zstd a whole row group of
-///   context; row groups of 256Ki rows keep dictionaries (and so index
-///   widths) small and give replay many parallel units.
+/// - `kind`, `addr`, `stack_id` repeat heavily and are dictionary-encoded;
+///   the all-null `old_*` columns cost only their run-length-encoded levels.
+/// - zstd level 1 (`WriterOptions::zstd_level`): level 3 costs about 12 %
+///   more CPU and is no smaller on 64Ki-row pages.
+/// - pages of 64Ki rows (one per batch): zstd's input and tables stay in
+///   cache, and a page still gives it enough context. One page per row
+///   group (256Ki rows) costs 20 % more CPU for 0.1 % fewer bytes.
+/// - statistics only for `ts_ns` (chunk min/max, to skip row groups by
+///   time); min/max of every value of every column costs CPU (the string
+///   `kind` most) and nothing reads them.
 fn events_props(opts: &WriterOptions) -> WriterProperties {
     let ts = ColumnPath::from("ts_ns");
     let size = ColumnPath::from("size");
     let miniblocks = DeltaBinaryPackedEncoderOptions::try_new(128, 4)
         .expect("128-value blocks of four 32-value miniblocks");
-    base_props(Table::Events, opts)
+    let mut b = base_props(Table::Events, opts)
+        .set_statistics_enabled(EnabledStatistics::None)
+        .set_column_statistics_enabled(ts.clone(), EnabledStatistics::Chunk)
         .set_column_dictionary_enabled(ts.clone(), false)
         .set_column_encoding(ts.clone(), Encoding::DELTA_BINARY_PACKED)
-        .set_column_delta_binary_packed_encoder_options(ts, miniblocks)
+        .set_column_delta_binary_packed_encoder_options(ts.clone(), miniblocks)
+        .set_column_compression(ts, Compression::UNCOMPRESSED)
         .set_column_dictionary_enabled(size.clone(), false)
-        .set_column_encoding(size, Encoding::BYTE_STREAM_SPLIT)
-        .set_data_page_row_count_limit(opts.row_group_rows.max(1))
+        .set_column_encoding(size, Encoding::BYTE_STREAM_SPLIT);
+    for col in ["pid", "tid"] {
+        b = b
+            .set_column_dictionary_enabled(ColumnPath::from(col), false)
+            .set_column_encoding(ColumnPath::from(col), Encoding::DELTA_BINARY_PACKED);
+    }
+    b = b
+        .set_data_page_row_count_limit(EVENTS_PAGE_ROWS)
         .set_data_page_size_limit(8 << 20)
-        .set_dictionary_page_size_limit(8 << 20)
-        .build()
+        .set_dictionary_page_size_limit(8 << 20);
+    match opts.events_tuning {
+        Some(tune) => tune(b).build(),
+        None => b.build(),
+    }
 }
+
+/// Rows per data page of the events table.
+const EVENTS_PAGE_ROWS: usize = 64 << 10;
 
 fn plain_props(table: Table, opts: &WriterOptions) -> WriterProperties {
     base_props(table, opts).build()
 }
 
-#[derive(Default)]
+/// A nullable u64 column, kept sparse while rows arrive: only the
+/// present values, with their row numbers. `old_addr` and `old_size` are
+/// null in almost every row, so pushing costs one branch, and the dense
+/// values and validity bitmap are built once per batch.
+struct OptU64 {
+    present: Vec<(u32, u64)>,
+    /// The dense values of the last batch, recycled.
+    values: Vec<u64>,
+}
+
+impl OptU64 {
+    fn new() -> Self {
+        OptU64 {
+            present: Vec::new(),
+            values: Vec::new(),
+        }
+    }
+
+    #[inline]
+    fn push(&mut self, row: usize, v: Option<u64>) {
+        if let Some(v) = v {
+            self.present.push((row as u32, v));
+        }
+    }
+
+    fn take(&mut self, rows: usize) -> UInt64Array {
+        let mut values = std::mem::take(&mut self.values);
+        values.clear();
+        values.resize(rows, 0);
+        let nulls = if self.present.len() == rows {
+            for (i, &(_, v)) in self.present.iter().enumerate() {
+                values[i] = v;
+            }
+            None
+        } else {
+            let mut valid = BooleanBufferBuilder::new(rows);
+            valid.append_n(rows, false);
+            for &(row, v) in &self.present {
+                values[row as usize] = v;
+                valid.set_bit(row as usize, true);
+            }
+            Some(valid.finish().into())
+        };
+        self.present.clear();
+        UInt64Array::new(values.into(), nulls)
+    }
+}
+
+/// The events being buffered, one vector per column. Each batch's vectors
+/// become the Arrow arrays without a copy, and the next batch starts with
+/// vectors of full capacity, so pushing never reallocates.
 struct EventRows {
+    capacity: usize,
     ts: Vec<u64>,
     pid: Vec<u32>,
     tid: Vec<u32>,
     kind: Vec<i8>,
     addr: Vec<u64>,
     size: Vec<u64>,
-    old_addr: Vec<Option<u64>>,
-    old_size: Vec<Option<u64>>,
-    stack_id: Vec<Option<u64>>,
+    old_addr: OptU64,
+    old_size: OptU64,
+    stack_id: OptU64,
 }
 
 impl EventRows {
+    fn new(capacity: usize) -> Self {
+        EventRows {
+            capacity,
+            ts: Vec::with_capacity(capacity),
+            pid: Vec::with_capacity(capacity),
+            tid: Vec::with_capacity(capacity),
+            kind: Vec::with_capacity(capacity),
+            addr: Vec::with_capacity(capacity),
+            size: Vec::with_capacity(capacity),
+            old_addr: OptU64::new(),
+            old_size: OptU64::new(),
+            stack_id: OptU64::new(),
+        }
+    }
+
+    #[inline]
     fn push(&mut self, e: &Event) {
+        let row = self.ts.len();
+        self.old_addr.push(row, e.old_addr);
+        self.old_size.push(row, e.old_size);
+        self.stack_id.push(row, e.stack_id);
         self.ts.push(e.ts_ns);
         self.pid.push(e.pid);
         self.tid.push(e.tid);
-        self.kind.push(kind_key(e.kind));
+        self.kind.push(KIND_KEYS[e.kind as u8 as usize]);
         self.addr.push(e.addr);
         self.size.push(e.size);
-        self.old_addr.push(e.old_addr);
-        self.old_size.push(e.old_size);
-        self.stack_id.push(e.stack_id);
     }
 }
 
-/// Index of a kind in the dictionary written with every batch.
-fn kind_key(kind: EventKind) -> i8 {
-    EventKind::ALL
-        .iter()
-        .position(|&k| k == kind)
-        .expect("kind in ALL") as i8
-}
+/// Index of each kind (by code) in the dictionary written with every
+/// batch, which lists the kinds in the order of [`EventKind::ALL`].
+const KIND_KEYS: [i8; 256] = {
+    let mut keys = [-1i8; 256];
+    let mut i = 0;
+    while i < EventKind::ALL.len() {
+        keys[EventKind::ALL[i] as u8 as usize] = i as i8;
+        i += 1;
+    }
+    keys
+};
 
 fn kind_dictionary() -> Arc<StringArray> {
     Arc::new(StringArray::from_iter_values(
@@ -428,23 +586,72 @@ impl Rows for EventRows {
     }
 
     fn take_batch(&mut self) -> RecordBatch {
+        use std::mem::take;
+        let rows = self.ts.len();
         let kinds = DictionaryArray::<Int8Type>::try_new(
-            Int8Array::from(std::mem::take(&mut self.kind)),
+            Int8Array::from(take(&mut self.kind)),
             kind_dictionary(),
         )
         .expect("kind keys are in range");
         let cols: Vec<ArrayRef> = vec![
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.ts))),
-            Arc::new(UInt32Array::from(std::mem::take(&mut self.pid))),
-            Arc::new(UInt32Array::from(std::mem::take(&mut self.tid))),
+            Arc::new(UInt64Array::from(take(&mut self.ts))),
+            Arc::new(UInt32Array::from(take(&mut self.pid))),
+            Arc::new(UInt32Array::from(take(&mut self.tid))),
             Arc::new(kinds),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.addr))),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.size))),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.old_addr))),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.old_size))),
-            Arc::new(UInt64Array::from(std::mem::take(&mut self.stack_id))),
+            Arc::new(UInt64Array::from(take(&mut self.addr))),
+            Arc::new(UInt64Array::from(take(&mut self.size))),
+            Arc::new(self.old_addr.take(rows)),
+            Arc::new(self.old_size.take(rows)),
+            Arc::new(self.stack_id.take(rows)),
         ];
         RecordBatch::try_new(Table::Events.schema(), cols).expect("events batch matches schema")
+    }
+
+    fn recycle(&mut self, batch: RecordBatch) {
+        let (_, cols, _) = batch.into_parts();
+        fn prim<T: ArrowPrimitiveType>(col: &ArrayRef) -> Option<PrimitiveArray<T>> {
+            col.as_any().downcast_ref::<PrimitiveArray<T>>().cloned()
+        }
+        let kind = cols[3]
+            .as_any()
+            .downcast_ref::<DictionaryArray<Int8Type>>()
+            .map(|d| d.keys().clone());
+        let u64s = |i: usize| prim::<UInt64Type>(&cols[i]);
+        let u32s = |i: usize| prim::<UInt32Type>(&cols[i]);
+        let (ts, pid, tid, addr, size) = (u64s(0), u32s(1), u32s(2), u64s(4), u64s(5));
+        let (old_addr, old_size, stack_id) = (u64s(6), u64s(7), u64s(8));
+        // Our clones are the last references once the batch is gone.
+        drop(cols);
+        let cap = self.capacity;
+        reuse(&mut self.ts, ts, cap);
+        reuse(&mut self.pid, pid, cap);
+        reuse(&mut self.tid, tid, cap);
+        reuse(&mut self.kind, kind, cap);
+        reuse(&mut self.addr, addr, cap);
+        reuse(&mut self.size, size, cap);
+        reuse(&mut self.old_addr.values, old_addr, cap);
+        reuse(&mut self.old_size.values, old_size, cap);
+        reuse(&mut self.stack_id.values, stack_id, cap);
+    }
+}
+
+/// Makes `v` (empty after `take_batch`) the vector behind `array` if
+/// nothing else holds it, or else a new vector of `capacity`.
+fn reuse<T: ArrowPrimitiveType>(
+    v: &mut Vec<T::Native>,
+    array: Option<PrimitiveArray<T>>,
+    capacity: usize,
+) {
+    if !v.is_empty() {
+        return;
+    }
+    let reclaimed = array.and_then(|a| a.into_parts().1.into_inner().into_vec().ok());
+    match reclaimed {
+        Some(mut old) if old.capacity() >= capacity => {
+            old.clear();
+            *v = old;
+        }
+        _ => v.reserve(capacity),
     }
 }
 
