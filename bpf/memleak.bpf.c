@@ -625,16 +625,21 @@ int BPF_PROG(on_kmem_cache_free, unsigned long call_site, const void *ptr)
 	return kernel_event(ctx, MK_KMEM_CACHE_FREE, (__u64)ptr, 0);
 }
 
-SEC("tracepoint/kmem/mm_page_alloc")
-int on_page_alloc(struct trace_event_raw_mm_page_alloc *ctx)
+/* Pages too: page frees often run in interrupts on a CPU where the page
+ * allocation program is running, and a classic tracepoint would drop them.
+ * The page is identified by its struct page address, one per page frame
+ * (the pfn is not at hand in the BTF arguments without the kernel's
+ * vmemmap base). */
+SEC("tp_btf/mm_page_alloc")
+int BPF_PROG(on_page_alloc, struct page *page, unsigned int order)
 {
-	return kernel_event(ctx, MK_PAGE_ALLOC, ctx->pfn, 4096ULL << ctx->order);
+	return kernel_event(ctx, MK_PAGE_ALLOC, (__u64)page, 4096ULL << order);
 }
 
-SEC("tracepoint/kmem/mm_page_free")
-int on_page_free(struct trace_event_raw_mm_page_free *ctx)
+SEC("tp_btf/mm_page_free")
+int BPF_PROG(on_page_free, struct page *page, unsigned int order)
 {
-	return kernel_event(ctx, MK_PAGE_FREE, ctx->pfn, 0);
+	return kernel_event(ctx, MK_PAGE_FREE, (__u64)page, 0);
 }
 
 SEC("tracepoint/percpu/percpu_alloc_percpu")

@@ -116,15 +116,7 @@ struct trace_event_raw_kmem_cache_free {
 	const void *ptr;
 } __attribute__((preserve_access_index));
 
-struct trace_event_raw_mm_page_alloc {
-	long unsigned int pfn;
-	unsigned int order;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_mm_page_free {
-	long unsigned int pfn;
-	unsigned int order;
-} __attribute__((preserve_access_index));
+struct page;
 
 struct trace_event_raw_percpu_alloc_percpu {
 	size_t size;

@@ -96,9 +96,10 @@ event_kinds! {
     KmemCacheAlloc = 34 => "kmem_cache_alloc", Alloc;
     /// Kernel `kmem_cache_free`.
     KmemCacheFree = 35 => "kmem_cache_free", Free;
-    /// Kernel page allocation; `addr` is the pfn, `size` is `PAGE_SIZE << order`.
+    /// Kernel page allocation; `addr` identifies the page frame (the address
+    /// of its `struct page`), `size` is `PAGE_SIZE << order`.
     PageAlloc = 36 => "page_alloc", Alloc;
-    /// Kernel page free; `addr` is the pfn.
+    /// Kernel page free; `addr` as for [`EventKind::PageAlloc`].
     PageFree = 37 => "page_free", Free;
     /// Kernel per-CPU allocation.
     PercpuAlloc = 38 => "percpu_alloc", Alloc;
