@@ -134,7 +134,7 @@ fn parse_size(text: &str) -> Result<u64, String> {
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    keep_freed_memory();
+    crate::keep_freed_memory();
     if let Some(j) = args.jobs {
         // Only fails if the pool was already built, which cannot happen here.
         let _ = rayon_pool(j);
@@ -215,21 +215,6 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     Ok(ExitCode::SUCCESS)
-}
-
-/// Row groups are decoded into multi-megabyte buffers freed right after
-/// replay. By default glibc hands such blocks back to the kernel (mmap'd
-/// chunks, heap trimming) and the next row group faults the pages in again:
-/// measured, a sixth of the run time in page faults. Keep them instead;
-/// peak memory is unchanged, since the same sizes are reused.
-fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only tunes the allocator; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_ARENA_MAX, 4);
-    }
 }
 
 fn rayon_pool(threads: usize) -> Result<(), String> {

@@ -135,6 +135,7 @@ enum Target {
 }
 
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
+    crate::keep_freed_memory();
     let argv: Vec<String> = match (&args.command, args.argv.is_empty()) {
         (Some(c), true) => c.split_whitespace().map(str::to_string).collect(),
         (Some(_), false) => bail!("give the command either with -c or after --, not both"),

@@ -159,7 +159,11 @@ pub fn resolve(path: &Path, funcs: &[AllocFn], prefix: &str) -> Result<LibraryPr
         .map(|f| format!("{prefix}{}", f.symbol))
         .collect();
     let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    let src = Source::Elf(Elf::new(path));
+    // The dynamic and ELF symbol tables are enough to find entry points;
+    // parsing (compressed) DWARF here cost ~100 ms at every start.
+    let mut elf = Elf::new(path);
+    elf.debug_syms = false;
+    let src = Source::Elf(elf);
     let inspector = Inspector::new();
     let found = inspector
         .lookup(&src, &refs)
