@@ -186,3 +186,87 @@ fn full_disk_keeps_closed_segments_valid() {
         batch.expect("every closed segment decodes");
     }
 }
+
+/// Waits for a child, failing (not hanging) if it never ends.
+fn wait_bounded(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
+    for _ in 0..600 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let _ = child.kill();
+    panic!("{what} did not stop");
+}
+
+/// Attaching to a running process by pid, stopped by --duration while the
+/// target keeps running: a complete trace with the target's allocations.
+#[test]
+fn attach_to_a_running_process() {
+    let mut target = Command::new("python3")
+        .args(["-c", "import time\nfor i in range(3000):\n    b = bytearray(100 + i)\n    time.sleep(0.002)\n"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = memleak()
+        .args([
+            "record",
+            "-q",
+            "-d",
+            "1s",
+            "-p",
+            &target.id().to_string(),
+            "-o",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        target.try_wait().unwrap().is_none(),
+        "the target must keep running"
+    );
+    let _ = target.kill();
+    let _ = target.wait();
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let meta = t.meta();
+    assert!(meta.complete);
+    assert_eq!(meta.pids, vec![target.id()]);
+    assert!(
+        meta.counters.events.get("malloc").copied().unwrap_or(0) > 100,
+        "{:?}",
+        meta.counters.events
+    );
+    assert!(!t.stacks().unwrap().is_empty());
+}
+
+/// SIGINT and SIGTERM close a valid trace and exit cleanly.
+#[test]
+fn signals_close_a_valid_trace() {
+    for sig in [libc::SIGINT, libc::SIGTERM] {
+        let dir = tempfile::tempdir().unwrap();
+        let trace = dir.path().join("t.parquet");
+        // The command runs in its own process group so that only memleak
+        // gets the signal, as with `kill` from another terminal.
+        let mut rec = memleak()
+            .args(["record", "-q", "-o"])
+            .arg(&trace)
+            .args(["--", "setsid", "sleep", "3"])
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        // SAFETY: signalling our own child.
+        unsafe { libc::kill(rec.id() as i32, sig) };
+        let status = wait_bounded(&mut rec, "memleak record after a signal");
+        assert!(status.success(), "signal {sig}: {status:?}");
+        let t = memleak_trace::Trace::open(&trace).unwrap();
+        assert!(t.meta().complete, "signal {sig}: trace not closed");
+        assert!(t.warnings().is_empty(), "{:?}", t.warnings());
+    }
+}
