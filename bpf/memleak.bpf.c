@@ -583,7 +583,12 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 		if (!wanted)
 			return 0;
 	} else {
-		bool known = bpf_map_delete_elem(&kobjs, &addr) == 0;
+		/* A lookup is lock-free; most frees are of unremembered objects,
+		 * so only those found pay for the delete. */
+		bool known = bpf_map_lookup_elem(&kobjs, &addr) != 0;
+
+		if (known)
+			bpf_map_delete_elem(&kobjs, &addr);
 
 		if (kernel_tgid ? !known : known)
 			return 0;
