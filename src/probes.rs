@@ -288,19 +288,7 @@ impl<'obj> Probes<'obj> {
 
     /// Probe hits counted in `count_only` mode.
     pub fn hits(&self) -> u64 {
-        self.skel
-            .maps
-            .hits
-            .lookup_percpu(&0u32.to_ne_bytes(), MapFlags::ANY)
-            .ok()
-            .flatten()
-            .map(|per_cpu| {
-                per_cpu
-                    .iter()
-                    .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("u64")))
-                    .sum()
-            })
-            .unwrap_or(0)
+        sum_percpu(&self.skel.maps.hits, 0)
     }
 
     /// Runs of the kernel tracepoint programs the kernel skipped because
@@ -347,23 +335,23 @@ impl<'obj> Probes<'obj> {
     pub fn lost(&self) -> Vec<u64> {
         let n = memleak_recorder::event::LOST_REASONS.len();
         (0..n as u32)
-            .map(|i| {
-                self.skel
-                    .maps
-                    .lost
-                    .lookup_percpu(&i.to_ne_bytes(), MapFlags::ANY)
-                    .ok()
-                    .flatten()
-                    .map(|per_cpu| {
-                        per_cpu
-                            .iter()
-                            .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("u64")))
-                            .sum()
-                    })
-                    .unwrap_or(0)
-            })
+            .map(|i| sum_percpu(&self.skel.maps.lost, i))
             .collect()
     }
+}
+
+/// A u64 counter of a per-CPU array, summed over CPUs (0 if unreadable).
+fn sum_percpu(map: &dyn MapCore, key: u32) -> u64 {
+    map.lookup_percpu(&key.to_ne_bytes(), MapFlags::ANY)
+        .ok()
+        .flatten()
+        .map(|per_cpu| {
+            per_cpu
+                .iter()
+                .map(|v| u64::from_ne_bytes(v[..8].try_into().expect("u64")))
+                .sum()
+        })
+        .unwrap_or(0)
 }
 
 /// Waits up to `timeout` for a forced wakeup, then drains the ring.
