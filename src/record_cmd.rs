@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
+use memleak_recorder::placement::Policy;
 use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
 use memleak_recorder::Recorder;
 use memleak_trace::{Meta, TraceWriter, WriterOptions};
@@ -435,7 +436,10 @@ fn libraries_for(
     object: Option<&PathBuf>,
     args: &RecordArgs,
 ) -> Result<Vec<LibraryProbes>> {
-    let placement = args.probe_placement;
+    let placement = match args.probe_placement {
+        Placement::Auto => Policy::Auto,
+        Placement::Entry => Policy::Entry,
+    };
     let mut out = Vec::new();
     let c_lib = match object {
         Some(p) => p.clone(),
@@ -445,8 +449,8 @@ fn libraries_for(
             format!("process {pid} has no libc mapped; use -O to name its allocator library")
         })?,
     };
-    let mut libc =
-        targets::resolve(&c_lib, C_ALLOCATORS, &args.symbols_prefix).map_err(anyhow::Error::msg)?;
+    let libc = targets::resolve(&c_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
+        .map_err(anyhow::Error::msg)?;
     if libc.points.is_empty() {
         bail!(
             "{}: none of the allocator functions found (symbols prefix {:?})",
@@ -454,7 +458,6 @@ fn libraries_for(
             args.symbols_prefix
         );
     }
-    place(&mut libc, placement);
     out.push(libc);
     // The wrappers live in libc even when -O names another allocator.
     let libc_path = if object.is_some() || launched {
@@ -463,9 +466,8 @@ fn libraries_for(
         Some(c_lib.clone())
     };
     if let Some(path) = libc_path {
-        let mut wrappers =
-            targets::resolve(&path, targets::C_WRAPPERS, "").map_err(anyhow::Error::msg)?;
-        place(&mut wrappers, placement);
+        let wrappers = targets::resolve(&path, targets::C_WRAPPERS, "", placement)
+            .map_err(anyhow::Error::msg)?;
         out.push(wrappers);
     }
     let cxx = if launched {
@@ -482,18 +484,13 @@ fn libraries_for(
             .or_else(|| targets::find_library(pid, "libc++.so"))
     };
     if let Some(path) = cxx {
-        let mut lib = targets::resolve(&path, CXX_ALLOCATORS, "").map_err(anyhow::Error::msg)?;
+        let lib =
+            targets::resolve(&path, CXX_ALLOCATORS, "", placement).map_err(anyhow::Error::msg)?;
         if !lib.points.is_empty() {
-            place(&mut lib, placement);
             out.push(lib);
         }
     }
     Ok(out)
-}
-
-/// Applies the probe-placement policy to resolved functions.
-fn place(lib: &mut LibraryProbes, policy: Placement) {
-    memleak_recorder::targets::apply_placement(lib, policy == Placement::Entry);
 }
 
 fn self_cpu_ns() -> u64 {

@@ -3,9 +3,10 @@
 
 use std::path::{Path, PathBuf};
 
-use blazesym::inspect::source::{Elf, Source};
-use blazesym::inspect::Inspector;
 use memleak_trace::EventKind;
+
+use crate::elf::ElfFile;
+use crate::placement::{resolve_one, Placement, Policy, ProbeKind};
 
 use crate::procmaps::{read_maps, resolve_in_process};
 
@@ -151,93 +152,85 @@ pub struct LibraryProbes {
     pub missing: Vec<String>,
 }
 
-/// Resolves `funcs` (with `prefix`) in an ELF file. Several names may share
-/// an address (aliases); each address is probed once, by its first name.
-pub fn resolve(path: &Path, funcs: &[AllocFn], prefix: &str) -> Result<LibraryProbes, String> {
-    let names: Vec<String> = funcs
-        .iter()
-        .map(|f| format!("{prefix}{}", f.symbol))
-        .collect();
-    let refs: Vec<&str> = names.iter().map(String::as_str).collect();
-    // The dynamic and ELF symbol tables are enough to find entry points;
-    // parsing (compressed) DWARF here cost ~100 ms at every start.
-    let mut elf = Elf::new(path);
-    elf.debug_syms = false;
-    let src = Source::Elf(elf);
-    let inspector = Inspector::new();
-    let found = inspector
-        .lookup(&src, &refs)
-        .map_err(|e| format!("{}: {e}", path.display()))?;
+/// Resolves `funcs` (with `prefix`) in an ELF file and places each probe
+/// (see [`crate::placement`]; `Policy::Entry` keeps every probe at the
+/// function entry). Several names may share an address (aliases: glibc's
+/// memalign and aligned_alloc); each address is probed once, by its first
+/// name.
+pub fn resolve(
+    path: &Path,
+    funcs: &[AllocFn],
+    prefix: &str,
+    policy: Policy,
+) -> Result<LibraryProbes, String> {
+    let elf = ElfFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
     let mut out = LibraryProbes {
         path: path.to_path_buf(),
         points: Vec::new(),
         missing: Vec::new(),
     };
-    let segments = load_segments(path).map_err(|e| format!("{}: {e}", path.display()))?;
-    for ((func, name), infos) in funcs.iter().zip(&names).zip(found) {
-        let entry = infos
-            .iter()
-            .find_map(|i| i.file_offset.or_else(|| vaddr_to_offset(&segments, i.addr)));
-        let (Some(entry), Some(info)) = (entry, infos.first()) else {
-            out.missing.push(name.clone());
-            continue;
+    for func in funcs {
+        let name = format!("{prefix}{}", func.symbol);
+        let kind = match func.mode {
+            ProbeMode::Session => ProbeKind::EntryAndReturn,
+            ProbeMode::EntryOnly => ProbeKind::EntryOnly,
         };
-        if out.points.iter().any(|p| p.entry_offset == entry) {
+        let point = match resolve_one(&elf, &name, kind, policy) {
+            Some(r) => ProbePoint {
+                func: *func,
+                symbol: name,
+                entry_offset: r.file_offset,
+                size: r.func_size,
+                probe_offset: r.probe_file_offset(),
+                note: match &r.placement {
+                    Placement::Entry { reason } => format!("entry: {reason}"),
+                    Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
+                },
+            },
+            None => match func.cookie == wrapper::SILENT {
+                true => match debug_symbol_offset(path, &elf, &name) {
+                    Some(off) => ProbePoint {
+                        func: *func,
+                        symbol: name,
+                        entry_offset: off,
+                        size: 0,
+                        probe_offset: off,
+                        note: "entry: found in separate debug symbols".into(),
+                    },
+                    None => {
+                        out.missing.push(name);
+                        continue;
+                    }
+                },
+                false => {
+                    out.missing.push(name);
+                    continue;
+                }
+            },
+        };
+        if out
+            .points
+            .iter()
+            .any(|p| p.entry_offset == point.entry_offset)
+        {
             continue;
         }
-        out.points.push(ProbePoint {
-            func: *func,
-            symbol: name.clone(),
-            entry_offset: entry,
-            size: info.size.unwrap_or(0) as u64,
-            probe_offset: entry,
-            note: "entry".into(),
-        });
+        out.points.push(point);
     }
     Ok(out)
 }
 
-/// (p_vaddr, p_offset, p_filesz) of each PT_LOAD segment of an ELF64 file.
-fn load_segments(path: &Path) -> std::io::Result<Vec<(u64, u64, u64)>> {
-    let data = std::fs::read(path)?;
-    let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, "not an ELF64 file");
-    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
-        return Err(bad());
-    }
-    let u64_at = |o: usize| {
-        data.get(o..o + 8)
-            .map(|b| u64::from_le_bytes(b.try_into().expect("8")))
-    };
-    let u16_at = |o: usize| {
-        data.get(o..o + 2)
-            .map(|b| u16::from_le_bytes(b.try_into().expect("2")))
-    };
-    let phoff = u64_at(0x20).ok_or_else(bad)? as usize;
-    let phentsize = u16_at(0x36).ok_or_else(bad)? as usize;
-    let phnum = u16_at(0x38).ok_or_else(bad)? as usize;
-    let mut segs = Vec::new();
-    for i in 0..phnum {
-        let ph = phoff + i * phentsize;
-        let ty = data
-            .get(ph..ph + 4)
-            .map(|b| u32::from_le_bytes(b.try_into().expect("4")))
-            .ok_or_else(bad)?;
-        if ty == 1 {
-            let (off, vaddr, filesz) = (u64_at(ph + 8), u64_at(ph + 16), u64_at(ph + 32));
-            segs.push((
-                vaddr.ok_or_else(bad)?,
-                off.ok_or_else(bad)?,
-                filesz.ok_or_else(bad)?,
-            ));
-        }
-    }
-    Ok(segs)
-}
-
-fn vaddr_to_offset(segs: &[(u64, u64, u64)], addr: u64) -> Option<u64> {
-    segs.iter()
-        .find(|(v, _, sz)| addr >= *v && addr < v + sz)
-        .map(|(v, off, _)| addr - v + off)
+/// File offset of a local symbol known only to the separate debug file
+/// (glibc's `__libc_thread_freeres` is not exported). Parsing debug info is
+/// slow, so only the housekeeping hooks come here, and only when the
+/// exported tables lack them.
+fn debug_symbol_offset(path: &Path, elf: &ElfFile, name: &str) -> Option<u64> {
+    use blazesym::inspect::source::{Elf, Source};
+    let src = Source::Elf(Elf::new(path));
+    let inspector = blazesym::inspect::Inspector::new();
+    let found = inspector.lookup(&src, &[name]).ok()?;
+    let info = found.into_iter().next()?.into_iter().next()?;
+    info.file_offset.or_else(|| elf.vaddr_to_offset(info.addr))
 }
 
 /// Finds the libraries of `pid` that provide `name_prefix` (e.g.
@@ -252,33 +245,6 @@ pub fn find_library(pid: u32, name_prefix: &str) -> Option<PathBuf> {
     })
 }
 
-/// Moves each probe past a first instruction the kernel would single-step,
-/// when that is safe (see [`crate::placement`]); `entry_only` disables it.
-pub fn apply_placement(lib: &mut LibraryProbes, entry_only: bool) {
-    use crate::placement::{choose, Placement, Policy, ProbeKind};
-    let policy = if entry_only {
-        Policy::Entry
-    } else {
-        Policy::Auto
-    };
-    let data = std::fs::read(&lib.path).unwrap_or_default();
-    for p in &mut lib.points {
-        let start = p.entry_offset as usize;
-        let end = start.saturating_add(p.size as usize).min(data.len());
-        let code = data.get(start..end).unwrap_or(&[]);
-        let kind = match p.func.mode {
-            ProbeMode::Session => ProbeKind::EntryAndReturn,
-            ProbeMode::EntryOnly => ProbeKind::EntryOnly,
-        };
-        let placement = choose(code, p.entry_offset, p.size, kind, policy);
-        p.probe_offset = p.entry_offset + placement.offset();
-        p.note = match &placement {
-            Placement::Entry { reason } => format!("entry: {reason}"),
-            Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
-        };
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -286,7 +252,7 @@ mod tests {
     #[test]
     fn resolves_glibc_allocators_and_dedups_aliases() {
         let libc = find_library(std::process::id(), "libc.so").expect("tests link glibc");
-        let probes = resolve(&libc, C_ALLOCATORS, "").unwrap();
+        let probes = resolve(&libc, C_ALLOCATORS, "", Policy::Auto).unwrap();
         let names: Vec<&str> = probes.points.iter().map(|p| p.symbol.as_str()).collect();
         for must in ["malloc", "free", "calloc", "realloc", "mmap", "munmap"] {
             assert!(names.contains(&must), "{must} missing from {names:?}");
@@ -296,7 +262,7 @@ mod tests {
         let offsets: std::collections::HashSet<u64> =
             probes.points.iter().map(|p| p.entry_offset).collect();
         assert_eq!(offsets.len(), probes.points.len());
-        let none = resolve(&libc, C_ALLOCATORS, "je_").unwrap();
+        let none = resolve(&libc, C_ALLOCATORS, "je_", Policy::Auto).unwrap();
         assert!(none.points.is_empty());
         assert_eq!(none.missing.len(), C_ALLOCATORS.len());
     }
