@@ -5,7 +5,7 @@ set -euo pipefail
 
 APT_PACKAGES=(
     clang llvm libelf-dev zlib1g-dev pkg-config make gcc g++ # build + BPF
-    valgrind gdb                                             # fixture cross-checks
+    valgrind gdb libjemalloc2                                # fixture cross-checks, -O test
     python3 python3-pip python3-venv                         # DuckDB/pyarrow reader test
     linux-perf bpftool                                       # handy for debugging probes
     ca-certificates curl git

@@ -441,34 +441,26 @@ fn libraries_for(
         Placement::Entry => Policy::Entry,
     };
     let mut out = Vec::new();
-    let c_lib = match object {
-        Some(p) => p.clone(),
-        None if launched => targets::find_library(std::process::id(), "libc.so")
-            .context("cannot find our own libc")?,
-        None => targets::find_library(pid, "libc.so").with_context(|| {
-            format!("process {pid} has no libc mapped; use -O to name its allocator library")
-        })?,
-    };
-    let libc = targets::resolve(&c_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
+    // In -c mode the child will run our libc (same system).
+    let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so");
+    let heap_lib = object.cloned().or_else(|| libc.clone()).with_context(|| {
+        format!("process {pid} has no libc mapped; use -O to name its allocator library")
+    })?;
+    let heap = targets::resolve(&heap_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
         .map_err(anyhow::Error::msg)?;
-    if libc.points.is_empty() {
+    if heap.points.is_empty() {
         bail!(
             "{}: none of the allocator functions found (symbols prefix {:?})",
-            c_lib.display(),
+            heap_lib.display(),
             args.symbols_prefix
         );
     }
-    out.push(libc);
-    // The wrappers live in libc even when -O names another allocator.
-    let libc_path = if object.is_some() || launched {
-        targets::find_library(if launched { std::process::id() } else { pid }, "libc.so")
-    } else {
-        Some(c_lib.clone())
-    };
-    if let Some(path) = libc_path {
-        let wrappers = targets::resolve(&path, targets::C_WRAPPERS, "", placement)
-            .map_err(anyhow::Error::msg)?;
-        out.push(wrappers);
+    out.push(heap);
+    // Mappings and the allocating wrappers are libc's even when -O names
+    // another allocator.
+    if let Some(path) = libc {
+        let funcs = [targets::C_MAPPINGS, targets::C_WRAPPERS].concat();
+        out.push(targets::resolve(&path, &funcs, "", placement).map_err(anyhow::Error::msg)?);
     }
     let cxx = if launched {
         [

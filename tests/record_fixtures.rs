@@ -58,3 +58,38 @@ fn forker_parent_only() {
     let (_dir, trace) = fx.record(&[]);
     check_trace(&fx, &trace, &["outstanding"]);
 }
+
+/// `-O`: another allocator library. jemalloc is preloaded into the seed
+/// program and probed instead of glibc's malloc: the same exact answer.
+#[test]
+fn seed_with_jemalloc_via_object() {
+    let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    assert!(
+        std::path::Path::new(je).exists(),
+        "libjemalloc2 is installed by scripts/setup.sh"
+    );
+    let fx = Fixture::load("seed");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = common::fixtures::memleak()
+        .args(["record", "-q", "-O", je, "-o"])
+        .arg(&trace)
+        .args(["--", "env", &format!("LD_PRELOAD={je}")])
+        .arg(fx.binary())
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = memleak_analyze::report::analyze(&trace, &Default::default()).unwrap();
+    let (user, _runtime) = fx.actual_groups(&report);
+    assert_eq!(user, fx.expected_groups(&["outstanding"]));
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let malloc = t.meta().counters.events.get("malloc").copied().unwrap_or(0);
+    assert!(
+        malloc >= 10,
+        "jemalloc's malloc was probed: {malloc} events"
+    );
+}

@@ -55,7 +55,7 @@ const fn w(symbol: &'static str, cookie: u8) -> AllocFn {
 use EventKind as K;
 use ProbeMode::{EntryOnly as E, Session as S};
 
-/// The C allocator API (glibc, or jemalloc/tcmalloc with `--object`).
+/// The C heap allocator API (glibc, or jemalloc/tcmalloc with `--object`).
 pub const C_ALLOCATORS: &[AllocFn] = &[
     f("malloc", K::Malloc, S),
     f("calloc", K::Calloc, S),
@@ -67,6 +67,10 @@ pub const C_ALLOCATORS: &[AllocFn] = &[
     f("aligned_alloc", K::AlignedAlloc, S),
     f("valloc", K::Valloc, S),
     f("pvalloc", K::Pvalloc, S),
+];
+
+/// Memory mappings: always libc's, whatever allocator `--object` names.
+pub const C_MAPPINGS: &[AllocFn] = &[
     f("mmap", K::Mmap, S),
     f("munmap", K::Munmap, E),
     f("mremap", K::Mremap, S),
@@ -254,7 +258,7 @@ mod tests {
         let libc = find_library(std::process::id(), "libc.so").expect("tests link glibc");
         let probes = resolve(&libc, C_ALLOCATORS, "", Policy::Auto).unwrap();
         let names: Vec<&str> = probes.points.iter().map(|p| p.symbol.as_str()).collect();
-        for must in ["malloc", "free", "calloc", "realloc", "mmap", "munmap"] {
+        for must in ["malloc", "free", "calloc", "realloc"] {
             assert!(names.contains(&must), "{must} missing from {names:?}");
         }
         // glibc's memalign and aligned_alloc are one function.
