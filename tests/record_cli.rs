@@ -270,3 +270,41 @@ fn signals_close_a_valid_trace() {
         assert!(t.warnings().is_empty(), "{:?}", t.warnings());
     }
 }
+
+/// A ring buffer too small for the event rate loses events: they are
+/// counted by reason, stored in the trace, and shown by analyze, never
+/// hidden.
+#[test]
+fn lost_events_are_counted_and_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = memleak()
+        .args(["record", "--ring-size", "65536", "--poll-ms", "200", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(fixtures_dir().join("threads"))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let lost = t
+        .meta()
+        .counters
+        .lost
+        .get("ring_full")
+        .copied()
+        .unwrap_or(0);
+    assert!(lost > 0, "a 64 KiB ring drained every 200 ms must overflow");
+    assert!(stderr.contains(&format!("lost {lost} events")), "{stderr}");
+    let report = memleak().arg("analyze").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&report.stdout);
+    assert!(
+        text.contains(&format!("lost events       {lost}: ring_full {lost}")),
+        "{text}"
+    );
+}
