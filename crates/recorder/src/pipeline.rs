@@ -235,7 +235,12 @@ impl Recorder {
 
     /// Stores the BPF loss counters (indexed like [`LOST_REASONS`]).
     pub fn set_lost(&mut self, counts: &[u64]) {
+        let malformed = self.stats.malformed;
         let meta = self.writer.meta_mut();
+        if malformed > 0 {
+            // Records the decoder rejected: lost too, and said so.
+            meta.counters.lost.insert("malformed".into(), malformed);
+        }
         for (name, &n) in LOST_REASONS.iter().zip(counts) {
             if *name == "failed_alloc" {
                 // Not a loss: the program's allocation failed.
