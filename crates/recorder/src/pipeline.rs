@@ -44,8 +44,9 @@ pub struct Recorder {
     /// New stacks, written once their frames are symbolized (see
     /// [`looks_complete`]).
     pending_stacks: Vec<StackRecord>,
-    /// Function of each symbolized user frame, to judge stack completeness.
-    frame_functions: HashMap<(u32, u64), Option<String>>,
+    /// Function and object of each symbolized user frame, to judge stack
+    /// completeness.
+    frame_functions: HashMap<(u32, u64), (Option<String>, Option<String>)>,
     live: Option<HashMap<(u32, u64), u64>>,
     stats: Stats,
 }
@@ -208,8 +209,9 @@ impl Recorder {
             let pending = std::mem::take(&mut self.pending);
             for rec in self.symbolizer.symbolize(pending) {
                 if rec.pid != 0 {
+                    let key = (rec.pid, rec.addr);
                     self.frame_functions
-                        .insert((rec.pid, rec.addr), rec.function.clone());
+                        .insert(key, (rec.function.clone(), rec.path.clone()));
                 }
                 self.writer.push_frame(&rec)?;
             }
@@ -220,7 +222,7 @@ impl Recorder {
                     .frames
                     .last()
                     .and_then(|&a| self.frame_functions.get(&(stack.pid, a)));
-                stack.truncated = !looks_complete(outer.and_then(|f| f.as_deref()));
+                stack.truncated = !looks_complete(outer);
             }
             self.writer.push_stack(&stack)?;
         }
@@ -259,8 +261,7 @@ impl Recorder {
 }
 
 /// Functions a complete user stack ends in: process and thread entry
-/// points. A frame-pointer walk that stops anywhere else lost the outer
-/// frames (code built without frame pointers, or a corrupt chain).
+/// points.
 const STACK_ROOTS: &[&str] = &[
     "_start",
     "__libc_start_main",
@@ -273,12 +274,28 @@ const STACK_ROOTS: &[&str] = &[
     "thread_start",
 ];
 
-fn looks_complete(outermost_function: Option<&str>) -> bool {
-    outermost_function.is_some_and(|f| {
+/// Whether a user stack reached its root. The frame-pointer walk ends on
+/// whatever %rbp holds when it leaves code with frame pointers, which also
+/// happens at the bottom of every normal stack (glibc's start code keeps no
+/// frame pointer), so how it ended says nothing; where it ended does. A
+/// stack whose outermost frame is an ordinary function of the program was
+/// cut short (code without frame pointers). Frames in the C runtime (libc,
+/// ld.so) get the benefit of the doubt: without libc's debug symbols its
+/// start functions have no names to check.
+fn looks_complete(outermost: Option<&(Option<String>, Option<String>)>) -> bool {
+    let Some((function, path)) = outermost else {
+        return false;
+    };
+    let in_runtime = path.as_deref().is_some_and(|p| {
+        let file = p.rsplit('/').next().unwrap_or(p);
+        file.starts_with("libc.so") || file.starts_with("libc-") || file.starts_with("ld-linux")
+    });
+    let is_root = |f: &str| {
         STACK_ROOTS
             .iter()
             .any(|r| f == *r || f.starts_with(&format!("{r}@")))
-    })
+    };
+    in_runtime || function.as_deref().is_some_and(is_root)
 }
 
 fn track_live(
@@ -312,5 +329,39 @@ fn track_live(
             }
         }
         KindClass::Process => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::looks_complete;
+
+    fn frame(f: &str, path: &str) -> (Option<String>, Option<String>) {
+        (Some(f.to_string()), Some(path.to_string()))
+    }
+
+    #[test]
+    fn stacks_end_at_an_entry_point_or_in_the_c_runtime() {
+        assert!(looks_complete(Some(&frame(
+            "__libc_start_call_main",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        ))));
+        assert!(looks_complete(Some(&frame(
+            "start_thread",
+            "/usr/lib/x86_64-linux-gnu/libc.so.6"
+        ))));
+        assert!(looks_complete(Some(&frame("_start", "/usr/bin/prog"))));
+        // Without libc's debug symbols its start code has no right name.
+        assert!(looks_complete(Some(&frame(
+            "__libc_init_first",
+            "/lib/x86_64-linux-gnu/libc.so.6"
+        ))));
+        // A walk that ended inside the program (no frame pointers) was cut.
+        assert!(!looks_complete(Some(&frame("leaf", "/tmp/nofp"))));
+        assert!(!looks_complete(Some(&frame(
+            "??",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30"
+        ))));
+        assert!(!looks_complete(None));
     }
 }
