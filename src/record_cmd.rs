@@ -148,6 +148,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     if !args.pid.is_empty() && !argv.is_empty() {
         bail!("give either -p PID or a command, not both");
     }
+    if args.follow_forks && argv.is_empty() {
+        bail!("--follow-forks needs a command (-c or --): only a child memleak starts can be held at fork");
+    }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
         bail!("memleak record needs root (or CAP_BPF and CAP_PERFMON) to load BPF programs");
@@ -294,11 +297,6 @@ fn record(
     }
     if let Target::Child(c) = &mut target {
         c.release(args.follow_forks)?;
-    }
-    if args.follow_forks && !matches!(target, Target::Child(_)) {
-        bail!(
-            "--follow-forks needs a command (-c or --): only a ptraced child can be held at fork"
-        );
     }
 
     let recorder = RefCell::new(recorder);
