@@ -49,6 +49,21 @@ fn forker_follow_forks() {
             s.stack_id
         );
     }
+    // The lineage is recorded, and --pid CHILD reports the child's leaks.
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert_eq!(meta.extra["parents"][pids[1].to_string()], pids[0]);
+    let only_child = memleak_analyze::report::AnalyzeOptions {
+        filter: memleak_analyze::Filter {
+            pids: vec![pids[1]],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let child = memleak_analyze::report::analyze(&trace, &only_child).unwrap();
+    assert_eq!(
+        fx.actual_groups(&child).0,
+        fx.expected_groups(&["child_outstanding"])
+    );
 }
 
 /// Without --follow-forks the child is not traced at all.

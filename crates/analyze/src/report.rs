@@ -212,9 +212,16 @@ pub fn analyze_trace(
     let meta = trace.meta();
     let start_ts = start_ts(trace)?;
     let filter = opts.filter.resolve(start_ts);
+    // A selected process starts with a copy of its parent's heap at fork:
+    // replay the ancestors too, and keep only the selected processes'
+    // blocks in the report.
+    let mut replay_filter = opts.filter.clone();
+    replay_filter
+        .pids
+        .extend(ancestors(&opts.filter.pids, meta));
     let at_ts = opts.at_ns.map(|a| start_ts.saturating_add(a));
     let ropts = ReplayOptions {
-        filter: filter.clone(),
+        filter: replay_filter.resolve(start_ts),
         at_ts,
         partitions: opts.partitions,
         progress,
@@ -245,6 +252,7 @@ pub fn analyze_trace(
         frame_records,
         &replayed,
         &filter,
+        &opts.filter.pids,
         eval_ts,
         opts.sort,
     );
@@ -288,6 +296,37 @@ pub fn analyze_trace(
         stacks,
         top: opts.top,
     })
+}
+
+/// The ancestors of `pids`, from the `parents` map the recorder keeps in
+/// meta.json (child pid -> parent pid, from fork events).
+fn ancestors(pids: &[u32], meta: &memleak_trace::Meta) -> Vec<u32> {
+    let Some(parents) = meta.extra.get("parents").and_then(|p| p.as_object()) else {
+        return Vec::new();
+    };
+    let parent_of = |p: u32| {
+        parents
+            .get(&p.to_string())
+            .and_then(|v| v.as_u64())
+            .map(|v| v as u32)
+    };
+    let mut out = Vec::new();
+    for &pid in pids {
+        let mut p = pid;
+        // Bounded: a corrupt map must not loop.
+        for _ in 0..64 {
+            match parent_of(p) {
+                Some(parent)
+                    if parent != p && !pids.contains(&parent) && !out.contains(&parent) =>
+                {
+                    out.push(parent);
+                    p = parent;
+                }
+                _ => break,
+            }
+        }
+    }
+    out
 }
 
 /// Recording start, or the first event if the meta does not say.
@@ -355,6 +394,7 @@ fn build_stacks(
     frame_records: Vec<FrameRecord>,
     replayed: &Replay,
     filter: &ResolvedFilter,
+    pids: &[u32],
     eval_ts: u64,
     sort: SortKey,
 ) -> Vec<StackReport> {
@@ -365,6 +405,9 @@ fn build_stacks(
         |(acc, mappings), b: &OutstandingBlock| {
             if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
                 return;
+            }
+            if !pids.is_empty() && b.pid.is_some_and(|p| !pids.contains(&p)) {
+                return; // an ancestor, replayed only for what it passed on
             }
             let first_piece = match b.mapping {
                 Some(m) => mappings.insert(m),

@@ -481,3 +481,45 @@ fn empty_trace() {
     let v: serde_json::Value = serde_json::from_str(&memleak_analyze::json::render(&r)).unwrap();
     assert_eq!(v["stacks"].as_array().unwrap().len(), 0);
 }
+
+/// `--pid CHILD` keeps what the child inherited at fork: the parent is
+/// replayed (the recorder's `parents` map in meta.json names it) but only
+/// the child's blocks are reported.
+#[test]
+fn pid_filter_keeps_what_a_child_inherited() {
+    let mut tb = TraceBuilder::new();
+    tb.meta
+        .extra
+        .insert("parents".into(), serde_json::json!({"200": 100}));
+    tb.malloc(1, 0x1000, 111, 1) // before the fork: both will hold it
+        .ev(2, 100, EventKind::Fork, 200, 0, 0)
+        .ev(3, 200, EventKind::Malloc, 0x2000, 222, 2)
+        .ev(4, 100, EventKind::Malloc, 0x3000, 333, 3); // the parent's own
+    let only_child = AnalyzeOptions {
+        filter: Filter {
+            pids: vec![200],
+            ..Default::default()
+        },
+        ..Default::default()
+    };
+    let r = run_with(&tb, only_child);
+    assert_eq!(outstanding(&r), vec![(1, 111, 1), (2, 222, 1)]);
+    assert!(r
+        .stacks
+        .iter()
+        .filter(|s| s.count > 0)
+        .all(|s| s.stack_id != 3));
+    // Without the lineage the inherited block cannot be known.
+    tb.meta.extra.clear();
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                pids: vec![200],
+                ..Default::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(outstanding(&r), vec![(2, 222, 1)]);
+}

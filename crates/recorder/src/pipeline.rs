@@ -121,6 +121,17 @@ impl Recorder {
                 self.snapshot_maps(raw.pid)?;
             }
             EventKind::Fork => {
+                // The analyzer needs the lineage to give a child (and only
+                // it) the heap it inherited.
+                let parents = self
+                    .writer
+                    .meta_mut()
+                    .extra
+                    .entry("parents".into())
+                    .or_insert_with(|| serde_json::json!({}));
+                if let Some(map) = parents.as_object_mut() {
+                    map.insert(raw.addr.to_string(), raw.pid.into());
+                }
                 self.snapshot_maps(raw.addr as u32)?;
             }
             _ => {}
