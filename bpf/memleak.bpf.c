@@ -603,59 +603,93 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 	return 0;
 }
 
-/* The slab tracepoints are BTF-typed (tp_btf): the kernel then skips a
- * program only when that same program is already running on the CPU. As
- * classic tracepoints, any other BPF program running there (say our
+/* The slab and page tracepoints are BTF-typed (tp_btf): the kernel then
+ * skips a program only when that same program is already running on the
+ * CPU. As classic tracepoints, any other BPF program running there (say our
  * kmalloc handler, interrupted by an RCU callback's kmem_cache_free) made
- * the kernel drop the event, counted only in recursion_misses. */
-SEC("tp_btf/kmalloc")
-int BPF_PROG(on_kmalloc, unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc)
+ * the kernel drop the event, counted only in recursion_misses.
+ *
+ * Even a program inside itself happens: an interrupt that frees slab
+ * objects while our kmem_cache_free program runs on that CPU. So each of
+ * these tracepoints has two copies of its program. The first records every
+ * event and marks itself running on the CPU; the second records an event
+ * only when it interrupted the first, which is exactly when the kernel
+ * skips the first. An event is lost only when both are busy: the first
+ * copy's recursion_misses minus the events the second copy recorded. Pages are identified by their
+ * struct page address, one per page frame (the BTF arguments give no pfn
+ * without the kernel's vmemmap base). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 64);
+	__type(key, __u32);
+	__type(value, __u32);
+} running SEC(".maps");
+
+static __always_inline int first_copy(void *ctx, __u8 kind, __u64 addr, __u64 size)
 {
-	if (!ptr)
-		return 0;
-	return kernel_event(ctx, MK_KMALLOC, (__u64)ptr, bytes_alloc);
+	__u32 key = kind & 63;
+	__u32 *r = bpf_map_lookup_elem(&running, &key);
+
+	if (r)
+		*r = 1;
+	kernel_event(ctx, kind, addr, size);
+	if (r)
+		*r = 0;
+	return 0;
 }
 
-SEC("tp_btf/kfree")
-int BPF_PROG(on_kfree, unsigned long call_site, const void *ptr)
+/* Events the second copies recorded: the kernel counts each of them as a
+ * recursion miss of the first copy, so user space subtracts them. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} rescued SEC(".maps");
+
+static __always_inline int second_copy(void *ctx, __u8 kind, __u64 addr, __u64 size)
 {
-	if (!ptr)
-		return 0;
-	return kernel_event(ctx, MK_KFREE, (__u64)ptr, 0);
+	__u32 key = kind & 63, zero = 0;
+	__u32 *r = bpf_map_lookup_elem(&running, &key);
+	__u64 *n;
+
+	if (r && *r) {
+		kernel_event(ctx, kind, addr, size);
+		n = bpf_map_lookup_elem(&rescued, &zero);
+		if (n)
+			*n += 1;
+	}
+	return 0;
 }
 
-SEC("tp_btf/kmem_cache_alloc")
-int BPF_PROG(on_kmem_cache_alloc, unsigned long call_site, const void *ptr, struct kmem_cache *s)
-{
-	if (!ptr)
-		return 0;
-	return kernel_event(ctx, MK_KMEM_CACHE_ALLOC, (__u64)ptr, BPF_CORE_READ(s, size));
-}
+#define TWO_COPIES(name, tp, args, kind, addr, size, skip)	\
+	SEC("tp_btf/" tp)					\
+	int BPF_PROG(on_##name, args)				\
+	{							\
+		return (skip) ? 0 : first_copy(ctx, kind, addr, size);	\
+	}							\
+	SEC("tp_btf/" tp)					\
+	int BPF_PROG(on_##name##_nested, args)			\
+	{							\
+		return (skip) ? 0 : second_copy(ctx, kind, addr, size);	\
+	}
 
-SEC("tp_btf/kmem_cache_free")
-int BPF_PROG(on_kmem_cache_free, unsigned long call_site, const void *ptr)
-{
-	if (!ptr)
-		return 0;
-	return kernel_event(ctx, MK_KMEM_CACHE_FREE, (__u64)ptr, 0);
-}
+#define ARGS(...) __VA_ARGS__
 
-/* Pages too: page frees often run in interrupts on a CPU where the page
- * allocation program is running, and a classic tracepoint would drop them.
- * The page is identified by its struct page address, one per page frame
- * (the pfn is not at hand in the BTF arguments without the kernel's
- * vmemmap base). */
-SEC("tp_btf/mm_page_alloc")
-int BPF_PROG(on_page_alloc, struct page *page, unsigned int order)
-{
-	return kernel_event(ctx, MK_PAGE_ALLOC, (__u64)page, 4096ULL << order);
-}
-
-SEC("tp_btf/mm_page_free")
-int BPF_PROG(on_page_free, struct page *page, unsigned int order)
-{
-	return kernel_event(ctx, MK_PAGE_FREE, (__u64)page, 0);
-}
+TWO_COPIES(kmalloc, "kmalloc",
+	   ARGS(unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc),
+	   MK_KMALLOC, (__u64)ptr, bytes_alloc, !ptr)
+TWO_COPIES(kfree, "kfree", ARGS(unsigned long call_site, const void *ptr),
+	   MK_KFREE, (__u64)ptr, 0, !ptr)
+TWO_COPIES(kmem_cache_alloc, "kmem_cache_alloc",
+	   ARGS(unsigned long call_site, const void *ptr, struct kmem_cache *s),
+	   MK_KMEM_CACHE_ALLOC, (__u64)ptr, BPF_CORE_READ(s, size), !ptr)
+TWO_COPIES(kmem_cache_free, "kmem_cache_free", ARGS(unsigned long call_site, const void *ptr),
+	   MK_KMEM_CACHE_FREE, (__u64)ptr, 0, !ptr)
+TWO_COPIES(page_alloc, "mm_page_alloc", ARGS(struct page *page, unsigned int order),
+	   MK_PAGE_ALLOC, (__u64)page, 4096ULL << order, false)
+TWO_COPIES(page_free, "mm_page_free", ARGS(struct page *page, unsigned int order),
+	   MK_PAGE_FREE, (__u64)page, 0, false)
 
 SEC("tracepoint/percpu/percpu_alloc_percpu")
 int on_percpu_alloc(struct trace_event_raw_percpu_alloc_percpu *ctx)

@@ -106,15 +106,20 @@ impl<'obj> Probes<'obj> {
         // Kernel programs are verified only when used: loading costs time.
         let p = &mut open.progs;
         let slab = [
-            &mut p.on_kmalloc,
-            &mut p.on_kfree,
-            &mut p.on_kmem_cache_alloc,
-            &mut p.on_kmem_cache_free,
-            &mut p.on_page_alloc,
-            &mut p.on_page_free,
+            [&mut p.on_kmalloc, &mut p.on_kmalloc_nested],
+            [&mut p.on_kfree, &mut p.on_kfree_nested],
+            [
+                &mut p.on_kmem_cache_alloc,
+                &mut p.on_kmem_cache_alloc_nested,
+            ],
+            [&mut p.on_kmem_cache_free, &mut p.on_kmem_cache_free_nested],
+            [&mut p.on_page_alloc, &mut p.on_page_alloc_nested],
+            [&mut p.on_page_free, &mut p.on_page_free_nested],
         ];
-        for (prog, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
-            prog.set_autoload(cfg.kernel && has_kmem_tracepoint(name));
+        for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
+            for prog in copies {
+                prog.set_autoload(cfg.kernel && has_kmem_tracepoint(name));
+            }
         }
         for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
             prog.set_autoload(cfg.kernel);
@@ -208,23 +213,28 @@ impl<'obj> Probes<'obj> {
         let mut notes = Vec::new();
         let mut attached = 0;
         let slab = [
-            &p.on_kmalloc,
-            &p.on_kfree,
-            &p.on_kmem_cache_alloc,
-            &p.on_kmem_cache_free,
-            &p.on_page_alloc,
-            &p.on_page_free,
+            [&p.on_kmalloc, &p.on_kmalloc_nested],
+            [&p.on_kfree, &p.on_kfree_nested],
+            [&p.on_kmem_cache_alloc, &p.on_kmem_cache_alloc_nested],
+            [&p.on_kmem_cache_free, &p.on_kmem_cache_free_nested],
+            [&p.on_page_alloc, &p.on_page_alloc_nested],
+            [&p.on_page_free, &p.on_page_free_nested],
         ];
-        for (prog, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
+        for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
             if !has_kmem_tracepoint(name) {
                 notes.push(format!(
                     "tracepoint kmem:{name} does not exist on this kernel; not recorded"
                 ));
                 continue;
             }
-            match prog.attach() {
-                Ok(link) => {
-                    self.links.borrow_mut().push(link);
+            // Both copies or neither: the second alone records nothing.
+            match copies
+                .iter()
+                .map(|prog| prog.attach())
+                .collect::<Result<Vec<_>, _>>()
+            {
+                Ok(links) => {
+                    self.links.borrow_mut().extend(links);
                     attached += 1;
                 }
                 Err(e) => notes.push(format!(
@@ -291,13 +301,14 @@ impl<'obj> Probes<'obj> {
         sum_percpu(&self.skel.maps.hits, 0)
     }
 
-    /// Runs of the kernel tracepoint programs the kernel skipped because
-    /// another BPF program was already running on that CPU: events lost
-    /// without the program ever seeing them.
+    /// Kernel events no program saw because the kernel skipped them (a
+    /// program never runs inside itself on a CPU). For the two-copy
+    /// tracepoints the first copy's misses were recorded by the second
+    /// unless it was busy too, so the events the second copies recorded
+    /// are subtracted.
     pub fn recursion_misses(&self) -> u64 {
-        use std::os::fd::{AsFd, AsRawFd};
         let p = &self.skel.progs;
-        [
+        let missed = prog_misses(&[
             &p.on_kmalloc,
             &p.on_kfree,
             &p.on_kmem_cache_alloc,
@@ -308,7 +319,25 @@ impl<'obj> Probes<'obj> {
             &p.on_percpu_free,
             &p.on_exec,
             &p.on_exit,
-        ]
+        ]);
+        missed.saturating_sub(sum_percpu(&self.skel.maps.rescued, 0))
+    }
+
+    /// Loss counters summed over CPUs, indexed like
+    /// `memleak_recorder::event::LOST_REASONS`.
+    pub fn lost(&self) -> Vec<u64> {
+        let n = memleak_recorder::event::LOST_REASONS.len();
+        (0..n as u32)
+            .map(|i| sum_percpu(&self.skel.maps.lost, i))
+            .collect()
+    }
+}
+
+/// Sum of the kernel's `recursion_misses` of programs (0 for programs not
+/// loaded).
+fn prog_misses(progs: &[&libbpf_rs::ProgramMut<'_>]) -> u64 {
+    use std::os::fd::{AsFd, AsRawFd};
+    progs
         .iter()
         .map(|prog| {
             let mut info = libbpf_sys::bpf_prog_info::default();
@@ -328,16 +357,6 @@ impl<'obj> Probes<'obj> {
             }
         })
         .sum()
-    }
-
-    /// Loss counters summed over CPUs, indexed like
-    /// `memleak_recorder::event::LOST_REASONS`.
-    pub fn lost(&self) -> Vec<u64> {
-        let n = memleak_recorder::event::LOST_REASONS.len();
-        (0..n as u32)
-            .map(|i| sum_percpu(&self.skel.maps.lost, i))
-            .collect()
-    }
 }
 
 /// A u64 counter of a per-CPU array, summed over CPUs (0 if unreadable).
