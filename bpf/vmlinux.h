@@ -79,41 +79,8 @@ struct task_struct {
 	pid_t tgid;
 } __attribute__((preserve_access_index));
 
-struct trace_entry {
-	short unsigned int type;
-	unsigned char flags;
-	unsigned char preempt_count;
-	int pid;
-} __attribute__((preserve_access_index));
-
-typedef unsigned int gfp_t;
-
 struct kmem_cache {
 	unsigned int size;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_kmalloc {
-	long unsigned int call_site;
-	const void *ptr;
-	size_t bytes_req;
-	size_t bytes_alloc;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_kfree {
-	long unsigned int call_site;
-	const void *ptr;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_kmem_cache_alloc {
-	long unsigned int call_site;
-	const void *ptr;
-	size_t bytes_req;
-	size_t bytes_alloc;
-} __attribute__((preserve_access_index));
-
-struct trace_event_raw_kmem_cache_free {
-	long unsigned int call_site;
-	const void *ptr;
 } __attribute__((preserve_access_index));
 
 struct page;

@@ -132,7 +132,8 @@ impl Recorder {
                 if let Some(map) = parents.as_object_mut() {
                     map.insert(raw.addr.to_string(), raw.pid.into());
                 }
-                self.snapshot_maps(raw.addr as u32)?;
+                // Its maps are taken by whoever traces it (--follow-forks), while
+                // the child is held stopped and certainly alive.
             }
             _ => {}
         }
