@@ -580,6 +580,11 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 
 		if (remember)
 			bpf_map_update_elem(&kobjs, &addr, &one, BPF_ANY);
+		else if (bpf_map_lookup_elem(&kobjs, &addr))
+			/* A remembered object here was freed by a path with no
+			 * tracepoint (bulk frees); forget it, or the free of this
+			 * one would be taken for its. */
+			bpf_map_delete_elem(&kobjs, &addr);
 		if (!wanted)
 			return 0;
 	} else {
@@ -604,41 +609,53 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 }
 
 /* The slab and page tracepoints are BTF-typed (tp_btf): the kernel then
- * skips a program only when that same program is already running on the
+ * skips a program only when that same program is already active on the
  * CPU. As classic tracepoints, any other BPF program running there (say our
  * kmalloc handler, interrupted by an RCU callback's kmem_cache_free) made
  * the kernel drop the event, counted only in recursion_misses.
  *
- * Even a program inside itself happens: an interrupt that frees slab
- * objects while our kmem_cache_free program runs on that CPU. So each of
- * these tracepoints has two copies of its program. The first records every
- * event and marks itself running on the CPU; the second records an event
- * only when it interrupted the first, which is exactly when the kernel
- * skips the first. An event is lost only when both are busy: the first
- * copy's recursion_misses minus the events the second copy recorded. Pages are identified by their
- * struct page address, one per page frame (the BTF arguments give no pfn
- * without the kernel's vmemmap base). */
+ * A program interrupted by its own tracepoint still happens: softirqs that
+ * free slab objects run on interrupt exit, anywhere in a program or in the
+ * kernel code around it. So each of these tracepoints has three copies,
+ * called in attach order for every event, and exactly one of them records
+ * each event:
+ *
+ *  - Copy 1 records every event it is not skipped for, and first leaves
+ *    the event's identity (args pointer, kind, object) as a token in a
+ *    per-CPU slot chosen by where the args sit on the stack.
+ *  - Copy 2 takes copy 1's token if it names the event; if there is none,
+ *    copy 1 was skipped, so it records the event. Either way it leaves its
+ *    own token.
+ *  - Copy 3 takes copy 2's token (or copy 1's, if copy 2 was skipped);
+ *    with none, both were skipped and it records the event.
+ *
+ * An interrupting event's args sit deeper on the same stack, or on the
+ * interrupt stack, so its token never lands in the slot of the event it
+ * interrupted: whatever the kernel skips, whenever the interrupt comes, an
+ * event is recorded once. It is lost only when all three copies are active
+ * below it, which takes three levels of nesting. The first copy's
+ * recursion_misses minus the events the later copies recorded counts such
+ * losses.
+ *
+ * Pages are identified by their struct page address, one per page frame
+ * (the BTF arguments give no pfn without the kernel's vmemmap base). */
+struct token {
+	__u64 ctx;
+	__u64 addr;
+	__u64 kind;
+};
+
+#define TOKEN_SLOTS 2048 /* 16 KiB of stack, 8 bytes apart */
+
+/* Per copy (1 and 2): on the task's stack or not, then the args' place. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
-	__uint(max_entries, 64);
+	__uint(max_entries, 2 * 2 * TOKEN_SLOTS);
 	__type(key, __u32);
-	__type(value, __u32);
-} running SEC(".maps");
+	__type(value, struct token);
+} tokens SEC(".maps");
 
-static __always_inline int first_copy(void *ctx, __u8 kind, __u64 addr, __u64 size)
-{
-	__u32 key = kind & 63;
-	__u32 *r = bpf_map_lookup_elem(&running, &key);
-
-	if (r)
-		*r = 1;
-	kernel_event(ctx, kind, addr, size);
-	if (r)
-		*r = 0;
-	return 0;
-}
-
-/* Events the second copies recorded: the kernel counts each of them as a
+/* Events the later copies recorded: the kernel counts each of them as a
  * recursion miss of the first copy, so user space subtracts them. */
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -647,48 +664,113 @@ struct {
 	__type(value, __u64);
 } rescued SEC(".maps");
 
-static __always_inline int second_copy(void *ctx, __u8 kind, __u64 addr, __u64 size)
+static __always_inline __u32 stack_slot(void *ctx)
 {
-	__u32 key = kind & 63, zero = 0;
-	__u32 *r = bpf_map_lookup_elem(&running, &key);
-	__u64 *n;
+	struct task_struct *t = bpf_get_current_task_btf();
+	__u64 base = (__u64)BPF_CORE_READ(t, stack), at = 0;
+	bool on_task;
 
-	if (r && *r) {
-		kernel_event(ctx, kind, addr, size);
-		n = bpf_map_lookup_elem(&rescued, &zero);
-		if (n)
-			*n += 1;
+	/* The verifier allows no arithmetic on the ctx pointer; a copy of its
+	 * value is a plain number. */
+	bpf_probe_read_kernel(&at, sizeof(at), &ctx);
+	on_task = at - base < TOKEN_SLOTS * 8;
+
+	return (on_task ? 0 : TOKEN_SLOTS) + ((at >> 3) & (TOKEN_SLOTS - 1));
+}
+
+static __always_inline struct token *token_slot(__u32 copy, __u32 slot)
+{
+	__u32 key = copy * 2 * TOKEN_SLOTS + slot;
+
+	return bpf_map_lookup_elem(&tokens, &key);
+}
+
+/* Takes `t` if it names this event. */
+static __always_inline bool take(struct token *t, void *ctx, __u8 kind, __u64 addr)
+{
+	if (!t || t->ctx != (__u64)ctx || t->addr != addr || t->kind != kind)
+		return false;
+	t->ctx = 0;
+	return true;
+}
+
+static __always_inline void put(struct token *t, void *ctx, __u8 kind, __u64 addr)
+{
+	if (t) {
+		t->ctx = (__u64)ctx;
+		t->addr = addr;
+		t->kind = kind;
 	}
+}
+
+static __always_inline void rescue(void *ctx, __u8 kind, __u64 addr, __u64 size)
+{
+	__u32 zero = 0;
+	__u64 *n = bpf_map_lookup_elem(&rescued, &zero);
+
+	if (n)
+		*n += 1;
+	kernel_event(ctx, kind, addr, size);
+}
+
+static __always_inline int copy_1(void *ctx, __u8 kind, __u64 addr, __u64 size)
+{
+	put(token_slot(0, stack_slot(ctx)), ctx, kind, addr);
+	return kernel_event(ctx, kind, addr, size);
+}
+
+static __always_inline int copy_2(void *ctx, __u8 kind, __u64 addr, __u64 size)
+{
+	__u32 slot = stack_slot(ctx);
+
+	put(token_slot(1, slot), ctx, kind, addr);
+	if (!take(token_slot(0, slot), ctx, kind, addr))
+		rescue(ctx, kind, addr, size);
 	return 0;
 }
 
-#define TWO_COPIES(name, tp, args, kind, addr, size, skip)	\
+static __always_inline int copy_3(void *ctx, __u8 kind, __u64 addr, __u64 size)
+{
+	__u32 slot = stack_slot(ctx);
+
+	if (!take(token_slot(1, slot), ctx, kind, addr) &&
+	    !take(token_slot(0, slot), ctx, kind, addr))
+		rescue(ctx, kind, addr, size);
+	return 0;
+}
+
+#define COPIES(name, tp, args, kind, addr, size, skip)		\
 	SEC("tp_btf/" tp)					\
 	int BPF_PROG(on_##name, args)				\
 	{							\
-		return (skip) ? 0 : first_copy(ctx, kind, addr, size);	\
+		return (skip) ? 0 : copy_1(ctx, kind, addr, size);	\
 	}							\
 	SEC("tp_btf/" tp)					\
 	int BPF_PROG(on_##name##_nested, args)			\
 	{							\
-		return (skip) ? 0 : second_copy(ctx, kind, addr, size);	\
+		return (skip) ? 0 : copy_2(ctx, kind, addr, size);	\
+	}							\
+	SEC("tp_btf/" tp)					\
+	int BPF_PROG(on_##name##_nested2, args)			\
+	{							\
+		return (skip) ? 0 : copy_3(ctx, kind, addr, size);	\
 	}
 
 #define ARGS(...) __VA_ARGS__
 
-TWO_COPIES(kmalloc, "kmalloc",
+COPIES(kmalloc, "kmalloc",
 	   ARGS(unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc),
 	   MK_KMALLOC, (__u64)ptr, bytes_alloc, !ptr)
-TWO_COPIES(kfree, "kfree", ARGS(unsigned long call_site, const void *ptr),
+COPIES(kfree, "kfree", ARGS(unsigned long call_site, const void *ptr),
 	   MK_KFREE, (__u64)ptr, 0, !ptr)
-TWO_COPIES(kmem_cache_alloc, "kmem_cache_alloc",
+COPIES(kmem_cache_alloc, "kmem_cache_alloc",
 	   ARGS(unsigned long call_site, const void *ptr, struct kmem_cache *s),
 	   MK_KMEM_CACHE_ALLOC, (__u64)ptr, BPF_CORE_READ(s, size), !ptr)
-TWO_COPIES(kmem_cache_free, "kmem_cache_free", ARGS(unsigned long call_site, const void *ptr),
+COPIES(kmem_cache_free, "kmem_cache_free", ARGS(unsigned long call_site, const void *ptr),
 	   MK_KMEM_CACHE_FREE, (__u64)ptr, 0, !ptr)
-TWO_COPIES(page_alloc, "mm_page_alloc", ARGS(struct page *page, unsigned int order),
+COPIES(page_alloc, "mm_page_alloc", ARGS(struct page *page, unsigned int order),
 	   MK_PAGE_ALLOC, (__u64)page, 4096ULL << order, false)
-TWO_COPIES(page_free, "mm_page_free", ARGS(struct page *page, unsigned int order),
+COPIES(page_free, "mm_page_free", ARGS(struct page *page, unsigned int order),
 	   MK_PAGE_FREE, (__u64)page, 0, false)
 
 SEC("tracepoint/percpu/percpu_alloc_percpu")

@@ -75,6 +75,7 @@ struct pt_regs {
 } __attribute__((preserve_access_index));
 
 struct task_struct {
+	void *stack;
 	pid_t pid;
 	pid_t tgid;
 } __attribute__((preserve_access_index));

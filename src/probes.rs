@@ -106,15 +106,36 @@ impl<'obj> Probes<'obj> {
         // Kernel programs are verified only when used: loading costs time.
         let p = &mut open.progs;
         let slab = [
-            [&mut p.on_kmalloc, &mut p.on_kmalloc_nested],
-            [&mut p.on_kfree, &mut p.on_kfree_nested],
+            [
+                &mut p.on_kmalloc,
+                &mut p.on_kmalloc_nested,
+                &mut p.on_kmalloc_nested2,
+            ],
+            [
+                &mut p.on_kfree,
+                &mut p.on_kfree_nested,
+                &mut p.on_kfree_nested2,
+            ],
             [
                 &mut p.on_kmem_cache_alloc,
                 &mut p.on_kmem_cache_alloc_nested,
+                &mut p.on_kmem_cache_alloc_nested2,
             ],
-            [&mut p.on_kmem_cache_free, &mut p.on_kmem_cache_free_nested],
-            [&mut p.on_page_alloc, &mut p.on_page_alloc_nested],
-            [&mut p.on_page_free, &mut p.on_page_free_nested],
+            [
+                &mut p.on_kmem_cache_free,
+                &mut p.on_kmem_cache_free_nested,
+                &mut p.on_kmem_cache_free_nested2,
+            ],
+            [
+                &mut p.on_page_alloc,
+                &mut p.on_page_alloc_nested,
+                &mut p.on_page_alloc_nested2,
+            ],
+            [
+                &mut p.on_page_free,
+                &mut p.on_page_free_nested,
+                &mut p.on_page_free_nested2,
+            ],
         ];
         for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
             for prog in copies {
@@ -213,12 +234,28 @@ impl<'obj> Probes<'obj> {
         let mut notes = Vec::new();
         let mut attached = 0;
         let slab = [
-            [&p.on_kmalloc, &p.on_kmalloc_nested],
-            [&p.on_kfree, &p.on_kfree_nested],
-            [&p.on_kmem_cache_alloc, &p.on_kmem_cache_alloc_nested],
-            [&p.on_kmem_cache_free, &p.on_kmem_cache_free_nested],
-            [&p.on_page_alloc, &p.on_page_alloc_nested],
-            [&p.on_page_free, &p.on_page_free_nested],
+            [&p.on_kmalloc, &p.on_kmalloc_nested, &p.on_kmalloc_nested2],
+            [&p.on_kfree, &p.on_kfree_nested, &p.on_kfree_nested2],
+            [
+                &p.on_kmem_cache_alloc,
+                &p.on_kmem_cache_alloc_nested,
+                &p.on_kmem_cache_alloc_nested2,
+            ],
+            [
+                &p.on_kmem_cache_free,
+                &p.on_kmem_cache_free_nested,
+                &p.on_kmem_cache_free_nested2,
+            ],
+            [
+                &p.on_page_alloc,
+                &p.on_page_alloc_nested,
+                &p.on_page_alloc_nested2,
+            ],
+            [
+                &p.on_page_free,
+                &p.on_page_free_nested,
+                &p.on_page_free_nested2,
+            ],
         ];
         for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
             if !has_kmem_tracepoint(name) {
@@ -227,7 +264,7 @@ impl<'obj> Probes<'obj> {
                 ));
                 continue;
             }
-            // Both copies or neither: the second alone records nothing.
+            // All copies or none: the later ones alone record nothing.
             match copies
                 .iter()
                 .map(|prog| prog.attach())
@@ -302,10 +339,10 @@ impl<'obj> Probes<'obj> {
     }
 
     /// Kernel events no program saw because the kernel skipped them (a
-    /// program never runs inside itself on a CPU). For the two-copy
-    /// tracepoints the first copy's misses were recorded by the second
-    /// unless it was busy too, so the events the second copies recorded
-    /// are subtracted.
+    /// program never runs inside itself on a CPU). For the slab and page
+    /// tracepoints the first copy's misses were recorded by a later copy
+    /// unless all were busy, so the events the later copies recorded are
+    /// subtracted.
     pub fn recursion_misses(&self) -> u64 {
         let p = &self.skel.progs;
         let missed = prog_misses(&[
