@@ -503,21 +503,34 @@ struct Ctx<'a> {
     ops: [Op; 256],
     /// Whether events of a kind take part, pid filter aside.
     kind_ok: [bool; 256],
+    /// The table a kind's rows use: [`KERNEL_SLOT`], [`PAGE_SLOT`], or
+    /// [`USER_TABLE`] for the process's own.
+    table_of: [u8; 256],
     filter: &'a ResolvedFilter,
 }
+
+/// In [`Ctx::table_of`]: the event's process's table.
+const USER_TABLE: usize = 255;
 
 impl<'a> Ctx<'a> {
     fn new(nparts: usize, filter: &'a ResolvedFilter) -> Self {
         let mut ops = [Op::Nothing; 256];
         let mut kind_ok = [false; 256];
+        let mut table_of = [KERNEL_SLOT as u8; 256];
         for &k in EventKind::ALL {
             ops[k as usize] = op_of(k);
             kind_ok[k as usize] = filter.kind_selected(k);
+            table_of[k as usize] = match op_of(k) {
+                Op::PageAlloc | Op::PageFree => PAGE_SLOT as u8,
+                Op::Alloc | Op::Free | Op::Realloc => USER_TABLE as u8,
+                _ => KERNEL_SLOT as u8,
+            };
         }
         Ctx {
             nparts,
             ops,
             kind_ok,
+            table_of,
             filter,
         }
     }
@@ -759,36 +772,35 @@ impl Partition {
         }
     }
 
-    /// Prefetches what row `j` will touch, if this partition owns it.
+    /// Prefetches what row `j` will touch: the home slots of its address
+    /// and old address, and the recent-frees entry of its address.
+    /// Branch-free on the kind (a branch on it would mispredict as often
+    /// as the replay's own dispatch); a row that needs none of it (or that
+    /// another partition owns) costs a useless prefetch, not a stall.
     #[inline(always)]
     fn prefetch_row(&self, b: &Slices<'_>, j: usize, ctx: &Ctx<'_>) {
-        // What each kind touches: its block's slot, plus the recent-frees
-        // entry for frees. Prefetching more than needed fills the CPU's
-        // miss buffers and stalls the demand loads.
-        let (slot, alloc, free) = match ctx.ops[b.kind[j] as usize] {
-            Op::Alloc => (self.peek_slot(b.pid[j]), b.addr[j], 0),
-            Op::Free => (self.peek_slot(b.pid[j]), 0, b.addr[j]),
-            Op::KernelAlloc => (Some(KERNEL_SLOT), b.addr[j], 0),
-            Op::KernelFree => (Some(KERNEL_SLOT), 0, b.addr[j]),
-            Op::PageAlloc => (Some(PAGE_SLOT), b.addr[j], 0),
-            Op::PageFree => (Some(PAGE_SLOT), 0, b.addr[j]),
-            Op::Realloc => (self.peek_slot(b.pid[j]), b.addr[j], b.old_addr[j]),
-            _ => return,
-        };
-        let Some(slot) = slot else { return };
+        let fixed = ctx.table_of[b.kind[j] as usize] as usize;
+        let pid = b.pid[j];
+        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
+        let user = if p == pid { s as usize } else { KERNEL_SLOT };
+        let slot = if fixed == USER_TABLE { user } else { fixed };
         let table = &self.pids[slot].blocks;
-        if alloc != 0 && ctx.owner(alloc) == self.index {
-            table.prefetch(alloc);
-        }
-        if free != 0 && ctx.owner(free) == self.index {
-            table.prefetch(free);
-            let h = mix(free) as usize & (RECENT_FREES - 1);
-            prefetch(self.recent_frees.as_ptr().wrapping_add(h) as *const u8);
+        let h = mix(b.addr[j]);
+        table.prefetch_hash(h);
+        prefetch(
+            self.recent_frees
+                .as_ptr()
+                .wrapping_add(h as usize & (RECENT_FREES - 1)) as *const u8,
+        );
+        let old = b.old_addr[j];
+        if old != 0 {
+            table.prefetch(old);
         }
     }
 
     /// Replays the rows of a row group this partition takes part in: all
-    /// of them (`rows` is `None`) or the listed ones, in order.
+    /// of them (`rows` is `None`, only with a single partition) or the
+    /// ones `split_rows` listed for it, in order.
     fn replay_batch(&mut self, b: Slices<'_>, rows: Option<&[u32]>, ctx: &Ctx<'_>) {
         match rows {
             None => self.replay_rows(b, b.kind.len(), |k| k, ctx),
@@ -818,9 +830,11 @@ impl Partition {
             let i = row(k);
             let kind = kinds[i];
             match ctx.ops[kind as usize] {
+                // `split_rows` gave this partition only the allocations and
+                // frees of addresses it owns.
                 op @ (Op::Alloc | Op::KernelAlloc | Op::PageAlloc) => {
                     let a = addrs[i];
-                    if ctx.owner(a) != p || a == 0 || !ctx.selected(kind, pids[i]) {
+                    if a == 0 || !ctx.selected(kind, pids[i]) {
                         continue;
                     }
                     let slot = match op {
@@ -833,7 +847,7 @@ impl Partition {
                 }
                 op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
                     let a = addrs[i];
-                    if ctx.owner(a) != p || a == 0 || !ctx.selected(kind, pids[i]) {
+                    if a == 0 || !ctx.selected(kind, pids[i]) {
                         continue;
                     }
                     let slot = match op {

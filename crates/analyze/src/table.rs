@@ -67,7 +67,14 @@ impl BlockTable {
     /// Hints the CPU to fetch the home slot of `addr`.
     #[inline(always)]
     pub fn prefetch(&self, addr: u64) {
-        let i = self.home(addr);
+        self.prefetch_hash(mix(addr));
+    }
+
+    /// Hints the CPU to fetch the home slot of the address whose
+    /// [`mix`] is `h`.
+    #[inline(always)]
+    pub fn prefetch_hash(&self, h: u64) {
+        let i = (h >> self.shift) as usize;
         prefetch(self.slots.as_ptr().wrapping_add(i) as *const u8);
     }
 
@@ -76,9 +83,12 @@ impl BlockTable {
     #[inline]
     pub fn insert(&mut self, addr: u64, b: Block) -> Option<Block> {
         debug_assert!(addr != 0);
-        // Grow at half load: probe runs (and the shifts of deletion) stay
-        // within a cache line or two. Slots are 32 bytes; 2 to 4 per block.
-        if (self.len + 1) * 2 > self.slots.len() {
+        // Grow at quarter load. Probing and backward-shift deletion branch
+        // on whether each next slot is free, and those branches mispredict
+        // about as often as a slot is taken: at half load replay spent a
+        // third more CPU per event (docs/benchmarks.md). Slots are 32
+        // bytes; 4 to 8 per block.
+        if (self.len + 1) * 4 > self.slots.len() {
             self.grow();
         }
         let mask = self.slots.len() - 1;
