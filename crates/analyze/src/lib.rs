@@ -26,6 +26,7 @@ pub mod folded;
 pub mod hash;
 pub mod histogram;
 pub mod json;
+pub mod pages;
 pub mod progress;
 pub mod ranges;
 pub mod replay;

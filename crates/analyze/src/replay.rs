@@ -278,7 +278,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 stats.last_ts = Some(ts[d.rows - 1]);
             }
         }
-        drop(cur);
+        for d in cur {
+            decoder.recycle(d.cols);
+        }
         next = decoded_next;
         k += 1;
     }

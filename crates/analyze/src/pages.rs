@@ -1,0 +1,609 @@
+//! A page-level decoder for the event columns replay reads.
+//!
+//! The Arrow reader decodes every column into Arrow arrays: nullable
+//! columns go through definition levels in `i16`, a values buffer that is
+//! zeroed, filled densely and then spread to the rows (`pad_nulls`), and
+//! the analyzer then copied them again to turn nulls into zeros. This
+//! module reads the pages itself (Parquet's page reader still parses the
+//! page headers and decompresses) and decodes the few encodings a trace
+//! uses straight into the vectors replay reads, nulls written as 0:
+//!
+//! * PLAIN, and dictionary pages in PLAIN;
+//! * RLE_DICTIONARY / PLAIN_DICTIONARY indices (RLE/bit-packed hybrid);
+//! * DELTA_BINARY_PACKED;
+//! * BYTE_STREAM_SPLIT;
+//! * definition levels in RLE (v1 pages) or v2 pages, maximum level 1.
+//!
+//! Anything else (another encoding or physical type, repeated columns, a
+//! malformed page) makes [`read_column`] return `None`, and the caller
+//! takes the Arrow path, which reports real errors properly.
+
+use std::sync::Arc;
+
+use bytes::{Buf, Bytes};
+use parquet::basic::{Encoding, Type as PhysicalType};
+use parquet::column::page::{Page, PageReader};
+use parquet::errors::ParquetError;
+use parquet::file::metadata::ColumnChunkMetaData;
+use parquet::file::reader::{ChunkReader, Length};
+use parquet::file::serialized_reader::SerializedPageReader;
+
+/// A byte range of a file held in memory, addressed by file offsets.
+pub struct Chunk {
+    /// File offset of `data[0]`.
+    pub base: u64,
+    /// The bytes.
+    pub data: Bytes,
+}
+
+impl Chunk {
+    fn range(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        let s = start
+            .checked_sub(self.base)
+            .and_then(|s| usize::try_from(s).ok())
+            .filter(|&s| s <= self.data.len());
+        match s {
+            Some(s) if length <= self.data.len() - s => Ok(self.data.slice(s..s + length)),
+            _ => Err(ParquetError::EOF(format!(
+                "{length} bytes at {start} outside the chunk read"
+            ))),
+        }
+    }
+}
+
+impl Length for Chunk {
+    fn len(&self) -> u64 {
+        self.base + self.data.len() as u64
+    }
+}
+
+impl ChunkReader for Chunk {
+    type T = bytes::buf::Reader<Bytes>;
+
+    fn get_read(&self, start: u64) -> parquet::errors::Result<Self::T> {
+        let rest = (self.len().saturating_sub(start)) as usize;
+        Ok(self.range(start, rest)?.reader())
+    }
+
+    fn get_bytes(&self, start: u64, length: usize) -> parquet::errors::Result<Bytes> {
+        self.range(start, length)
+    }
+}
+
+/// What a column's values become.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Values {
+    /// INT64 or INT32 (zero-extended) integers.
+    Int,
+    /// BYTE_ARRAY strings, through a dictionary: each row gets the code
+    /// `code_of` gives its string.
+    Codes,
+}
+
+/// Scratch space reused across columns and pages.
+#[derive(Default)]
+pub struct Scratch {
+    levels: Vec<u8>,
+    idx: Vec<u32>,
+    vals: Vec<u64>,
+}
+
+/// Decodes a whole column chunk of `rows` rows into `out`, nulls as 0,
+/// each value through `conv` (which must be exact for the column's
+/// values: callers pick the output type by the column's physical type).
+/// For [`Values::Codes`], `code_of` maps a dictionary string to the value
+/// stored. `out` is resized to `rows` and overwritten; a recycled vector
+/// of that length is not written twice. `None` when the chunk uses
+/// anything this module does not decode.
+#[allow(clippy::too_many_arguments)]
+pub fn read_column<T: Copy + Default>(
+    chunk: &Arc<Chunk>,
+    meta: &ColumnChunkMetaData,
+    rows: usize,
+    kind: Values,
+    code_of: &dyn Fn(&[u8]) -> u64,
+    conv: impl Fn(u64) -> T + Copy,
+    scratch: &mut Scratch,
+    out: &mut Vec<T>,
+) -> Option<()> {
+    let descr = meta.column_descr();
+    if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
+        return None;
+    }
+    let nullable = descr.max_def_level() == 1;
+    let ty = meta.column_type();
+    match (kind, ty) {
+        (Values::Int, PhysicalType::INT64 | PhysicalType::INT32) => {}
+        (Values::Codes, PhysicalType::BYTE_ARRAY) => {}
+        _ => return None,
+    }
+    let mut pages = SerializedPageReader::new(chunk.clone(), meta, rows, None).ok()?;
+    out.resize(rows, T::default());
+    let mut at = 0usize;
+    let mut dict: Option<Vec<u64>> = None;
+    while let Some(page) = pages.get_next_page().ok()? {
+        let (buf, n, encoding, levels, values) = match page {
+            Page::DictionaryPage {
+                buf,
+                num_values,
+                encoding,
+                ..
+            } => {
+                if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
+                    return None;
+                }
+                let n = num_values as usize;
+                let mut d = vec![0u64; n];
+                match kind {
+                    Values::Int => plain(&buf, ty, &mut d, |v| v)?,
+                    Values::Codes => plain_strings(&buf, code_of, &mut d, |v| v)?,
+                }
+                dict = Some(d);
+                continue;
+            }
+            Page::DataPage {
+                buf,
+                num_values,
+                encoding,
+                def_level_encoding,
+                ..
+            } => {
+                let n = num_values as usize;
+                if nullable {
+                    if def_level_encoding != Encoding::RLE {
+                        return None;
+                    }
+                    let len = u32::from_le_bytes(buf.get(..4)?.try_into().ok()?) as usize;
+                    let end = 4usize.checked_add(len)?;
+                    buf.get(..end)?;
+                    (buf.clone(), n, encoding, 4..end, end..buf.len())
+                } else {
+                    let len = buf.len();
+                    (buf, n, encoding, 0..0, 0..len)
+                }
+            }
+            Page::DataPageV2 {
+                buf,
+                num_values,
+                encoding,
+                def_levels_byte_len,
+                rep_levels_byte_len,
+                ..
+            } => {
+                if rep_levels_byte_len != 0 {
+                    return None;
+                }
+                let n = num_values as usize;
+                let d = def_levels_byte_len as usize;
+                buf.get(..d)?;
+                let len = buf.len();
+                (buf, n, encoding, 0..d, d..len)
+            }
+        };
+        let dst = out.get_mut(at..at.checked_add(n)?)?;
+        at += n;
+        // Which rows of the page have a value.
+        let present = if nullable {
+            scratch.levels.clear();
+            hybrid(&buf[levels], 1, n, &mut scratch.levels, |v| v as u8)?;
+            // Width 1: every level is 0 or 1.
+            scratch.levels.iter().map(|&l| l as usize).sum::<usize>()
+        } else {
+            n
+        };
+        let values = &buf[values];
+        if present < n {
+            // Decode the present values into scratch, then spread them.
+            scratch.vals.clear();
+            scratch.vals.resize(present, 0);
+            let mut vals = std::mem::take(&mut scratch.vals);
+            let d = dict.as_deref();
+            let ok = decode_values(
+                encoding,
+                kind,
+                ty,
+                values,
+                d,
+                code_of,
+                scratch,
+                &mut vals,
+                |v| v,
+            );
+            let ok = ok.map(|()| spread(&scratch.levels, &vals, dst, conv));
+            scratch.vals = vals;
+            ok?;
+        } else {
+            let d = dict.as_deref();
+            decode_values(encoding, kind, ty, values, d, code_of, scratch, dst, conv)?;
+        }
+    }
+    (at == rows).then_some(())
+}
+
+/// Decodes `out.len()` present values of one page.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn decode_values<T: Copy>(
+    encoding: Encoding,
+    kind: Values,
+    ty: PhysicalType,
+    values: &[u8],
+    dict: Option<&[u64]>,
+    code_of: &dyn Fn(&[u8]) -> u64,
+    scratch: &mut Scratch,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T + Copy,
+) -> Option<()> {
+    match encoding {
+        Encoding::PLAIN if kind == Values::Int => plain(values, ty, out, conv),
+        Encoding::PLAIN => plain_strings(values, code_of, out, conv),
+        Encoding::RLE_DICTIONARY | Encoding::PLAIN_DICTIONARY => {
+            let dict = dict?;
+            let (&width, rest) = match values.split_first() {
+                Some(x) => x,
+                None if out.is_empty() => return Some(()),
+                None => return None,
+            };
+            scratch.idx.clear();
+            hybrid(rest, width as u32, out.len(), &mut scratch.idx, |v| {
+                v as u32
+            })?;
+            let max = scratch.idx.iter().fold(0, |m, &i| m.max(i));
+            if !out.is_empty() && max as usize >= dict.len() {
+                return None;
+            }
+            for (o, &i) in out.iter_mut().zip(&scratch.idx) {
+                *o = conv(dict[i as usize]);
+            }
+            Some(())
+        }
+        Encoding::DELTA_BINARY_PACKED if kind == Values::Int => delta(values, ty, out, conv),
+        Encoding::BYTE_STREAM_SPLIT if kind == Values::Int => {
+            byte_stream_split(values, ty, out, conv)
+        }
+        _ => None,
+    }
+}
+
+/// Writes one value per level: the next present value, or 0.
+fn spread<T: Copy>(levels: &[u8], vals: &[u64], out: &mut [T], conv: impl Fn(u64) -> T) {
+    if vals.is_empty() {
+        out.fill(conv(0));
+        return;
+    }
+    let mut k = 0usize;
+    let last = vals.len() - 1;
+    for (o, &l) in out.iter_mut().zip(levels) {
+        // Branch-free: read the next value (clamped), keep it if present.
+        *o = conv(vals[k.min(last)] & 0u64.wrapping_sub(l as u64));
+        k += l as usize;
+    }
+}
+
+fn plain<T: Copy>(
+    data: &[u8],
+    ty: PhysicalType,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T,
+) -> Option<()> {
+    let n = out.len();
+    match ty {
+        PhysicalType::INT64 => {
+            let b = data.get(..n.checked_mul(8)?)?;
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(8)) {
+                *o = conv(u64::from_le_bytes(c.try_into().unwrap()));
+            }
+        }
+        PhysicalType::INT32 => {
+            let b = data.get(..n.checked_mul(4)?)?;
+            for (o, c) in out.iter_mut().zip(b.chunks_exact(4)) {
+                *o = conv(u32::from_le_bytes(c.try_into().unwrap()) as u64);
+            }
+        }
+        _ => return None,
+    }
+    Some(())
+}
+
+fn plain_strings<T>(
+    mut data: &[u8],
+    code_of: &dyn Fn(&[u8]) -> u64,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T,
+) -> Option<()> {
+    for o in out.iter_mut() {
+        let len = u32::from_le_bytes(data.get(..4)?.try_into().ok()?) as usize;
+        let s = data.get(4..4usize.checked_add(len)?)?;
+        *o = conv(code_of(s));
+        data = &data[4 + len..];
+    }
+    Some(())
+}
+
+fn byte_stream_split<T: Copy>(
+    data: &[u8],
+    ty: PhysicalType,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T + Copy,
+) -> Option<()> {
+    let n = out.len();
+    match ty {
+        PhysicalType::INT64 => join_streams::<8, T>(data.get(..n.checked_mul(8)?)?, out, conv),
+        PhysicalType::INT32 => join_streams::<4, T>(data.get(..n.checked_mul(4)?)?, out, conv),
+        _ => return None,
+    }
+    Some(())
+}
+
+/// Value `i` is byte `i` of each of the `W` streams, least significant
+/// first. One pass, reading all streams side by side.
+#[inline(always)]
+fn join_streams<const W: usize, T: Copy>(data: &[u8], dst: &mut [T], conv: impl Fn(u64) -> T) {
+    let n = dst.len();
+    let streams: [&[u8]; W] = std::array::from_fn(|k| &data[k * n..(k + 1) * n]);
+    const CHUNK: usize = 16;
+    let full = n / CHUNK * CHUNK;
+    for base in (0..full).step_by(CHUNK) {
+        let mut v = [0u64; CHUNK];
+        for (k, stream) in streams.iter().enumerate() {
+            let s: &[u8; CHUNK] = stream[base..base + CHUNK].try_into().unwrap();
+            for j in 0..CHUNK {
+                v[j] |= (s[j] as u64) << (8 * k);
+            }
+        }
+        for (d, &x) in dst[base..base + CHUNK].iter_mut().zip(&v) {
+            *d = conv(x);
+        }
+    }
+    for (i, d) in dst.iter_mut().enumerate().skip(full) {
+        let mut v = 0u64;
+        for (k, stream) in streams.iter().enumerate() {
+            v |= (stream[i] as u64) << (8 * k);
+        }
+        *d = conv(v);
+    }
+}
+
+/// Reads an unsigned LEB128 integer.
+fn uleb(data: &mut &[u8]) -> Option<u64> {
+    let mut v = 0u64;
+    let mut shift = 0;
+    loop {
+        let (&b, rest) = data.split_first()?;
+        *data = rest;
+        if shift >= 64 {
+            return None;
+        }
+        v |= ((b & 0x7f) as u64) << shift;
+        if b & 0x80 == 0 {
+            return Some(v);
+        }
+        shift += 7;
+    }
+}
+
+fn zigzag(v: u64) -> i64 {
+    ((v >> 1) as i64) ^ -((v & 1) as i64)
+}
+
+/// Unpacks `out.len()` little-endian bit-packed values of `width` bits
+/// (at most 64) from `src` into `out`, through `conv`.
+#[inline(always)]
+fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> T) -> Option<()> {
+    let count = out.len();
+    if width == 0 {
+        out.fill(conv(0));
+        return Some(());
+    }
+    let w = width as usize;
+    let bytes = (count * w).div_ceil(8);
+    let src = src.get(..bytes)?;
+    let mask = if width == 64 {
+        u64::MAX
+    } else {
+        (1u64 << width) - 1
+    };
+    // Values whose 16-byte window lies inside `src` are read in place;
+    // the rest (all of a short run, such as a 32-value miniblock) from a
+    // zero-padded copy.
+    let safe = if src.len() >= 16 {
+        ((src.len() - 16) * 8 / w + 1).min(count)
+    } else {
+        0
+    };
+    let (head, tail_out) = out.split_at_mut(safe);
+    unpack_from(src, w, mask, 0, head, &conv);
+    let from = safe * w / 8;
+    let tail = &src[from..];
+    let mut pad = [0u8; 288];
+    if tail_out.is_empty() {
+        return Some(());
+    }
+    if tail.len() + 16 <= pad.len() {
+        pad[..tail.len()].copy_from_slice(tail);
+        unpack_from(&pad, w, mask, safe * w - from * 8, tail_out, &conv);
+    } else {
+        let mut big = tail.to_vec();
+        big.resize(tail.len() + 16, 0);
+        unpack_from(&big, w, mask, safe * w - from * 8, tail_out, &conv);
+    }
+    Some(())
+}
+
+/// Unpacks `out.len()` values of `w` bits starting at bit `first` of
+/// `src`, which extends at least 16 bytes past the last value's first
+/// byte.
+#[inline(always)]
+fn unpack_from<T>(
+    src: &[u8],
+    w: usize,
+    mask: u64,
+    first: usize,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T,
+) {
+    if w <= 56 {
+        for (i, o) in out.iter_mut().enumerate() {
+            let bit = first + i * w;
+            let word = u64::from_le_bytes(src[bit / 8..bit / 8 + 8].try_into().unwrap());
+            *o = conv((word >> (bit % 8)) & mask);
+        }
+    } else {
+        for (i, o) in out.iter_mut().enumerate() {
+            let bit = first + i * w;
+            let word = u128::from_le_bytes(src[bit / 8..bit / 8 + 16].try_into().unwrap());
+            *o = conv((word >> (bit % 8)) as u64 & mask);
+        }
+    }
+}
+
+/// Appends `n` values of the RLE/bit-packed hybrid encoding to `out`.
+fn hybrid<T: Copy + Default>(
+    mut data: &[u8],
+    width: u32,
+    n: usize,
+    out: &mut Vec<T>,
+    conv: impl Fn(u64) -> T,
+) -> Option<()> {
+    if width > 32 {
+        return None;
+    }
+    let start = out.len();
+    out.resize(start + n, T::default());
+    let mut dst = &mut out[start..];
+    while !dst.is_empty() {
+        let header = uleb(&mut data)?;
+        if header & 1 == 0 {
+            let count = usize::try_from(header >> 1).ok()?;
+            if count == 0 {
+                return None;
+            }
+            let nb = (width as usize).div_ceil(8);
+            let vb = data.get(..nb)?;
+            let mut v = 0u64;
+            for (k, &b) in vb.iter().enumerate() {
+                v |= (b as u64) << (8 * k);
+            }
+            data = &data[nb..];
+            let take = count.min(dst.len());
+            let (run, rest) = dst.split_at_mut(take);
+            run.fill(conv(v));
+            dst = rest;
+        } else {
+            let groups = usize::try_from(header >> 1).ok()?;
+            if groups == 0 {
+                return None;
+            }
+            let count = groups.checked_mul(8)?;
+            let nb = groups.checked_mul(width as usize)?;
+            let take = count.min(dst.len());
+            let (run, rest) = dst.split_at_mut(take);
+            // The last run may stop short of its declared groups.
+            unpack(&data[..nb.min(data.len())], width, run, &conv)?;
+            data = &data[nb.min(data.len())..];
+            dst = rest;
+        }
+    }
+    Some(())
+}
+
+/// Decodes `out.len()` DELTA_BINARY_PACKED values (the page's count).
+fn delta<T: Copy>(
+    mut data: &[u8],
+    ty: PhysicalType,
+    out: &mut [T],
+    conv: impl Fn(u64) -> T,
+) -> Option<()> {
+    let n = out.len();
+    let block = usize::try_from(uleb(&mut data)?).ok()?;
+    let minis = usize::try_from(uleb(&mut data)?).ok()?;
+    let total = usize::try_from(uleb(&mut data)?).ok()?;
+    let first = zigzag(uleb(&mut data)?);
+    if total != n || minis == 0 || block == 0 || block % minis != 0 || block % 128 != 0 {
+        return None;
+    }
+    let per_mini = block / minis;
+    if per_mini % 32 != 0 || per_mini > 256 {
+        return None;
+    }
+    // INT32 arithmetic wraps at 32 bits: keep the low half.
+    let (max_width, keep) = match ty {
+        PhysicalType::INT64 => (64, u64::MAX),
+        PhysicalType::INT32 => (32, u32::MAX as u64),
+        _ => return None,
+    };
+    if n == 0 {
+        return Some(());
+    }
+    let mut last = first;
+    out[0] = conv(last as u64 & keep);
+    let mut at = 1;
+    let mut deltas = [0u64; 256];
+    while at < n {
+        let min_delta = zigzag(uleb(&mut data)?);
+        let widths = data.get(..minis)?;
+        data = &data[minis..];
+        for &w in widths {
+            if at == n {
+                break;
+            }
+            if w as u32 > max_width {
+                return None;
+            }
+            let take = per_mini.min(n - at);
+            let nb = per_mini * w as usize / 8;
+            let src = data.get(..nb.min(data.len()))?;
+            let d = &mut deltas[..take];
+            unpack(src, w as u32, d, |u| u)?;
+            for (o, &u) in out[at..at + take].iter_mut().zip(d.iter()) {
+                last = last.wrapping_add(min_delta).wrapping_add(u as i64);
+                *o = conv(last as u64 & keep);
+            }
+            data = &data[nb.min(data.len())..];
+            at += take;
+        }
+    }
+    Some(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unpacks_every_width() {
+        for width in 0..=64u32 {
+            let vals: Vec<u64> = (0..77u64)
+                .map(|i| {
+                    let v = i.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+                    if width == 64 {
+                        v
+                    } else {
+                        v & ((1u64 << width) - 1)
+                    }
+                })
+                .collect();
+            let mut bits = vec![0u8; (vals.len() * width as usize).div_ceil(8)];
+            for (i, &v) in vals.iter().enumerate() {
+                for b in 0..width as usize {
+                    if v >> b & 1 == 1 {
+                        let p = i * width as usize + b;
+                        bits[p / 8] |= 1 << (p % 8);
+                    }
+                }
+            }
+            let mut got = vec![0u64; vals.len()];
+            unpack(&bits, width, &mut got, |v| v).unwrap();
+            assert_eq!(got, vals, "width {width}");
+        }
+    }
+
+    #[test]
+    fn hybrid_mixes_runs_and_packed_groups() {
+        // RLE run of 5 x 3 (width 2), then one bit-packed group of 8.
+        let data = [5 << 1, 3, (1 << 1) | 1, 0b1110_0100, 0b0001_1011];
+        let mut out = Vec::new();
+        hybrid(&data, 2, 13, &mut out, |v| v as u32).unwrap();
+        assert_eq!(out, [3, 3, 3, 3, 3, 0, 1, 2, 3, 3, 2, 1, 0]);
+    }
+}
