@@ -190,6 +190,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let window = rayon::current_num_threads().max(1);
     let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
     let decoder = Decoder::new(trace);
+    let rows_pool = RowsPool::default();
     // Where the time goes, for MEMLEAK_ANALYZE_TIMING=1 (ns of CPU in
     // decoding, replaying partitions, and the sequential peak pass).
     let timing = std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some();
@@ -202,7 +203,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .par_iter()
             .map(|u| {
                 let t = std::time::Instant::now();
-                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx);
+                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx, &rows_pool);
                 timed(&t_decode, t);
                 d
             })
@@ -239,26 +240,37 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     let cols = d.cols.slices(n);
                     partitions.par_iter_mut().for_each(|p| {
                         let t = std::time::Instant::now();
-                        let rows = d.rows_of.as_ref().map(|r| r[p.index].as_slice());
+                        let rows = d.rows_of(p.index);
                         p.replay_batch(cols, rows, &ctx);
                         timed(&t_replay, t);
                     });
                     let t = std::time::Instant::now();
-                    // Sum the partitions' changes per row, then walk the rows in
-                    // time order for the peak.
-                    totals.clear();
-                    totals.resize(n, 0);
-                    for p in &mut partitions {
-                        for (i, v) in p.deltas.drain(..) {
-                            totals[i as usize] += v;
-                        }
-                    }
                     let ts = cols.ts;
-                    for (i, x) in totals.iter().enumerate() {
-                        outstanding += x;
-                        if outstanding > peak {
-                            peak = outstanding;
-                            peak_ts = ts[i];
+                    if let [p] = partitions.as_mut_slice() {
+                        // One partition: its changes are already in row order.
+                        for (i, v) in p.deltas.drain(..) {
+                            outstanding += v;
+                            if outstanding > peak {
+                                peak = outstanding;
+                                peak_ts = ts[i as usize];
+                            }
+                        }
+                    } else {
+                        // Sum the partitions' changes per row, then walk the
+                        // rows in time order for the peak.
+                        totals.clear();
+                        totals.resize(n, 0);
+                        for p in &mut partitions {
+                            for (i, v) in p.deltas.drain(..) {
+                                totals[i as usize] += v;
+                            }
+                        }
+                        for (i, x) in totals.iter().enumerate() {
+                            outstanding += x;
+                            if outstanding > peak {
+                                peak = outstanding;
+                                peak_ts = ts[i];
+                            }
                         }
                     }
                     timed(&t_peak, t);
@@ -280,6 +292,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         }
         for d in cur {
             decoder.recycle(d.cols);
+            if let Some(r) = d.rows_of {
+                rows_pool.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+            }
         }
         next = decoded_next;
         k += 1;
@@ -381,12 +396,18 @@ impl Replay {
 /// One decoded row group and what was counted while decoding it.
 struct Decoded {
     cols: Columns,
-    /// With several partitions: the rows each takes part in.
+    /// With several partitions: the rows each takes part in (the first
+    /// `rows_len[p]` entries of `rows_of[p]`; the vectors are recycled
+    /// and longer).
     rows_of: Option<Vec<Vec<u32>>>,
+    rows_len: Vec<usize>,
     /// Rows at or before the `at` cutoff.
     rows: usize,
     kinds: Box<[u64; 256]>,
 }
+
+/// Row lists of spent [`Decoded`]s, for reuse.
+type RowsPool = std::sync::Mutex<Vec<Vec<Vec<u32>>>>;
 
 impl Decoded {
     fn read(
@@ -394,6 +415,7 @@ impl Decoded {
         unit: &RowGroupUnit,
         at: Option<u64>,
         ctx: &Ctx<'_>,
+        pool: &RowsPool,
     ) -> memleak_trace::Result<Decoded> {
         let cols = decoder.read(unit)?;
         let all = cols.slices(cols.len());
@@ -405,33 +427,60 @@ impl Decoded {
         for &k in &all.kind[..rows] {
             kinds[k as usize] += 1;
         }
-        let rows_of = (ctx.nparts > 1).then(|| split_rows(cols.slices(rows), ctx));
+        let mut rows_len = vec![0; ctx.nparts];
+        let rows_of = (ctx.nparts > 1).then(|| {
+            let mut out = pool
+                .lock()
+                .unwrap_or_else(|e| e.into_inner())
+                .pop()
+                .unwrap_or_default();
+            split_rows(cols.slices(rows), ctx, &mut out, &mut rows_len);
+            out
+        });
         Ok(Decoded {
             cols,
             rows_of,
+            rows_len,
             rows,
             kinds,
         })
+    }
+
+    /// The rows partition `p` takes part in; `None` with one partition.
+    fn rows_of(&self, p: usize) -> Option<&[u32]> {
+        self.rows_of.as_ref().map(|r| &r[p][..self.rows_len[p]])
     }
 }
 
 /// Lists, for each partition, the rows it takes part in: the owner of the
 /// address (both owners for a realloc), partition 0 for mappings, every
 /// partition for exec and fork. Done while decoding, in parallel, so each
-/// replay worker reads only its own rows.
-fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>) -> Vec<Vec<u32>> {
+/// replay worker reads only its own rows. `out[p]` gets its rows in its
+/// first `len[p]` entries: the vectors are sized to the row group once
+/// and written by index, without a capacity check per row.
+fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [usize]) {
     let n = b.kind.len();
-    let mut out: Vec<Vec<u32>> = (0..ctx.nparts)
-        .map(|_| Vec::with_capacity(n / ctx.nparts + n / 8))
-        .collect();
+    out.resize_with(ctx.nparts, Vec::new);
+    for o in out.iter_mut() {
+        if o.len() < n {
+            o.resize(n, 0);
+        }
+    }
+    len.fill(0);
     for i in 0..n {
-        match ctx.ops[b.kind[i] as usize] {
-            Op::Alloc
-            | Op::Free
-            | Op::KernelAlloc
-            | Op::KernelFree
-            | Op::PageAlloc
-            | Op::PageFree => out[ctx.owner(b.addr[i])].push(i as u32),
+        let kind = b.kind[i] as usize;
+        if ctx.by_addr[kind] {
+            // Allocations and frees: the owner of the address.
+            let p = ctx.owner(b.addr[i]);
+            out[p][len[p]] = i as u32;
+            len[p] += 1;
+            continue;
+        }
+        let mut put = |p: usize| {
+            out[p][len[p]] = i as u32;
+            len[p] += 1;
+        };
+        match ctx.ops[kind] {
             Op::Realloc => {
                 let (new, old) = (b.addr[i], b.old_addr[i]);
                 let p = if new != 0 {
@@ -439,17 +488,16 @@ fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>) -> Vec<Vec<u32>> {
                 } else {
                     ctx.owner(old)
                 };
-                out[p].push(i as u32);
+                put(p);
                 if old != 0 && new != 0 && ctx.owner(old) != p {
-                    out[ctx.owner(old)].push(i as u32);
+                    put(ctx.owner(old));
                 }
             }
-            Op::Map | Op::Unmap | Op::Remap => out[0].push(i as u32),
-            Op::Exec | Op::Fork => out.iter_mut().for_each(|o| o.push(i as u32)),
-            Op::Nothing => {}
+            Op::Map | Op::Unmap | Op::Remap => put(0),
+            Op::Exec | Op::Fork => (0..ctx.nparts).for_each(put),
+            _ => {}
         }
     }
-    out
 }
 
 /// What replay does with an event kind.
@@ -508,6 +556,11 @@ struct Ctx<'a> {
     /// The table a kind's rows use: [`KERNEL_SLOT`], [`PAGE_SLOT`], or
     /// [`USER_TABLE`] for the process's own.
     table_of: [u8; 256],
+    /// `RECENT_FREES - 1` for kinds that free a block, 0 for the rest.
+    recent_mask: [usize; 256],
+    /// Kinds replayed by the owner of their address alone (allocations
+    /// and frees).
+    by_addr: [bool; 256],
     filter: &'a ResolvedFilter,
 }
 
@@ -519,6 +572,8 @@ impl<'a> Ctx<'a> {
         let mut ops = [Op::Nothing; 256];
         let mut kind_ok = [false; 256];
         let mut table_of = [KERNEL_SLOT as u8; 256];
+        let mut recent_mask = [0; 256];
+        let mut by_addr = [false; 256];
         for &k in EventKind::ALL {
             ops[k as usize] = op_of(k);
             kind_ok[k as usize] = filter.kind_selected(k);
@@ -527,12 +582,29 @@ impl<'a> Ctx<'a> {
                 Op::Alloc | Op::Free | Op::Realloc => USER_TABLE as u8,
                 _ => KERNEL_SLOT as u8,
             };
+            if matches!(
+                op_of(k),
+                Op::Free | Op::KernelFree | Op::PageFree | Op::Realloc
+            ) {
+                recent_mask[k as usize] = RECENT_FREES - 1;
+            }
+            by_addr[k as usize] = matches!(
+                op_of(k),
+                Op::Alloc
+                    | Op::Free
+                    | Op::KernelAlloc
+                    | Op::KernelFree
+                    | Op::PageAlloc
+                    | Op::PageFree
+            );
         }
         Ctx {
             nparts,
             ops,
             kind_ok,
             table_of,
+            recent_mask,
+            by_addr,
             filter,
         }
     }
@@ -781,7 +853,8 @@ impl Partition {
     /// another partition owns) costs a useless prefetch, not a stall.
     #[inline(always)]
     fn prefetch_row(&self, b: &Slices<'_>, j: usize, ctx: &Ctx<'_>) {
-        let fixed = ctx.table_of[b.kind[j] as usize] as usize;
+        let kind = b.kind[j] as usize;
+        let fixed = ctx.table_of[kind] as usize;
         let pid = b.pid[j];
         let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
         let user = if p == pid { s as usize } else { KERNEL_SLOT };
@@ -789,10 +862,12 @@ impl Partition {
         let table = &self.pids[slot].blocks;
         let h = mix(b.addr[j]);
         table.prefetch_hash(h);
+        // Only frees read the recent-frees cache; other rows prefetch its
+        // first entry, which stays in L1, rather than branch on the kind.
         prefetch(
             self.recent_frees
                 .as_ptr()
-                .wrapping_add(h as usize & (RECENT_FREES - 1)) as *const u8,
+                .wrapping_add(h as usize & ctx.recent_mask[kind]) as *const u8,
         );
         let old = b.old_addr[j];
         if old != 0 {
