@@ -1,10 +1,11 @@
 //! Parallel, partitioned replay of a trace's events.
 //!
 //! An allocation and its free share an address, so the key space is split
-//! by a hash of the address into one partition per worker, and each worker
-//! replays, in time order, only the events of its partition. Every worker
-//! scans every event (checking ownership is a multiply and a compare), so
-//! no per-partition queues are built and nothing is copied.
+//! by a hash of the address into partitions (by default one per two
+//! worker threads, see [`default_partitions`]), and each partition
+//! replays, in time order, only the events of its addresses. With several
+//! partitions the rows of each row group are split into one list per
+//! partition while it is decoded, so each partition reads only its rows.
 //!
 //! The row groups of the trace are decoded in parallel, a window at a time,
 //! while the previous window is being replayed: decoding and replay share
@@ -20,9 +21,8 @@
 //!   keeps a forked child's copy of a block in the parent's partition.
 //!
 //! Outstanding bytes are tracked exactly across partitions for the peak:
-//! each event's owner writes its change of outstanding bytes into a
-//! per-row-group array (the rare changes a non-owner makes go to a side
-//! list), and a sequential pass sums them in time order.
+//! each partition lists its changes of outstanding bytes by row, and a
+//! sequential pass sums them in time order.
 //!
 //! Memory is the outstanding blocks, a small direct-mapped cache of recent
 //! frees (to tell double frees from frees of blocks allocated before the
@@ -50,7 +50,8 @@ pub struct ReplayOptions<'a> {
     pub filter: ResolvedFilter,
     /// Stop at this timestamp (inclusive); `None` replays everything.
     pub at_ts: Option<u64>,
-    /// Number of partitions; 0 means one per rayon thread.
+    /// Number of partitions; 0 means one per two rayon threads (at least
+    /// one): see [`default_partitions`].
     pub partitions: usize,
     /// Called with the number of rows replayed after each row group.
     pub progress: Option<&'a (dyn Fn(u64) + Sync)>,
@@ -168,7 +169,7 @@ pub struct Replay {
 /// Replays `trace` and returns the outstanding state.
 pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<Replay> {
     let nparts = if opts.partitions == 0 {
-        rayon::current_num_threads()
+        default_partitions(rayon::current_num_threads())
     } else {
         opts.partitions
     }
@@ -1076,6 +1077,19 @@ impl Partition {
             }
         }
     }
+}
+
+/// Partitions for `threads` worker threads: half of them. Decoding a row
+/// group costs about as much CPU as replaying it, and decoding runs on
+/// whichever threads are free while the partitions replay the previous
+/// window, so half the threads replaying and the rest decoding keeps both
+/// busy. Every extra partition also costs: rows are split among the
+/// partitions while decoding, and each partition reads the columns of
+/// every row it is given. With two threads one partition (replay on one
+/// thread, decoding mostly on the other) took 3.0 s on the 100 M-event
+/// bench trace where two partitions took 3.5 s (docs/benchmarks.md).
+pub fn default_partitions(threads: usize) -> usize {
+    (threads / 2).max(1)
 }
 
 /// Sets the number of worker threads of the global rayon pool, which

@@ -46,7 +46,7 @@ pub struct AnalyzeOptions {
     pub top: usize,
     /// Order of the stacks.
     pub sort: SortKey,
-    /// Replay partitions (0: one per rayon thread).
+    /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
 }
 
