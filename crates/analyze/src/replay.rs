@@ -247,15 +247,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     });
                     let t = std::time::Instant::now();
                     let ts = cols.ts;
-                    if let [p] = partitions.as_mut_slice() {
-                        // One partition: its changes are already in row order.
-                        for (i, v) in p.deltas.drain(..) {
-                            outstanding += v;
-                            if outstanding > peak {
-                                peak = outstanding;
-                                peak_ts = ts[i as usize];
-                            }
-                        }
+                    if let [p] = partitions.as_slice() {
+                        // One partition tracked the peak as it replayed.
+                        (outstanding, peak, peak_ts) = (p.outstanding, p.peak, p.peak_ts);
                     } else {
                         // Sum the partitions' changes per row, then walk the
                         // rows in time order for the peak.
@@ -742,6 +736,11 @@ struct Partition {
     /// row group: (row, delta), in row order. Each partition keeps its own
     /// so no two threads write the same cache line.
     deltas: Vec<(u32, i64)>,
+    /// With a single partition, which lists no changes: outstanding
+    /// bytes, their peak and when it was reached.
+    outstanding: i64,
+    peak: i64,
+    peak_ts: u64,
     next_mapping: u64,
 }
 
@@ -756,6 +755,9 @@ impl Partition {
             totals: StackTotals::new(max_stack),
             counts: Counts::default(),
             deltas: Vec::new(),
+            outstanding: 0,
+            peak: 0,
+            peak_ts: 0,
             next_mapping: 1,
         }
     }
@@ -839,10 +841,18 @@ impl Partition {
         }
     }
 
-    /// Records a change of outstanding bytes at row `i`.
+    /// Records a change of outstanding bytes at row `i`, made at `ts`: a
+    /// single partition (`ALONE`) follows the peak itself; several list
+    /// their changes for the sequential pass that sums them.
     #[inline(always)]
-    fn emit(&mut self, i: usize, d: i64) {
-        if d != 0 {
+    fn emit<const ALONE: bool>(&mut self, i: usize, d: i64, ts: u64) {
+        if ALONE {
+            self.outstanding += d;
+            if self.outstanding > self.peak {
+                self.peak = self.outstanding;
+                self.peak_ts = ts;
+            }
+        } else if d != 0 {
             self.deltas.push((i as u32, d));
         }
     }
@@ -881,13 +891,13 @@ impl Partition {
     /// ones `split_rows` listed for it, in order.
     fn replay_batch(&mut self, b: Slices<'_>, rows: Option<&[u32]>, ctx: &Ctx<'_>) {
         match rows {
-            None => self.replay_rows(b, b.kind.len(), |k| k, ctx),
-            Some(r) => self.replay_rows(b, r.len(), |k| r[k] as usize, ctx),
+            None => self.replay_rows::<true>(b, b.kind.len(), |k| k, ctx),
+            Some(r) => self.replay_rows::<false>(b, r.len(), |k| r[k] as usize, ctx),
         }
     }
 
     #[inline(always)]
-    fn replay_rows(
+    fn replay_rows<const ALONE: bool>(
         &mut self,
         b: Slices<'_>,
         count: usize,
@@ -921,7 +931,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i], f);
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
                     let a = addrs[i];
@@ -934,7 +944,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.free(slot, a);
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 Op::Realloc => {
                     let (old, new, size) = (olds[i], addrs[i], sizes[i]);
@@ -954,7 +964,7 @@ impl Partition {
                     if own_new {
                         d += self.alloc(slot, new, size, ts[i], stacks[i], f);
                     }
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 op @ (Op::Map | Op::Unmap | Op::Remap) => {
                     if p != 0 || !ctx.selected(kind, pids[i]) {
@@ -962,7 +972,7 @@ impl Partition {
                     }
                     let slot = self.slot(pids[i]);
                     let d = self.replay_range(op, slot, b, i, f);
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 Op::Exec => {
                     if !ctx.selected(kind, pids[i]) {
@@ -974,7 +984,7 @@ impl Partition {
                     let d = -(st.bytes() as i64);
                     st.blocks = BlockTable::default();
                     st.ranges = RangeSet::default();
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 Op::Fork => {
                     let child = addrs[i] as u32;
@@ -992,7 +1002,7 @@ impl Partition {
                     let d = copy.bytes() as i64 - st.bytes() as i64;
                     st.blocks = copy.blocks;
                     st.ranges = copy.ranges;
-                    self.emit(i, d);
+                    self.emit::<ALONE>(i, d, ts[i]);
                 }
                 Op::Nothing => {}
             }
