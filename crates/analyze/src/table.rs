@@ -3,16 +3,29 @@
 //! Replay is bound by memory latency: each event looks up a block in a
 //! table far larger than the caches. A general-purpose hash map cannot say
 //! where a key will be probed before probing it, so this is a small
-//! open-addressing table (linear probing, backward-shift deletion, no
-//! tombstones) whose home slot of an address is known in advance: replay
-//! prefetches the slots of the events a few rows ahead, and the misses of
-//! consecutive events overlap instead of queueing.
+//! open-addressing table (linear probing) whose home slot of an address
+//! is known in advance: replay prefetches the slots of the events a few
+//! rows ahead, and the misses of consecutive events overlap instead of
+//! queueing.
+//!
+//! A free leaves a tombstone that keeps the address: freeing is one store
+//! to a slot already in cache, and allocators hand a freed address out
+//! again soon, so the next allocation of it usually finds its own
+//! tombstone at its home slot and stops there. (Backward-shift deletion,
+//! which this replaced, read the next slot and branched on it at every
+//! free.) The first slot holding an address, live or tombstone, along its
+//! probe sequence decides whether it is outstanding: insertion puts an
+//! address at its first tombstone or before any of them, so a live entry
+//! never hides behind a tombstone of the same address. Tombstones are
+//! cleared when the table is rebuilt, which happens when live entries and
+//! tombstones together fill a quarter of the slots.
 
-use crate::hash::mix;
+use crate::hash::{int_map, mix, IntMap};
 use crate::replay::Block;
 
 /// One slot: 32 bytes, two per cache line. Address 0 marks an empty slot
-/// (no block lives at address 0; replay never inserts it).
+/// (no block lives at address 0; replay never inserts it); [`TOMB`] in
+/// `size` a freed one.
 #[derive(Debug, Clone, Copy, Default)]
 #[repr(C)]
 struct Slot {
@@ -22,13 +35,39 @@ struct Slot {
     stack: u64,
 }
 
+/// Set in a slot's `size` once its block is freed. Blocks whose size has
+/// this bit (no allocator hands out 8 EiB; only a corrupt trace says so)
+/// live in [`BlockTable::huge`] instead.
+const TOMB: u64 = 1 << 63;
+
+impl Slot {
+    #[inline(always)]
+    fn block(&self) -> Block {
+        Block {
+            size: self.size,
+            ts: self.ts,
+            stack: self.stack,
+        }
+    }
+
+    #[inline(always)]
+    fn live(&self) -> bool {
+        self.addr != 0 && self.size & TOMB == 0
+    }
+}
+
 /// Outstanding blocks by address.
 #[derive(Debug, Clone)]
 pub struct BlockTable {
     slots: Box<[Slot]>,
     /// `64 - log2(slots.len())`: the home slot is the top bits of the hash.
     shift: u32,
+    /// Live slots.
     len: usize,
+    /// Tombstones.
+    tombs: usize,
+    /// Blocks whose size has the [`TOMB`] bit set.
+    huge: IntMap<u64, Block>,
 }
 
 const MIN_SLOTS: usize = 256;
@@ -46,17 +85,19 @@ impl BlockTable {
             slots: vec![Slot::default(); n].into_boxed_slice(),
             shift: 64 - n.trailing_zeros(),
             len: 0,
+            tombs: 0,
+            huge: int_map(),
         }
     }
 
     /// Number of blocks.
     pub fn len(&self) -> usize {
-        self.len
+        self.len + self.huge.len()
     }
 
     /// True when empty.
     pub fn is_empty(&self) -> bool {
-        self.len == 0
+        self.len() == 0
     }
 
     #[inline(always)]
@@ -78,48 +119,97 @@ impl BlockTable {
         prefetch(self.slots.as_ptr().wrapping_add(i) as *const u8);
     }
 
+    /// The first slot along `addr`'s probe sequence that holds `addr`
+    /// (live or tombstone) or is empty.
+    #[inline(always)]
+    fn find(&self, addr: u64) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(addr);
+        loop {
+            let a = self.slots[i].addr;
+            if a == addr || a == 0 {
+                return i;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
     /// Inserts or replaces the block at `addr` (non-zero); returns the
     /// replaced block.
     #[inline]
     pub fn insert(&mut self, addr: u64, b: Block) -> Option<Block> {
         debug_assert!(addr != 0);
-        // Grow at quarter load. Probing and backward-shift deletion branch
-        // on whether each next slot is free, and those branches mispredict
-        // about as often as a slot is taken: at half load replay spent a
-        // third more CPU per event (docs/benchmarks.md). Slots are 32
-        // bytes; 4 to 8 per block.
-        if (self.len + 1) * 4 > self.slots.len() {
-            self.grow();
+        if b.size & TOMB != 0 || !self.huge.is_empty() {
+            return self.insert_cold(addr, b);
+        }
+        // Rebuild at quarter load (live and tombstones): probing branches
+        // on each slot it passes, and those branches mispredict about as
+        // often as a slot is taken; at half load replay spent a third more
+        // CPU per event (docs/benchmarks.md).
+        if (self.len + self.tombs + 1) * 4 > self.slots.len() {
+            self.rebuild();
         }
         let mask = self.slots.len() - 1;
         let mut i = self.home(addr);
+        let mut first_tomb = usize::MAX;
+        let new = Slot {
+            addr,
+            size: b.size,
+            ts: b.ts,
+            stack: b.stack,
+        };
         loop {
             let s = &mut self.slots[i];
             if s.addr == addr {
-                let old = Block {
-                    size: s.size,
-                    ts: s.ts,
-                    stack: s.stack,
-                };
-                *s = Slot {
-                    addr,
-                    size: b.size,
-                    ts: b.ts,
-                    stack: b.stack,
-                };
-                return Some(old);
-            }
-            if s.addr == 0 {
-                *s = Slot {
-                    addr,
-                    size: b.size,
-                    ts: b.ts,
-                    stack: b.stack,
-                };
+                // Its own slot: replace it (a missed free) or revive it.
+                let old = *s;
+                *s = new;
+                if old.size & TOMB == 0 {
+                    return Some(old.block());
+                }
+                self.tombs -= 1;
                 self.len += 1;
                 return None;
             }
+            if s.addr == 0 {
+                if first_tomb != usize::MAX {
+                    self.slots[first_tomb] = new;
+                    self.tombs -= 1;
+                } else {
+                    *s = new;
+                }
+                self.len += 1;
+                return None;
+            }
+            if s.size & TOMB != 0 && first_tomb == usize::MAX {
+                first_tomb = i;
+            }
             i = (i + 1) & mask;
+        }
+    }
+
+    /// Insertion when huge blocks are involved.
+    #[cold]
+    fn insert_cold(&mut self, addr: u64, b: Block) -> Option<Block> {
+        if b.size & TOMB != 0 {
+            let main = self.remove_main(addr);
+            let prev = self.huge.insert(addr, b);
+            return main.or(prev);
+        }
+        match self.huge.remove(&addr) {
+            Some(old) => {
+                let huge = std::mem::take(&mut self.huge);
+                // Not in the main table: it was in `huge`.
+                self.insert(addr, b);
+                self.huge = huge;
+                Some(old)
+            }
+            None => {
+                let huge = std::mem::take(&mut self.huge);
+                let r = self.insert(addr, b);
+                self.huge = huge;
+                r
+            }
         }
     }
 
@@ -129,42 +219,26 @@ impl BlockTable {
         if addr == 0 {
             return None;
         }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(addr);
-        loop {
-            let s = self.slots[i];
-            if s.addr == addr {
-                break;
-            }
-            if s.addr == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
-        }
-        let removed = self.slots[i];
-        // Backward-shift deletion: pull later entries of the probe run into
-        // the hole when their home is not between the hole and them.
-        let mut hole = i;
-        let mut j = i;
-        loop {
-            j = (j + 1) & mask;
-            let s = self.slots[j];
-            if s.addr == 0 {
-                break;
-            }
-            let home = self.home(s.addr);
-            if (j.wrapping_sub(home) & mask) >= (j.wrapping_sub(hole) & mask) {
-                self.slots[hole] = s;
-                hole = j;
+        if !self.huge.is_empty() {
+            if let Some(b) = self.huge.remove(&addr) {
+                return Some(b);
             }
         }
-        self.slots[hole] = Slot::default();
+        self.remove_main(addr)
+    }
+
+    #[inline(always)]
+    fn remove_main(&mut self, addr: u64) -> Option<Block> {
+        let i = self.find(addr);
+        let s = &mut self.slots[i];
+        if !s.live() {
+            return None;
+        }
+        let b = s.block();
+        s.size |= TOMB;
         self.len -= 1;
-        Some(Block {
-            size: removed.size,
-            ts: removed.ts,
-            stack: removed.stack,
-        })
+        self.tombs += 1;
+        Some(b)
     }
 
     /// The block at `addr`.
@@ -172,29 +246,26 @@ impl BlockTable {
         if addr == 0 {
             return None;
         }
-        let mask = self.slots.len() - 1;
-        let mut i = self.home(addr);
-        loop {
-            let s = self.slots[i];
-            if s.addr == addr {
-                return Some(Block {
-                    size: s.size,
-                    ts: s.ts,
-                    stack: s.stack,
-                });
-            }
-            if s.addr == 0 {
-                return None;
-            }
-            i = (i + 1) & mask;
+        if let Some(b) = self.huge.get(&addr) {
+            return Some(*b);
         }
+        let s = self.slots[self.find(addr)];
+        s.live().then(|| s.block())
     }
 
+    /// Rebuilds the table without tombstones: twice as large if the live
+    /// blocks alone take an eighth of the slots, else the same size.
     #[cold]
-    fn grow(&mut self) {
-        let old = std::mem::replace(self, Self::with_slots(self.slots.len() * 2));
-        for s in old.slots.iter().filter(|s| s.addr != 0) {
-            let mask = self.slots.len() - 1;
+    fn rebuild(&mut self) {
+        let n = if self.len * 8 >= self.slots.len() {
+            self.slots.len() * 2
+        } else {
+            self.slots.len()
+        };
+        let huge = std::mem::take(&mut self.huge);
+        let old = std::mem::replace(self, Self::with_slots(n));
+        let mask = self.slots.len() - 1;
+        for s in old.slots.iter().filter(|s| s.live()) {
             let mut i = self.home(s.addr);
             while self.slots[i].addr != 0 {
                 i = (i + 1) & mask;
@@ -202,25 +273,21 @@ impl BlockTable {
             self.slots[i] = *s;
         }
         self.len = old.len;
+        self.huge = huge;
     }
 
     /// Every block, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
-        self.slots.iter().filter(|s| s.addr != 0).map(|s| {
-            (
-                s.addr,
-                Block {
-                    size: s.size,
-                    ts: s.ts,
-                    stack: s.stack,
-                },
-            )
-        })
+        self.slots
+            .iter()
+            .filter(|s| s.live())
+            .map(|s| (s.addr, s.block()))
+            .chain(self.huge.iter().map(|(&a, &b)| (a, b)))
     }
 
     /// Total bytes of the blocks.
     pub fn bytes(&self) -> u64 {
-        self.slots.iter().map(|s| s.size).sum()
+        self.iter().map(|(_, b)| b.size).sum()
     }
 }
 
@@ -278,5 +345,46 @@ mod tests {
         assert_eq!(t.iter().count(), m.len());
         assert_eq!(t.bytes(), m.values().map(|b| b.size).sum::<u64>());
         assert_eq!(t.remove(0), None);
+    }
+
+    #[test]
+    fn tombstones_and_huge_sizes_match_a_hash_map() {
+        let mut t = BlockTable::default();
+        let mut m: HashMap<u64, Block> = HashMap::new();
+        let mut x = 0x9E37_79B9_7F4A_7C15u64;
+        for step in 0..300_000u64 {
+            x ^= x << 13;
+            x ^= x >> 7;
+            x ^= x << 17;
+            // Many addresses, some never reused (bump allocation), so the
+            // table rebuilds and grows; now and then a block of a size
+            // with the top bit set.
+            let addr = if x.is_multiple_of(4) {
+                0x10_0000 + step * 16
+            } else {
+                0x1000 + (x % 3000) * 16
+            };
+            let size = if x.is_multiple_of(97) {
+                u64::MAX - step
+            } else {
+                step
+            };
+            let b = Block {
+                size,
+                ts: step,
+                stack: x % 5,
+            };
+            match x % 5 {
+                0 | 1 => assert_eq!(t.remove(addr), m.remove(&addr), "step {step}"),
+                2 => assert_eq!(t.get(addr), m.get(&addr).copied(), "step {step}"),
+                _ => assert_eq!(t.insert(addr, b), m.insert(addr, b), "step {step}"),
+            }
+            assert_eq!(t.len(), m.len());
+        }
+        let mut all: Vec<(u64, Block)> = t.iter().collect();
+        all.sort_by_key(|e| e.0);
+        let mut want: Vec<(u64, Block)> = m.into_iter().collect();
+        want.sort_by_key(|e| e.0);
+        assert_eq!(all, want);
     }
 }
