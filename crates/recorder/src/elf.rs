@@ -68,6 +68,8 @@ pub struct ElfFile {
     data: Vec<u8>,
     segments: Vec<Segment>,
     symbols: Vec<Symbol>,
+    /// (offset, size) of note segments and sections.
+    notes: Vec<(u64, u64)>,
 }
 
 const SHT_SYMTAB: u32 = 2;
@@ -75,6 +77,9 @@ const SHT_DYNSYM: u32 = 11;
 const SHT_GNU_VERDEF: u32 = 0x6fff_fffd;
 const SHT_GNU_VERSYM: u32 = 0x6fff_ffff;
 const PT_LOAD: u32 = 1;
+const PT_NOTE: u32 = 4;
+const SHT_NOTE: u32 = 7;
+const NT_GNU_BUILD_ID: u32 = 3;
 const STT_FUNC: u8 = 2;
 const STT_GNU_IFUNC: u8 = 10;
 const EM_X86_64: u16 = 62;
@@ -141,14 +146,17 @@ impl ElfFile {
         let shnum = u64::from(u16_at(d, 60)?);
 
         let mut segments = Vec::new();
+        let mut notes = Vec::new();
         for i in 0..phnum {
             let ph = phoff + i * phentsize;
-            if u32_at(d, ph)? == PT_LOAD {
-                segments.push(Segment {
+            match u32_at(d, ph)? {
+                PT_LOAD => segments.push(Segment {
                     offset: u64_at(d, ph + 8)?,
                     vaddr: u64_at(d, ph + 16)?,
                     filesz: u64_at(d, ph + 32)?,
-                });
+                }),
+                PT_NOTE => notes.push((u64_at(d, ph + 8)?, u64_at(d, ph + 32)?)),
+                _ => {}
             }
         }
 
@@ -166,6 +174,12 @@ impl ElfFile {
             }
         }
 
+        notes.extend(
+            sections
+                .iter()
+                .filter(|s| s.kind == SHT_NOTE)
+                .map(|s| (s.offset, s.size)),
+        );
         let versions = read_verdef(d, &sections);
         let versym = sections.iter().find(|s| s.kind == SHT_GNU_VERSYM).copied();
         let mut symbols = Vec::new();
@@ -229,7 +243,45 @@ impl ElfFile {
             data,
             segments,
             symbols,
+            notes,
         })
+    }
+
+    /// The GNU build id (`NT_GNU_BUILD_ID` note), if the file has one.
+    pub fn build_id(&self) -> Option<&[u8]> {
+        let d = &self.data[..];
+        for &(start, size) in &self.notes {
+            let mut off = start;
+            while off + 12 <= start + size {
+                let namesz = u64::from(u32_at(d, off).ok()?);
+                let descsz = u64::from(u32_at(d, off + 4).ok()?);
+                let kind = u32_at(d, off + 8).ok()?;
+                let name = off + 12;
+                let desc = name + namesz.next_multiple_of(4);
+                if kind == NT_GNU_BUILD_ID
+                    && d.get(name as usize..(name + namesz) as usize) == Some(b"GNU\0")
+                {
+                    return d.get(desc as usize..(desc + descsz) as usize);
+                }
+                off = desc + descsz.next_multiple_of(4);
+            }
+        }
+        None
+    }
+
+    /// Where distributions install the separate debug file of an object
+    /// with this build id (`/usr/lib/debug/.build-id/xx/rest.debug`).
+    pub fn debug_file_path(&self) -> Option<std::path::PathBuf> {
+        let id = self.build_id()?;
+        let hex: String = id.iter().map(|b| format!("{b:02x}")).collect();
+        if hex.len() < 3 {
+            return None;
+        }
+        Some(std::path::PathBuf::from(format!(
+            "/usr/lib/debug/.build-id/{}/{}.debug",
+            &hex[..2],
+            &hex[2..]
+        )))
     }
 
     /// All defined function symbols (dynamic first, then `.symtab`).
