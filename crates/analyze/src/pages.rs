@@ -86,6 +86,16 @@ pub struct Scratch {
     levels: Vec<u8>,
     idx: Vec<u32>,
     vals: Vec<u64>,
+    dict: Vec<u64>,
+}
+
+/// The first `n` elements of `v`, grown if needed but not cleared: every
+/// user overwrites them, so recycled buffers are not zeroed again.
+fn sized<T: Copy + Default>(v: &mut Vec<T>, n: usize) -> &mut [T] {
+    if v.len() < n {
+        v.resize(n, T::default());
+    }
+    &mut v[..n]
 }
 
 /// Decodes a whole column chunk of `rows` rows into `out`, nulls as 0,
@@ -119,8 +129,33 @@ pub fn read_column<T: Copy + Default>(
     }
     let mut pages = SerializedPageReader::new(chunk.clone(), meta, rows, None).ok()?;
     out.resize(rows, T::default());
+    let mut dict = std::mem::take(&mut scratch.dict);
+    let r = read_pages(
+        &mut pages, nullable, ty, kind, code_of, conv, scratch, &mut dict, out,
+    );
+    scratch.dict = dict;
+    r?;
+    Some(())
+}
+
+/// The page loop of [`read_column`]; `dict` is scratch space for the
+/// dictionary.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+fn read_pages<T: Copy + Default>(
+    pages: &mut SerializedPageReader<Chunk>,
+    nullable: bool,
+    ty: PhysicalType,
+    kind: Values,
+    code_of: &dyn Fn(&[u8]) -> u64,
+    conv: impl Fn(u64) -> T + Copy,
+    scratch: &mut Scratch,
+    dict_buf: &mut Vec<u64>,
+    out: &mut [T],
+) -> Option<()> {
+    let rows = out.len();
     let mut at = 0usize;
-    let mut dict: Option<Vec<u64>> = None;
+    let mut dict: Option<&[u64]> = None;
     while let Some(page) = pages.get_next_page().ok()? {
         let (buf, n, encoding, levels, values) = match page {
             Page::DictionaryPage {
@@ -133,12 +168,12 @@ pub fn read_column<T: Copy + Default>(
                     return None;
                 }
                 let n = num_values as usize;
-                let mut d = vec![0u64; n];
+                let d = sized(dict_buf, n);
                 match kind {
-                    Values::Int => plain(&buf, ty, &mut d, |v| v)?,
-                    Values::Codes => plain_strings(&buf, code_of, &mut d, |v| v)?,
+                    Values::Int => plain(&buf, ty, d, |v| v)?,
+                    Values::Codes => plain_strings(&buf, code_of, d, |v| v)?,
                 }
-                dict = Some(d);
+                dict = Some(&dict_buf[..n]);
                 continue;
             }
             Page::DataPage {
@@ -184,37 +219,26 @@ pub fn read_column<T: Copy + Default>(
         at += n;
         // Which rows of the page have a value.
         let present = if nullable {
-            scratch.levels.clear();
-            hybrid(&buf[levels], 1, n, &mut scratch.levels, |v| v as u8)?;
+            let lv = sized(&mut scratch.levels, n);
+            hybrid(&buf[levels], 1, lv, |v| v as u8)?;
             // Width 1: every level is 0 or 1.
-            scratch.levels.iter().map(|&l| l as usize).sum::<usize>()
+            lv.iter().map(|&l| l as usize).sum::<usize>()
         } else {
             n
         };
         let values = &buf[values];
         if present < n {
             // Decode the present values into scratch, then spread them.
-            scratch.vals.clear();
-            scratch.vals.resize(present, 0);
             let mut vals = std::mem::take(&mut scratch.vals);
-            let d = dict.as_deref();
-            let ok = decode_values(
-                encoding,
-                kind,
-                ty,
-                values,
-                d,
-                code_of,
-                scratch,
-                &mut vals,
-                |v| v,
-            );
-            let ok = ok.map(|()| spread(&scratch.levels, &vals, dst, conv));
+            let v = sized(&mut vals, present);
+            let ok = decode_values(encoding, kind, ty, values, dict, code_of, scratch, v, |v| v);
+            let ok = ok.map(|()| spread(&scratch.levels[..n], v, dst, conv));
             scratch.vals = vals;
             ok?;
         } else {
-            let d = dict.as_deref();
-            decode_values(encoding, kind, ty, values, d, code_of, scratch, dst, conv)?;
+            decode_values(
+                encoding, kind, ty, values, dict, code_of, scratch, dst, conv,
+            )?;
         }
     }
     (at == rows).then_some(())
@@ -244,15 +268,13 @@ fn decode_values<T: Copy>(
                 None if out.is_empty() => return Some(()),
                 None => return None,
             };
-            scratch.idx.clear();
-            hybrid(rest, width as u32, out.len(), &mut scratch.idx, |v| {
-                v as u32
-            })?;
-            let max = scratch.idx.iter().fold(0, |m, &i| m.max(i));
+            let idx = sized(&mut scratch.idx, out.len());
+            hybrid(rest, width as u32, idx, |v| v as u32)?;
+            let max = idx.iter().fold(0, |m, &i| m.max(i));
             if !out.is_empty() && max as usize >= dict.len() {
                 return None;
             }
-            for (o, &i) in out.iter_mut().zip(&scratch.idx) {
+            for (o, &i) in out.iter_mut().zip(idx.iter()) {
                 *o = conv(dict[i as usize]);
             }
             Some(())
@@ -457,20 +479,17 @@ fn unpack_from<T>(
     }
 }
 
-/// Appends `n` values of the RLE/bit-packed hybrid encoding to `out`.
-fn hybrid<T: Copy + Default>(
+/// Decodes `out.len()` values of the RLE/bit-packed hybrid encoding.
+fn hybrid<T: Copy>(
     mut data: &[u8],
     width: u32,
-    n: usize,
-    out: &mut Vec<T>,
+    out: &mut [T],
     conv: impl Fn(u64) -> T,
 ) -> Option<()> {
     if width > 32 {
         return None;
     }
-    let start = out.len();
-    out.resize(start + n, T::default());
-    let mut dst = &mut out[start..];
+    let mut dst = out;
     while !dst.is_empty() {
         let header = uleb(&mut data)?;
         if header & 1 == 0 {
@@ -602,8 +621,8 @@ mod tests {
     fn hybrid_mixes_runs_and_packed_groups() {
         // RLE run of 5 x 3 (width 2), then one bit-packed group of 8.
         let data = [5 << 1, 3, (1 << 1) | 1, 0b1110_0100, 0b0001_1011];
-        let mut out = Vec::new();
-        hybrid(&data, 2, 13, &mut out, |v| v as u32).unwrap();
+        let mut out = [0u32; 13];
+        hybrid(&data, 2, &mut out, |v| v as u32).unwrap();
         assert_eq!(out, [3, 3, 3, 3, 3, 0, 1, 2, 3, 3, 2, 1, 0]);
     }
 }
