@@ -177,54 +177,89 @@ static __always_inline void put_cpu_event(void)
  * longer ones wherever the chain leaves the current copy. */
 #define WIN_FIRST_WORDS 32
 
+struct walk {
+	struct thread_state *st;
+	__u64 bp;
+	__u64 base; /* the copy in st->win covers [base, end) */
+	__u64 end;
+	__u32 max;
+	__u32 n;
+	__u32 first; /* frame index of the bpf_loop callback's k = 0 */
+	bool done;
+};
+
+/* Frame i of the walk. Returns 1 to stop. */
+static __always_inline long walk_frame(__u64 i, struct walk *w)
+{
+	struct thread_state *st = w->st;
+	__u64 bp = w->bp, next_bp, ret, idx;
+
+	if (i >= w->max || i >= MEMLEAK_MAX_FRAMES) {
+		st->ev.flags |= MEF_STACK_FULL;
+		return 1;
+	}
+	if (!bp || (bp & 7))
+		return 1;
+	if (bp < w->base || bp + 16 > w->end) {
+		__u64 words = i == 1 ? WIN_FIRST_WORDS : STACK_WINDOW_WORDS;
+
+		if (bpf_probe_read_user(st->win, words * 8, (void *)bp)) {
+			/* The window ran past the end of the stack's mapping:
+			 * copy just this frame record. */
+			words = 2;
+			if (bpf_probe_read_user(st->win, 16, (void *)bp))
+				return 1;
+		}
+		w->base = bp;
+		w->end = bp + words * 8;
+	}
+	idx = (bp - w->base) / 8;
+	if (idx > STACK_WINDOW_WORDS - 2)
+		return 1;
+	next_bp = st->win[idx];
+	ret = st->win[idx + 1];
+	if (!ret)
+		return 1;
+	st->ev.frames[i] = ret;
+	w->n = i + 1;
+	/* Frames live higher up the stack; anything else is not a frame
+	 * pointer (code built without them). */
+	if (next_bp <= bp)
+		return 1;
+	w->bp = next_bp;
+	return 0;
+}
+
+static long walk_frame_cb(__u64 k, void *data)
+{
+	struct walk *w = data;
+
+	return walk_frame(k + w->first, w);
+}
+
+/* The first frames are walked inline: a callback per frame costs ~9 ns.
+ * Deeper ones go through bpf_loop, which the verifier checks once; a
+ * bounded loop over all 127 frames took it 100 ms at every start. */
+#define INLINE_FRAMES 32
+
 static __always_inline void walk_user_stack(struct pt_regs *ctx, struct thread_state *st)
 {
-	struct memleak_event *e = &st->ev;
-	__u64 bp = PT_REGS_FP(ctx), base = 0, end = 0;
-	__u32 max = stack_bytes / 8;
-	int n = 1;
+	struct walk w = {
+		.st = st,
+		.bp = PT_REGS_FP(ctx),
+		.max = stack_bytes / 8,
+		.n = 1,
+		.first = INLINE_FRAMES,
+	};
 
-	e->frames[0] = PT_REGS_IP(ctx);
-	for (int i = 1; i < MEMLEAK_MAX_FRAMES; i++) {
-		__u64 next_bp, ret, idx;
-
-		if (i >= max) {
-			e->flags |= MEF_STACK_FULL;
-			break;
-		}
-		if (!bp || (bp & 7))
-			break;
-		if (bp < base || bp + 16 > end) {
-			__u64 words = i == 1 ? WIN_FIRST_WORDS : STACK_WINDOW_WORDS;
-
-			if (bpf_probe_read_user(st->win, words * 8, (void *)bp)) {
-				/* The window ran past the end of the stack's
-				 * mapping: copy up to the end of bp's page. */
-				words = ((bp | 4095) + 1 - bp) / 8;
-				if (words > STACK_WINDOW_WORDS)
-					words = STACK_WINDOW_WORDS;
-				if (words < 2 || bpf_probe_read_user(st->win, words * 8, (void *)bp))
-					break;
-			}
-			base = bp;
-			end = bp + words * 8;
-		}
-		idx = (bp - base) / 8;
-		if (idx > STACK_WINDOW_WORDS - 2)
-			break;
-		next_bp = st->win[idx];
-		ret = st->win[idx + 1];
-		if (!ret)
-			break;
-		e->frames[i] = ret;
-		n = i + 1;
-		/* Frames live higher up the stack; anything else is not a
-		 * frame pointer (code built without them). */
-		if (next_bp <= bp)
-			break;
-		bp = next_bp;
+	st->ev.frames[0] = PT_REGS_IP(ctx);
+	for (int i = 1; i < INLINE_FRAMES; i++) {
+		if (walk_frame(i, &w))
+			goto out;
 	}
-	e->nframes = n;
+	bpf_loop(MEMLEAK_MAX_FRAMES - INLINE_FRAMES, walk_frame_cb, &w, 0);
+out:
+	st->ev.nframes = w.n;
 }
 
 /* No wakeup per event (5-9 us each here); force one only when the ring is
@@ -246,6 +281,9 @@ static __always_inline void submit(void *ctx, struct memleak_event *e, int stack
 
 		if (n > MEMLEAK_MAX_FRAMES)
 			n = MEMLEAK_MAX_FRAMES;
+		/* Compute the length from the bounded n (the verifier needs
+		 * the bound), not speculatively before the comparison. */
+		barrier_var(n);
 		len += n * 8;
 	} else if (stack) {
 		long n = bpf_get_stack(ctx, e->frames, stack_bytes, kernel ? 0 : BPF_F_USER_STACK);
