@@ -77,6 +77,20 @@ pub struct Probes<'obj> {
     count_only: bool,
 }
 
+/// Detaching a uprobe or tracepoint link waits for an RCU grace period
+/// (30-100 ms each here); one after the other they kept a finished
+/// recording alive for half a second, so they are detached in parallel.
+impl Drop for Probes<'_> {
+    fn drop(&mut self) {
+        let links = std::mem::take(self.links.get_mut());
+        std::thread::scope(|s| {
+            for link in links {
+                s.spawn(move || drop(link));
+            }
+        });
+    }
+}
+
 const MAX_FRAMES: u32 = 127;
 
 impl<'obj> Probes<'obj> {
