@@ -817,6 +817,55 @@ COPIES(page_alloc, "mm_page_alloc", ARGS(struct page *page, unsigned int order),
 COPIES(page_free, "mm_page_free", ARGS(struct page *page, unsigned int order),
 	   MK_PAGE_FREE, (__u64)page, 0, false)
 
+/* Page frame numbers. The BTF tracepoints give a struct page pointer;
+ * the classic mm_page_alloc tracepoint gives the pfn of the same page.
+ * For a moment at startup both are attached: the first stores the pointer
+ * of each allocation on this CPU, the second (called after it for the same
+ * event) derives vmemmap_base = pointer - pfn * sizeof(struct page).
+ * User space takes a value several events agree on and converts page
+ * events to pfns. */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, __u64);
+} calib_last SEC(".maps");
+
+#define CALIB_SAMPLES 8
+__u64 calib_base[CALIB_SAMPLES] = {};
+__u32 calib_n = 0;
+__u64 page_struct_size = 0;
+
+SEC("tp_btf/mm_page_alloc")
+int BPF_PROG(calib_page, struct page *page, unsigned int order)
+{
+	__u32 zero = 0;
+	__u64 *last = bpf_map_lookup_elem(&calib_last, &zero);
+
+	if (last)
+		*last = (__u64)page;
+	return 0;
+}
+
+SEC("tracepoint/kmem/mm_page_alloc")
+int calib_pfn(struct trace_event_raw_mm_page_alloc *ctx)
+{
+	__u32 zero = 0, i;
+	__u64 *last = bpf_map_lookup_elem(&calib_last, &zero);
+	__u64 pfn = BPF_CORE_READ(ctx, pfn), size = bpf_core_type_size(struct page);
+
+	if (!last || !*last || pfn == ~0ULL)
+		return 0;
+	page_struct_size = size;
+	/* Racy across CPUs: a lost or doubled sample only delays agreement. */
+	i = calib_n;
+	calib_n = i + 1;
+	if (i < CALIB_SAMPLES)
+		calib_base[i] = *last - pfn * size;
+	*last = 0;
+	return 0;
+}
+
 SEC("tracepoint/percpu/percpu_alloc_percpu")
 int on_percpu_alloc(struct trace_event_raw_percpu_alloc_percpu *ctx)
 {

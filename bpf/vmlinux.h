@@ -84,7 +84,13 @@ struct kmem_cache {
 	unsigned int size;
 } __attribute__((preserve_access_index));
 
-struct page;
+struct page {
+	unsigned long flags;
+} __attribute__((preserve_access_index));
+
+struct trace_event_raw_mm_page_alloc {
+	unsigned long pfn;
+} __attribute__((preserve_access_index));
 
 struct trace_event_raw_percpu_alloc_percpu {
 	size_t size;

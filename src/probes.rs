@@ -70,6 +70,23 @@ fn has_kmem_tracepoint(name: &str) -> bool {
     btf.windows(needle.len()).any(|w| w == needle.as_bytes())
 }
 
+/// Kernel events the kernel did not let a program see.
+pub struct Recursion {
+    /// Skips of the first copy of a slab or page program.
+    pub first_copies: u64,
+    /// Skips of the other programs, which have no second copy.
+    pub others: u64,
+    /// Events the later copies recorded: each was a skip of a first copy.
+    pub rescued: u64,
+}
+
+impl Recursion {
+    /// Events no program recorded.
+    pub fn lost(&self) -> u64 {
+        self.first_copies.saturating_sub(self.rescued) + self.others
+    }
+}
+
 /// The loaded program and its attachments.
 pub struct Probes<'obj> {
     skel: MemleakSkel<'obj>,
@@ -159,6 +176,9 @@ impl<'obj> Probes<'obj> {
         for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
             prog.set_autoload(cfg.kernel);
         }
+        let calibrate = cfg.kernel && has_kmem_tracepoint("mm_page_alloc");
+        p.calib_page.set_autoload(calibrate);
+        p.calib_pfn.set_autoload(calibrate);
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
             .events
@@ -347,6 +367,47 @@ impl<'obj> Probes<'obj> {
         Ok(b.build()?)
     }
 
+    /// The kernel's `vmemmap_base` and `sizeof(struct page)`, to turn the
+    /// struct page pointers of page events into page frame numbers. Learned
+    /// by attaching, for a moment, a BTF and a classic `mm_page_alloc`
+    /// program (the second sees the pfn of the page the first saw) while
+    /// this process touches fresh pages; None unless several page
+    /// allocations agree within 300 ms.
+    pub fn calibrate_pages(&self) -> Option<(u64, u64)> {
+        let p = &self.skel.progs;
+        if !p.calib_page.autoload() {
+            return None;
+        }
+        let first = p.calib_page.attach().ok()?;
+        let second = p.calib_pfn.attach().ok()?;
+        let bss = self.skel.maps.bss_data.as_deref()?;
+        let deadline = std::time::Instant::now() + Duration::from_millis(300);
+        let found = loop {
+            touch_fresh_pages(16);
+            // SAFETY: the fields live in the mmapped .bss the programs write.
+            let n = unsafe { std::ptr::read_volatile(&bss.calib_n) } as usize;
+            let samples: Vec<u64> = (0..n.min(bss.calib_base.len()))
+                .map(|i| unsafe { std::ptr::read_volatile(&bss.calib_base[i]) })
+                .collect();
+            let size = unsafe { std::ptr::read_volatile(&bss.page_struct_size) };
+            let agreed = samples
+                .iter()
+                .find(|&&b| b != 0 && samples.iter().filter(|&&o| o == b).count() >= 3);
+            if let (Some(&base), true) = (agreed, size > 0) {
+                break Some((base, size));
+            }
+            if std::time::Instant::now() > deadline || n >= bss.calib_base.len() * 4 {
+                break None;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        std::thread::scope(|s| {
+            s.spawn(move || drop(first));
+            s.spawn(move || drop(second));
+        });
+        found
+    }
+
     /// Probe hits counted in `count_only` mode.
     pub fn hits(&self) -> u64 {
         sum_percpu(&self.skel.maps.hits, 0)
@@ -357,21 +418,28 @@ impl<'obj> Probes<'obj> {
     /// tracepoints the first copy's misses were recorded by a later copy
     /// unless all were busy, so the events the later copies recorded are
     /// subtracted.
-    pub fn recursion_misses(&self) -> u64 {
+    pub fn recursion_misses(&self) -> Recursion {
         let p = &self.skel.progs;
-        let missed = prog_misses(&[
-            &p.on_kmalloc,
-            &p.on_kfree,
-            &p.on_kmem_cache_alloc,
-            &p.on_kmem_cache_free,
-            &p.on_page_alloc,
-            &p.on_page_free,
-            &p.on_percpu_alloc,
-            &p.on_percpu_free,
-            &p.on_exec,
-            &p.on_exit,
-        ]);
-        missed.saturating_sub(sum_percpu(&self.skel.maps.rescued, 0))
+        // Rescued first: the kernel counts a skip before a later copy
+        // records the event, so skips read after it cover every rescue.
+        let rescued = sum_percpu(&self.skel.maps.rescued, 0);
+        Recursion {
+            first_copies: prog_misses(&[
+                &p.on_kmalloc,
+                &p.on_kfree,
+                &p.on_kmem_cache_alloc,
+                &p.on_kmem_cache_free,
+                &p.on_page_alloc,
+                &p.on_page_free,
+            ]),
+            others: prog_misses(&[
+                &p.on_percpu_alloc,
+                &p.on_percpu_free,
+                &p.on_exec,
+                &p.on_exit,
+            ]),
+            rescued,
+        }
     }
 
     /// Loss counters summed over CPUs, indexed like
@@ -459,6 +527,30 @@ pub fn check_object(path: &Path) -> Result<()> {
         bail!("{}: not an ELF file", path.display());
     }
     Ok(())
+}
+
+/// Maps `pages` fresh anonymous pages, writes to each (a page allocation
+/// apiece) and unmaps them.
+fn touch_fresh_pages(pages: usize) {
+    let len = pages * 4096;
+    // SAFETY: a private anonymous mapping used only here.
+    unsafe {
+        let p = libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ | libc::PROT_WRITE,
+            libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+            -1,
+            0,
+        );
+        if p == libc::MAP_FAILED {
+            return;
+        }
+        for i in 0..pages {
+            std::ptr::write_volatile((p as *mut u8).add(i * 4096), 1);
+        }
+        libc::munmap(p, len);
+    }
 }
 
 #[cfg(test)]

@@ -267,7 +267,18 @@ fn record(
             None => {}
         }
     }
+    let mut page_frames = None;
     if args.kernel || args.kernel_pid.is_some() {
+        page_frames = probes.calibrate_pages();
+        notes.push(match page_frames {
+            Some(_) => "kernel pages are identified by page frame number".to_string(),
+            None => {
+                let note = "kernel pages are identified by struct page address: \
+                            the pfn mapping could not be learned";
+                eprintln!("memleak: note: {note}");
+                note.to_string()
+            }
+        });
         for note in probes.attach_kernel(args.percpu)? {
             eprintln!("memleak: note: {note}");
             notes.push(note);
@@ -276,6 +287,9 @@ fn record(
 
     let track_live = !args.quiet && std::io::stderr().is_terminal();
     let mut recorder = Recorder::new(writer, track_live);
+    if let Some((base, size)) = page_frames {
+        recorder.set_page_frames(base, size);
+    }
     recorder.meta_mut().pids = pids.clone();
     if !notes.is_empty() {
         // Whoever analyzes the trace must know what was not recorded.
@@ -387,11 +401,22 @@ fn record(
     drop(rb);
     let mut rec = recorder.into_inner();
     rec.set_lost(&probes.lost());
-    let misses = probes.recursion_misses();
+    let recursion = probes.recursion_misses();
     rec.meta_mut()
         .counters
         .lost
-        .insert("recursion".into(), misses);
+        .insert("recursion".into(), recursion.lost());
+    if args.kernel || args.kernel_pid.is_some() {
+        // Every event a later copy records is one the kernel skipped for the
+        // first copy: more rescued than skipped would mean double records.
+        rec.meta_mut().extra.insert(
+            "kernel_recursion".into(),
+            serde_json::json!({
+                "first_copy_skips": recursion.first_copies,
+                "recorded_by_later_copies": recursion.rescued,
+            }),
+        );
+    }
     rec.meta_mut().exit_code = exit_code;
     // Our own CPU (consumer, Parquet, symbolization): the probes themselves
     // run in the target's context and are charged to it.

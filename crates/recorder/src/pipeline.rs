@@ -48,6 +48,9 @@ pub struct Recorder {
     /// completeness.
     frame_functions: HashMap<(u32, u64), (Option<String>, Option<String>)>,
     live: Option<HashMap<(u32, u64), u64>>,
+    /// `vmemmap_base` and `sizeof(struct page)`: page events then carry
+    /// page frame numbers instead of struct page pointers.
+    page_frames: Option<(u64, u64)>,
     stats: Stats,
 }
 
@@ -70,7 +73,16 @@ impl Recorder {
             pending_stacks: Vec::new(),
             frame_functions: HashMap::new(),
             live: track_live.then(HashMap::new),
+            page_frames: None,
             stats: Stats::default(),
+        }
+    }
+
+    /// Records page events by page frame number, given the kernel's
+    /// `vmemmap_base` and `sizeof(struct page)`.
+    pub fn set_page_frames(&mut self, base: u64, struct_size: u64) {
+        if struct_size > 0 {
+            self.page_frames = Some((base, struct_size));
         }
     }
 
@@ -136,6 +148,12 @@ impl Recorder {
                 // the child is held stopped and certainly alive.
             }
             _ => {}
+        }
+        let mut raw = raw;
+        if let (Some((base, size)), EventKind::PageAlloc | EventKind::PageFree) =
+            (self.page_frames, kind)
+        {
+            raw.addr = page_frame(raw.addr, base, size);
         }
         if let Some(live) = &mut self.live {
             track_live(live, &mut self.stats.outstanding_bytes, kind, &raw);
@@ -344,6 +362,16 @@ fn track_live(
     }
 }
 
+/// The page frame number of the struct page at `addr` in the kernel's
+/// vmemmap; addresses outside it are kept as they are.
+fn page_frame(addr: u64, base: u64, struct_size: u64) -> u64 {
+    if addr >= base && (addr - base).is_multiple_of(struct_size) {
+        (addr - base) / struct_size
+    } else {
+        addr
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::looks_complete;
@@ -375,5 +403,15 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30"
         ))));
         assert!(!looks_complete(None));
+    }
+
+    #[test]
+    fn page_frames_from_struct_page_pointers() {
+        let base = 0xffff_ea00_0000_0000;
+        assert_eq!(page_frame(base, base, 64), 0);
+        assert_eq!(page_frame(base + 64 * 0x1234, base, 64), 0x1234);
+        // Not a struct page of this vmemmap: kept as it is.
+        assert_eq!(page_frame(base - 64, base, 64), base - 64);
+        assert_eq!(page_frame(base + 65, base, 64), base + 65);
     }
 }
