@@ -681,8 +681,8 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
  * recursion_misses minus the events the later copies recorded counts such
  * losses.
  *
- * Pages are identified by their struct page address, one per page frame
- * (the BTF arguments give no pfn without the kernel's vmemmap base). */
+ * Page events carry the struct page pointer; user space turns it into a
+ * pfn once it has learned the kernel's vmemmap base (calib_* below). */
 struct token {
 	__u64 ctx;
 	__u64 addr;
