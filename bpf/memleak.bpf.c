@@ -817,6 +817,20 @@ COPIES(page_alloc, "mm_page_alloc", ARGS(struct page *page, unsigned int order),
 COPIES(page_free, "mm_page_free", ARGS(struct page *page, unsigned int order),
 	   MK_PAGE_FREE, (__u64)page, 0, false)
 
+/* Before 6.1 kmem_cache_alloc carried sizes instead of the cache, and the
+ * _node variants were tracepoints of their own (merged since). User space
+ * loads these only when the kernel's BTF has kmalloc_node. Not run on the
+ * 6.18 machines this was built on. */
+COPIES(kmem_cache_alloc_legacy, "kmem_cache_alloc",
+	   ARGS(unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc),
+	   MK_KMEM_CACHE_ALLOC, (__u64)ptr, bytes_alloc, !ptr)
+COPIES(kmalloc_node, "kmalloc_node",
+	   ARGS(unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc),
+	   MK_KMALLOC, (__u64)ptr, bytes_alloc, !ptr)
+COPIES(kmem_cache_alloc_node, "kmem_cache_alloc_node",
+	   ARGS(unsigned long call_site, const void *ptr, size_t bytes_req, size_t bytes_alloc),
+	   MK_KMEM_CACHE_ALLOC, (__u64)ptr, bytes_alloc, !ptr)
+
 /* Page frame numbers. The BTF tracepoints give a struct page pointer;
  * the classic mm_page_alloc tracepoint gives the pfn of the same page.
  * For a moment at startup both are attached: the first stores the pointer

@@ -42,32 +42,64 @@ pub struct ProbeConfig {
     pub kernel: bool,
 }
 
-/// The slab and page tracepoints, attached BTF-typed (see memleak.bpf.c).
-const SLAB_TRACEPOINTS: [&str; 6] = [
+/// The slab and page tracepoints, attached BTF-typed (see memleak.bpf.c),
+/// in the order of the program lists below.
+const SLAB_TRACEPOINTS: [&str; 9] = [
     "kmalloc",
     "kfree",
     "kmem_cache_alloc",
     "kmem_cache_free",
     "mm_page_alloc",
     "mm_page_free",
+    // Kernels before 6.1: kmem_cache_alloc's older arguments, and the
+    // _node tracepoints merged since.
+    "kmem_cache_alloc",
+    "kmalloc_node",
+    "kmem_cache_alloc_node",
 ];
+
+/// Whether the slab tracepoints have their pre-6.1 shape (there is a
+/// kmalloc_node tracepoint).
+fn legacy_slab() -> bool {
+    btf_has_name("btf_trace_kmalloc_node") == Some(true)
+}
+
+/// Whether the programs for `SLAB_TRACEPOINTS[i]` apply to this kernel,
+/// and whether its absence is worth a note (the pre-6.1 ones are absent
+/// from current kernels by design).
+fn slab_entry(i: usize) -> (bool, bool) {
+    let name = SLAB_TRACEPOINTS[i];
+    let present = has_kmem_tracepoint(name);
+    match i {
+        2 => (present && !legacy_slab(), !legacy_slab()),
+        6 => (present && legacy_slab(), false),
+        7 | 8 => (present, false),
+        _ => (present, true),
+    }
+}
+
+/// Whether the kernel's BTF names `name` (None if there is no BTF).
+fn btf_has_name(name: &str) -> Option<bool> {
+    static BTF: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
+    let btf = BTF.get_or_init(|| std::fs::read("/sys/kernel/btf/vmlinux").unwrap_or_default());
+    if btf.is_empty() {
+        return None;
+    }
+    let needle = format!("\0{name}\0");
+    Some(btf.windows(needle.len()).any(|w| w == needle.as_bytes()))
+}
 
 /// Whether this kernel has tracepoint kmem:`name`, by its BTF type
 /// (`btf_trace_<name>`): a BTF tracepoint program for a missing one would
 /// fail the whole object's load. `MEMLEAK_PRETEND_MISSING_TRACEPOINTS`
 /// (comma-separated names) lets the tests exercise a kernel without some.
 fn has_kmem_tracepoint(name: &str) -> bool {
-    static BTF: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
     let pretend = std::env::var("MEMLEAK_PRETEND_MISSING_TRACEPOINTS").unwrap_or_default();
     if pretend.split(',').any(|p| p.trim() == name) {
         return false;
     }
-    let btf = BTF.get_or_init(|| std::fs::read("/sys/kernel/btf/vmlinux").unwrap_or_default());
-    if btf.is_empty() {
-        return true; // cannot tell; let the attach decide
-    }
-    let needle = format!("\0btf_trace_{name}\0");
-    btf.windows(needle.len()).any(|w| w == needle.as_bytes())
+    // Without BTF we cannot tell; let the attach decide.
+    btf_has_name(&format!("btf_trace_{name}")).unwrap_or(true)
 }
 
 /// Kernel events the kernel did not let a program see.
@@ -167,10 +199,26 @@ impl<'obj> Probes<'obj> {
                 &mut p.on_page_free_nested,
                 &mut p.on_page_free_nested2,
             ],
+            [
+                &mut p.on_kmem_cache_alloc_legacy,
+                &mut p.on_kmem_cache_alloc_legacy_nested,
+                &mut p.on_kmem_cache_alloc_legacy_nested2,
+            ],
+            [
+                &mut p.on_kmalloc_node,
+                &mut p.on_kmalloc_node_nested,
+                &mut p.on_kmalloc_node_nested2,
+            ],
+            [
+                &mut p.on_kmem_cache_alloc_node,
+                &mut p.on_kmem_cache_alloc_node_nested,
+                &mut p.on_kmem_cache_alloc_node_nested2,
+            ],
         ];
-        for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
+        for (i, copies) in slab.into_iter().enumerate() {
+            let (wanted, _) = slab_entry(i);
             for prog in copies {
-                prog.set_autoload(cfg.kernel && has_kmem_tracepoint(name));
+                prog.set_autoload(cfg.kernel && wanted);
             }
         }
         for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
@@ -290,12 +338,31 @@ impl<'obj> Probes<'obj> {
                 &p.on_page_free_nested,
                 &p.on_page_free_nested2,
             ],
+            [
+                &p.on_kmem_cache_alloc_legacy,
+                &p.on_kmem_cache_alloc_legacy_nested,
+                &p.on_kmem_cache_alloc_legacy_nested2,
+            ],
+            [
+                &p.on_kmalloc_node,
+                &p.on_kmalloc_node_nested,
+                &p.on_kmalloc_node_nested2,
+            ],
+            [
+                &p.on_kmem_cache_alloc_node,
+                &p.on_kmem_cache_alloc_node_nested,
+                &p.on_kmem_cache_alloc_node_nested2,
+            ],
         ];
-        for (copies, name) in slab.into_iter().zip(SLAB_TRACEPOINTS) {
-            if !has_kmem_tracepoint(name) {
-                notes.push(format!(
-                    "tracepoint kmem:{name} does not exist on this kernel; not recorded"
-                ));
+        for (i, copies) in slab.into_iter().enumerate() {
+            let name = SLAB_TRACEPOINTS[i];
+            let (wanted, noted) = slab_entry(i);
+            if !wanted {
+                if noted {
+                    notes.push(format!(
+                        "tracepoint kmem:{name} does not exist on this kernel; not recorded"
+                    ));
+                }
                 continue;
             }
             // All copies or none: the later ones alone record nothing.
@@ -431,6 +498,9 @@ impl<'obj> Probes<'obj> {
                 &p.on_kmem_cache_free,
                 &p.on_page_alloc,
                 &p.on_page_free,
+                &p.on_kmem_cache_alloc_legacy,
+                &p.on_kmalloc_node,
+                &p.on_kmem_cache_alloc_node,
             ]),
             others: prog_misses(&[
                 &p.on_percpu_alloc,
