@@ -408,10 +408,10 @@ mod tests {
     #[test]
     fn page_frames_from_struct_page_pointers() {
         let base = 0xffff_ea00_0000_0000;
-        assert_eq!(page_frame(base, base, 64), 0);
-        assert_eq!(page_frame(base + 64 * 0x1234, base, 64), 0x1234);
+        assert_eq!(super::page_frame(base, base, 64), 0);
+        assert_eq!(super::page_frame(base + 64 * 0x1234, base, 64), 0x1234);
         // Not a struct page of this vmemmap: kept as it is.
-        assert_eq!(page_frame(base - 64, base, 64), base - 64);
-        assert_eq!(page_frame(base + 65, base, 64), base + 65);
+        assert_eq!(super::page_frame(base - 64, base, 64), base - 64);
+        assert_eq!(super::page_frame(base + 65, base, 64), base + 65);
     }
 }
