@@ -2,6 +2,7 @@
 //! libbpf. Everything it hands out is plain data (ring-buffer bytes, loss
 //! counters), consumed by `memleak_recorder`.
 
+use std::collections::HashSet;
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::time::Duration;
@@ -43,7 +44,7 @@ pub struct ProbeConfig {
 }
 
 /// The slab and page tracepoints, attached BTF-typed (see memleak.bpf.c),
-/// in the order of the program lists below.
+/// in the order of `slab_programs!`.
 const SLAB_TRACEPOINTS: [&str; 9] = [
     "kmalloc",
     "kfree",
@@ -57,6 +58,40 @@ const SLAB_TRACEPOINTS: [&str; 9] = [
     "kmalloc_node",
     "kmem_cache_alloc_node",
 ];
+
+/// The three copies of each slab and page program, in the order of
+/// `SLAB_TRACEPOINTS` (`slab_programs!(progs)` or `(progs, mut)`).
+macro_rules! slab_programs {
+    ($p:expr $(, $m:ident)?) => {
+        [
+            [&$($m)? $p.on_kmalloc, &$($m)? $p.on_kmalloc_nested, &$($m)? $p.on_kmalloc_nested2],
+            [&$($m)? $p.on_kfree, &$($m)? $p.on_kfree_nested, &$($m)? $p.on_kfree_nested2],
+            [
+                &$($m)? $p.on_kmem_cache_alloc,
+                &$($m)? $p.on_kmem_cache_alloc_nested,
+                &$($m)? $p.on_kmem_cache_alloc_nested2,
+            ],
+            [
+                &$($m)? $p.on_kmem_cache_free,
+                &$($m)? $p.on_kmem_cache_free_nested,
+                &$($m)? $p.on_kmem_cache_free_nested2,
+            ],
+            [&$($m)? $p.on_page_alloc, &$($m)? $p.on_page_alloc_nested, &$($m)? $p.on_page_alloc_nested2],
+            [&$($m)? $p.on_page_free, &$($m)? $p.on_page_free_nested, &$($m)? $p.on_page_free_nested2],
+            [
+                &$($m)? $p.on_kmem_cache_alloc_legacy,
+                &$($m)? $p.on_kmem_cache_alloc_legacy_nested,
+                &$($m)? $p.on_kmem_cache_alloc_legacy_nested2,
+            ],
+            [&$($m)? $p.on_kmalloc_node, &$($m)? $p.on_kmalloc_node_nested, &$($m)? $p.on_kmalloc_node_nested2],
+            [
+                &$($m)? $p.on_kmem_cache_alloc_node,
+                &$($m)? $p.on_kmem_cache_alloc_node_nested,
+                &$($m)? $p.on_kmem_cache_alloc_node_nested2,
+            ],
+        ]
+    };
+}
 
 /// Whether the slab tracepoints have their pre-6.1 shape (there is a
 /// kmalloc_node tracepoint).
@@ -78,15 +113,25 @@ fn slab_entry(i: usize) -> (bool, bool) {
     }
 }
 
-/// Whether the kernel's BTF names `name` (None if there is no BTF).
+/// Whether the kernel's BTF names `name` (None if there is no BTF). The
+/// string section is read into a set once: scanning the 5 MiB file for
+/// each name cost ~10 ms a lookup, and startup makes two dozen.
 fn btf_has_name(name: &str) -> Option<bool> {
-    static BTF: std::sync::OnceLock<Vec<u8>> = std::sync::OnceLock::new();
-    let btf = BTF.get_or_init(|| std::fs::read("/sys/kernel/btf/vmlinux").unwrap_or_default());
-    if btf.is_empty() {
+    static NAMES: std::sync::OnceLock<Option<HashSet<Vec<u8>>>> = std::sync::OnceLock::new();
+    let names = NAMES.get_or_init(|| btf_strings(&std::fs::read("/sys/kernel/btf/vmlinux").ok()?));
+    names.as_ref().map(|n| n.contains(name.as_bytes()))
+}
+
+/// The strings of a BTF blob (header: magic 0xeb9f, version, flags,
+/// hdr_len, type_off, type_len, str_off, str_len).
+fn btf_strings(btf: &[u8]) -> Option<HashSet<Vec<u8>>> {
+    let u32_at = |off: usize| Some(u32::from_le_bytes(btf.get(off..off + 4)?.try_into().ok()?));
+    if btf.get(..2)? != [0x9f, 0xeb] {
         return None;
     }
-    let needle = format!("\0{name}\0");
-    Some(btf.windows(needle.len()).any(|w| w == needle.as_bytes()))
+    let start = u32_at(4)? as usize + u32_at(16)? as usize;
+    let strings = btf.get(start..start + u32_at(20)? as usize)?;
+    Some(strings.split(|&b| b == 0).map(<[u8]>::to_vec).collect())
 }
 
 /// Whether this kernel has tracepoint kmem:`name`, by its BTF type
@@ -168,53 +213,7 @@ impl<'obj> Probes<'obj> {
         ro.kernel_stacks = cfg.kernel_stacks;
         // Kernel programs are verified only when used: loading costs time.
         let p = &mut open.progs;
-        let slab = [
-            [
-                &mut p.on_kmalloc,
-                &mut p.on_kmalloc_nested,
-                &mut p.on_kmalloc_nested2,
-            ],
-            [
-                &mut p.on_kfree,
-                &mut p.on_kfree_nested,
-                &mut p.on_kfree_nested2,
-            ],
-            [
-                &mut p.on_kmem_cache_alloc,
-                &mut p.on_kmem_cache_alloc_nested,
-                &mut p.on_kmem_cache_alloc_nested2,
-            ],
-            [
-                &mut p.on_kmem_cache_free,
-                &mut p.on_kmem_cache_free_nested,
-                &mut p.on_kmem_cache_free_nested2,
-            ],
-            [
-                &mut p.on_page_alloc,
-                &mut p.on_page_alloc_nested,
-                &mut p.on_page_alloc_nested2,
-            ],
-            [
-                &mut p.on_page_free,
-                &mut p.on_page_free_nested,
-                &mut p.on_page_free_nested2,
-            ],
-            [
-                &mut p.on_kmem_cache_alloc_legacy,
-                &mut p.on_kmem_cache_alloc_legacy_nested,
-                &mut p.on_kmem_cache_alloc_legacy_nested2,
-            ],
-            [
-                &mut p.on_kmalloc_node,
-                &mut p.on_kmalloc_node_nested,
-                &mut p.on_kmalloc_node_nested2,
-            ],
-            [
-                &mut p.on_kmem_cache_alloc_node,
-                &mut p.on_kmem_cache_alloc_node_nested,
-                &mut p.on_kmem_cache_alloc_node_nested2,
-            ],
-        ];
+        let slab = slab_programs!(p, mut);
         for (i, copies) in slab.into_iter().enumerate() {
             let (wanted, _) = slab_entry(i);
             for prog in copies {
@@ -315,45 +314,7 @@ impl<'obj> Probes<'obj> {
         let p = &self.skel.progs;
         let mut notes = Vec::new();
         let mut attached = 0;
-        let slab = [
-            [&p.on_kmalloc, &p.on_kmalloc_nested, &p.on_kmalloc_nested2],
-            [&p.on_kfree, &p.on_kfree_nested, &p.on_kfree_nested2],
-            [
-                &p.on_kmem_cache_alloc,
-                &p.on_kmem_cache_alloc_nested,
-                &p.on_kmem_cache_alloc_nested2,
-            ],
-            [
-                &p.on_kmem_cache_free,
-                &p.on_kmem_cache_free_nested,
-                &p.on_kmem_cache_free_nested2,
-            ],
-            [
-                &p.on_page_alloc,
-                &p.on_page_alloc_nested,
-                &p.on_page_alloc_nested2,
-            ],
-            [
-                &p.on_page_free,
-                &p.on_page_free_nested,
-                &p.on_page_free_nested2,
-            ],
-            [
-                &p.on_kmem_cache_alloc_legacy,
-                &p.on_kmem_cache_alloc_legacy_nested,
-                &p.on_kmem_cache_alloc_legacy_nested2,
-            ],
-            [
-                &p.on_kmalloc_node,
-                &p.on_kmalloc_node_nested,
-                &p.on_kmalloc_node_nested2,
-            ],
-            [
-                &p.on_kmem_cache_alloc_node,
-                &p.on_kmem_cache_alloc_node_nested,
-                &p.on_kmem_cache_alloc_node_nested2,
-            ],
-        ];
+        let slab = slab_programs!(p);
         for (i, copies) in slab.into_iter().enumerate() {
             let name = SLAB_TRACEPOINTS[i];
             let (wanted, noted) = slab_entry(i);
@@ -491,17 +452,7 @@ impl<'obj> Probes<'obj> {
         // records the event, so skips read after it cover every rescue.
         let rescued = sum_percpu(&self.skel.maps.rescued, 0);
         Recursion {
-            first_copies: prog_misses(&[
-                &p.on_kmalloc,
-                &p.on_kfree,
-                &p.on_kmem_cache_alloc,
-                &p.on_kmem_cache_free,
-                &p.on_page_alloc,
-                &p.on_page_free,
-                &p.on_kmem_cache_alloc_legacy,
-                &p.on_kmalloc_node,
-                &p.on_kmem_cache_alloc_node,
-            ]),
+            first_copies: prog_misses(&slab_programs!(p).map(|[first, ..]| first)),
             others: prog_misses(&[
                 &p.on_percpu_alloc,
                 &p.on_percpu_free,
