@@ -215,9 +215,10 @@ impl<'obj> Probes<'obj> {
         let p = &mut open.progs;
         let slab = slab_programs!(p, mut);
         for (i, copies) in slab.into_iter().enumerate() {
-            let (wanted, _) = slab_entry(i);
+            // Only --kernel reads the BTF.
+            let wanted = cfg.kernel && slab_entry(i).0;
             for prog in copies {
-                prog.set_autoload(cfg.kernel && wanted);
+                prog.set_autoload(wanted);
             }
         }
         for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
