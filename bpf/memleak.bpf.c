@@ -1,14 +1,18 @@
 // SPDX-License-Identifier: GPL-2.0
 /* memleak's probes.
  *
- * One session program (entry + return in one, kernel >= 6.10) serves every
- * allocating function; the attach cookie says which function fired. Frees
- * only need their argument, so they get a plain entry probe, which can sit
- * past a single-stepped first instruction (see docs/placement.md).
+ * Two session programs (entry + return in one) serve the allocating
+ * functions: one for malloc, one for the rest, where the attach cookie says
+ * which function fired. free and munmap only need their arguments, so they
+ * get plain entry probes, which can sit past a single-stepped first
+ * instruction (see docs/placement.md).
  *
  * Only the outermost allocator call of a thread is recorded (calloc ->
- * malloc, operator new -> malloc, realloc -> free, malloc -> mmap): per-thread
- * state lives in task storage, keyed by thread, never by process.
+ * malloc, operator new -> malloc, realloc -> free, malloc -> mmap). A call
+ * is nested when memleak's tagged session cookie is pending on the
+ * thread's list of uprobe returns (enclosing_call()); the few calls that
+ * need more than their size at return keep it in task storage, keyed by
+ * thread, never by process.
  *
  * Events go to a ring buffer without a wakeup; user space drains it on a
  * timer. A wakeup is forced only when the ring holds more than
@@ -42,10 +46,18 @@ struct {
 /* Words of user stack copied in one read when walking frame pointers. */
 #define STACK_WINDOW_WORDS 64
 
-/* Per-thread state: the in-flight outermost call, and the buffer its
- * event is built in. Uprobe programs are preemptible, so a per-CPU scratch
- * buffer could be overwritten by another thread's probe mid-event; a
- * per-thread buffer cannot. */
+/* An event being built, with room for the copy of the top of the user
+ * stack that the frame walk reads. */
+struct ev_buf {
+	struct memleak_event ev;
+	__u64 win[STACK_WINDOW_WORDS];
+};
+
+/* Per-thread state of the outermost calls that need more than their size
+ * at return (realloc, posix_memalign, mremap, the libc wrappers), and the
+ * buffer their event is built in. Uprobe programs are preemptible, so a
+ * buffer that another thread's probe could take mid-event must be
+ * claimed (see cpu_bufs); a per-thread one need not be. */
 struct thread_state {
 	__u64 a0;
 	__u64 a1;
@@ -59,10 +71,8 @@ struct thread_state {
 	__u64 entry_ptr; /* MW_GETLINE: *arg0 at entry */
 	__u32 n_inner;
 	__u8 active;
-	__u8 depth;
 	__u8 kind;
-	struct memleak_event ev;
-	__u64 win[STACK_WINDOW_WORDS]; /* copy of the top of the user stack */
+	struct ev_buf buf;
 };
 
 struct {
@@ -71,6 +81,30 @@ struct {
 	__type(key, int);
 	__type(value, struct thread_state);
 } threads SEC(".maps");
+
+/* The common allocations (malloc, calloc, new, ...: everything whose event
+ * needs only the size kept by the session cookie) build their event in a
+ * per-CPU buffer. Uprobe programs run with migration disabled but can be
+ * preempted, and the preempting thread may enter the same program on the
+ * same CPU, in any order, so a buffer is claimed with a compare-and-swap
+ * and released after the copy to the ring. */
+#define CPU_BUFS 4
+struct cpu_buf {
+	__u64 busy;
+	struct ev_buf b;
+};
+
+struct cpu_bufs {
+	struct cpu_buf slot[CPU_BUFS];
+	__u64 submitted; /* events this CPU submitted (racy: only paces queries) */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, 1);
+	__type(key, __u32);
+	__type(value, struct cpu_bufs);
+} cpu_bufs SEC(".maps");
 
 /* Kernel-context programs build events here. BTF tracepoint programs can
  * nest on a CPU (an interrupt's kfree inside a kmalloc handler), so each
@@ -114,6 +148,20 @@ struct {
 } traced SEC(".maps");
 
 extern bool bpf_session_is_return(void) __ksym __weak;
+extern __u64 *bpf_session_cookie(void) __ksym __weak;
+
+/* The session cookie of an outermost allocator call: a tag that marks it
+ * as memleak's among the thread's pending returns, flags, and the size the
+ * return half records. Nested calls find it there, so the common path
+ * needs no per-thread map at all. */
+#define CK_TAG (0xa7ULL << 56)
+#define CK_TAG_MASK (0xffULL << 56)
+#define CK_STATE (1ULL << 55)   /* the call's arguments are in task storage */
+#define CK_WRAPPER (1ULL << 54) /* a libc wrapper: nested sizes are wanted */
+#define CK_INNER (1ULL << 53)   /* an allocation nested in a wrapper */
+#define CK_DONE (1ULL << 52)    /* nothing to record at return */
+#define CK_KIND_SHIFT 48        /* the kind of a size-only call (< 16) */
+#define CK_SIZE_MASK ((1ULL << 48) - 1)
 
 static __always_inline void count_lost(__u32 reason)
 {
@@ -178,9 +226,9 @@ static __always_inline void put_cpu_event(void)
 #define WIN_FIRST_WORDS 32
 
 struct walk {
-	struct thread_state *st;
+	struct ev_buf *b;
 	__u64 bp;
-	__u64 base; /* the copy in st->win covers [base, end) */
+	__u64 base; /* the copy in b->win covers [base, end) */
 	__u64 end;
 	__u32 max;
 	__u32 n;
@@ -191,11 +239,11 @@ struct walk {
 /* Frame i of the walk. Returns 1 to stop. */
 static __always_inline long walk_frame(__u64 i, struct walk *w)
 {
-	struct thread_state *st = w->st;
+	struct ev_buf *b = w->b;
 	__u64 bp = w->bp, next_bp, ret, idx;
 
 	if (i >= w->max || i >= MEMLEAK_MAX_FRAMES) {
-		st->ev.flags |= MEF_STACK_FULL;
+		b->ev.flags |= MEF_STACK_FULL;
 		return 1;
 	}
 	if (!bp || (bp & 7))
@@ -203,11 +251,11 @@ static __always_inline long walk_frame(__u64 i, struct walk *w)
 	if (bp < w->base || bp + 16 > w->end) {
 		__u64 words = i == 1 ? WIN_FIRST_WORDS : STACK_WINDOW_WORDS;
 
-		if (bpf_probe_read_user(st->win, words * 8, (void *)bp)) {
+		if (bpf_probe_read_user(b->win, words * 8, (void *)bp)) {
 			/* The window ran past the end of the stack's mapping:
 			 * copy just this frame record. */
 			words = 2;
-			if (bpf_probe_read_user(st->win, 16, (void *)bp))
+			if (bpf_probe_read_user(b->win, 16, (void *)bp))
 				return 1;
 		}
 		w->base = bp;
@@ -216,11 +264,11 @@ static __always_inline long walk_frame(__u64 i, struct walk *w)
 	idx = (bp - w->base) / 8;
 	if (idx > STACK_WINDOW_WORDS - 2)
 		return 1;
-	next_bp = st->win[idx];
-	ret = st->win[idx + 1];
+	next_bp = b->win[idx];
+	ret = b->win[idx + 1];
 	if (!ret)
 		return 1;
-	st->ev.frames[i] = ret;
+	b->ev.frames[i] = ret;
 	w->n = i + 1;
 	/* Frames live higher up the stack; anything else is not a frame
 	 * pointer (code built without them). */
@@ -242,30 +290,40 @@ static long walk_frame_cb(__u64 k, void *data)
  * bounded loop over all 127 frames took it 100 ms at every start. */
 #define INLINE_FRAMES 32
 
-static __always_inline void walk_user_stack(struct pt_regs *ctx, struct thread_state *st)
+static __always_inline void walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
 {
 	struct walk w = {
-		.st = st,
+		.b = b,
 		.bp = PT_REGS_FP(ctx),
 		.max = stack_bytes / 8,
 		.n = 1,
 		.first = INLINE_FRAMES,
 	};
 
-	st->ev.frames[0] = PT_REGS_IP(ctx);
+	b->ev.frames[0] = PT_REGS_IP(ctx);
 	for (int i = 1; i < INLINE_FRAMES; i++) {
 		if (walk_frame(i, &w))
 			goto out;
 	}
 	bpf_loop(MEMLEAK_MAX_FRAMES - INLINE_FRAMES, walk_frame_cb, &w, 0);
 out:
-	st->ev.nframes = w.n;
+	b->ev.nframes = w.n;
 }
 
 /* No wakeup per event (5-9 us each here); force one only when the ring is
- * filling up, so a burst cannot overrun a consumer asleep between polls. */
+ * filling up, so a burst cannot overrun a consumer asleep between polls.
+ * The fill level is asked every 16th event of a CPU (a helper call per
+ * event cost ~10 ns); 16 events are at most 17 KiB, far below
+ * wakeup_bytes. */
+#define WAKEUP_QUERY_EVERY 16
+
 static __always_inline __u64 wakeup_flags(void)
 {
+	__u32 zero = 0;
+	struct cpu_bufs *bufs = bpf_map_lookup_elem(&cpu_bufs, &zero);
+
+	if (bufs && (bufs->submitted++ % WAKEUP_QUERY_EVERY))
+		return BPF_RB_NO_WAKEUP;
 	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 									    : BPF_RB_NO_WAKEUP;
 }
@@ -308,40 +366,98 @@ static __always_inline void submit(void *ctx, struct memleak_event *e, int stack
 		count_lost(ML_RING_FULL);
 }
 
-static __always_inline bool is_free_kind(__u8 kind)
+/* memleak's tagged cookie among the consumers of a pending return, or 0. */
+static __always_inline __u64 tagged_cookie(struct return_instance *ri)
 {
-	return kind == MK_FREE || kind == MK_DELETE || kind == MK_DELETE_ARRAY || kind == MK_MUNMAP;
+	__u64 c, base;
+	int n = ri->cons_cnt;
+
+	if (bpf_core_field_exists(ri->consumer)) {
+		c = ri->consumer.cookie;
+		if ((c & CK_TAG_MASK) == CK_TAG)
+			return c;
+		base = (__u64)ri->extra_consumers;
+		n--;
+	} else {
+		base = (__u64)ri + bpf_core_field_offset(struct return_instance___v613, consumers);
+	}
+	for (int i = 0; i < 4; i++) {
+		if (i >= n)
+			break;
+		if (bpf_probe_read_kernel(&c, sizeof(c), (void *)(base + i * sizeof(struct return_consumer))))
+			break;
+		if ((c & CK_TAG_MASK) == CK_TAG)
+			return c;
+	}
+	return 0;
 }
 
-/* Entry half: remember the arguments of the outermost call. Returns 1 to
- * skip the return half (nested call, or nothing to do). */
-static __always_inline int alloc_entry(struct pt_regs *ctx)
+/* How many pending returns enclosing_call() looks through. */
+#define PENDING_LOOKUP 4
+
+/* The cookie of memleak's innermost call that encloses this probe on this
+ * thread, or 0. uprobes keep a thread's pending returns on a list, most
+ * recent first. One whose stack pointer is below ours belongs to a frame
+ * already gone (a longjmp out of the call) and encloses nothing. One with
+ * no tagged consumer is another uprobe user's (or another memleak's, whose
+ * pid filter skipped this process, and whose consumer still asked for the
+ * return): sized operator delete jumps to operator delete, which jumps to
+ * free, and a foreign return pending for the middle one must not hide
+ * ours below it. The common case is an empty list: a few loads, no map
+ * lookup. */
+static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
+	struct return_instance *ri = task->utask->return_instances;
+	__u64 sp = PT_REGS_SP(ctx), c;
+
+	for (int i = 0; i < PENDING_LOOKUP; i++) {
+		if (!ri)
+			break;
+		if (ri->stack >= sp) {
+			c = tagged_cookie(ri);
+			if (c)
+				return c;
+		}
+		ri = ri->next;
+	}
+	return 0;
+}
+
+/* Records a free now. It is header-only: built on the stack and copied
+ * by one helper call (reserve and submit are two), with the ids read from
+ * the task the caller already has rather than by another call. */
+static __always_inline void record_free(struct task_struct *task, __u8 kind, __u64 addr,
+					__u64 size)
+{
+	__u64 hdr[MEMLEAK_HDR_SIZE / 8];
+	struct memleak_event *e = (void *)hdr;
+
+	e->ts_ns = bpf_ktime_get_ns();
+	e->addr = addr;
+	e->size = size;
+	e->old_addr = 0;
+	e->old_size = 0;
+	e->pid = task->tgid;
+	e->tid = task->pid;
+	e->kind = kind;
+	e->flags = 0;
+	e->nframes = 0;
+	e->stack_err = 0;
+	if (bpf_ringbuf_output(&events, e, MEMLEAK_HDR_SIZE, wakeup_flags()))
+		count_lost(ML_RING_FULL);
+}
+
+/* Entry of an outermost call whose return needs more than its size: keep
+ * the arguments in task storage. */
+static __always_inline int state_entry(struct pt_regs *ctx, struct task_struct *task, __u8 kind,
+				       __u64 *cookie)
+{
 	struct thread_state *st;
-	__u8 kind = bpf_get_attach_cookie(ctx) & 0xff;
 
 	st = bpf_task_storage_get(&threads, task, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (!st) {
 		count_lost(ML_INFLIGHT_FULL);
 		return 1;
-	}
-	if (st->active) {
-		/* Nested: not recorded. Inside a wrapper, watch malloc, calloc
-		 * and realloc return, to learn the size of the block the
-		 * wrapper hands out. */
-		if (st->kind < MW_STRDUP || st->depth)
-			return 1;
-		if (kind == MK_MALLOC)
-			st->nested_size = PT_REGS_PARM1(ctx);
-		else if (kind == MK_CALLOC)
-			st->nested_size = PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx);
-		else if (kind == MK_REALLOC)
-			st->nested_size = PT_REGS_PARM2(ctx);
-		else
-			return 1;
-		st->depth = 1;
-		return 0;
 	}
 	st->active = 1;
 	st->kind = kind;
@@ -349,18 +465,83 @@ static __always_inline int alloc_entry(struct pt_regs *ctx)
 	st->a1 = PT_REGS_PARM2(ctx);
 	st->a2 = PT_REGS_PARM3(ctx);
 	st->n_inner = 0;
-	st->depth = 0;
 	st->entry_ptr = 0;
 	if (kind == MW_GETLINE && st->a0)
 		bpf_probe_read_user(&st->entry_ptr, sizeof(st->entry_ptr), (void *)st->a0);
-	if (is_free_kind(kind) && st->a0) {
-		/* operator delete: record now; the return half only ends the
-		 * nesting so the free() inside it is not recorded twice. */
-		struct memleak_event *e = init_event(&st->ev, kind);
+	*cookie = CK_TAG | CK_STATE | (kind >= MW_STRDUP ? CK_WRAPPER : 0);
+	return 0;
+}
 
-		e->addr = st->a0;
-		submit(ctx, e, 0, false);
+/* Entry of a call nested in `outer`: not recorded. Directly inside a
+ * wrapper, watch malloc, calloc and realloc return, to learn the size of
+ * the block the wrapper hands out. */
+static __always_inline int nested_entry(struct pt_regs *ctx, struct task_struct *task, __u8 kind,
+					__u64 outer, __u64 *cookie)
+{
+	struct thread_state *st;
+
+	if (!(outer & CK_WRAPPER))
+		return 1;
+	st = bpf_task_storage_get(&threads, task, 0, 0);
+	if (!st || !st->active)
+		return 1;
+	if (kind == MK_MALLOC)
+		st->nested_size = PT_REGS_PARM1(ctx);
+	else if (kind == MK_CALLOC)
+		st->nested_size = PT_REGS_PARM1(ctx) * PT_REGS_PARM2(ctx);
+	else if (kind == MK_REALLOC)
+		st->nested_size = PT_REGS_PARM2(ctx);
+	else
+		return 1;
+	*cookie = CK_TAG | CK_INNER;
+	return 0;
+}
+
+/* Entry half; `known` is the kind, or -1 to take it from the attach
+ * cookie. Returns 1 to skip the return half. */
+static __always_inline int alloc_entry(struct pt_regs *ctx, __u64 *cookie, int known)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u8 kind = known >= 0 ? known : bpf_get_attach_cookie(ctx) & 0xff;
+	__u64 outer = enclosing_call(ctx, task);
+	__u64 a0 = PT_REGS_PARM1(ctx), n, size;
+
+	if (outer)
+		return nested_entry(ctx, task, kind, outer, cookie);
+	switch (kind) {
+	case MK_MALLOC:
+	case MK_NEW:
+	case MK_NEW_ARRAY:
+	case MK_VALLOC:
+	case MK_PVALLOC:
+		size = a0;
+		break;
+	case MK_CALLOC:
+		n = PT_REGS_PARM2(ctx);
+		/* An overflowing calloc fails; its size only has to be big. */
+		size = n && a0 > CK_SIZE_MASK / n ? CK_SIZE_MASK : a0 * n;
+		break;
+	case MK_MEMALIGN:
+	case MK_ALIGNED_ALLOC:
+	case MK_MMAP:
+		size = PT_REGS_PARM2(ctx);
+		break;
+	case MK_DELETE:
+	case MK_DELETE_ARRAY:
+		/* Recorded now; the return half only has to exist, so that the
+		 * free() inside finds this call and is not recorded twice. */
+		if (!a0)
+			return 1;
+		record_free(task, kind, a0, 0);
+		*cookie = CK_TAG | CK_DONE;
+		return 0;
+	case MW_SILENT:
+		*cookie = CK_TAG | CK_DONE;
+		return 0;
+	default:
+		return state_entry(ctx, task, kind, cookie);
 	}
+	*cookie = CK_TAG | (__u64)kind << CK_KIND_SHIFT | (size > CK_SIZE_MASK ? CK_SIZE_MASK : size);
 	return 0;
 }
 
@@ -376,7 +557,50 @@ static __always_inline __u64 inner_size_of(struct thread_state *st, __u64 addr)
 	return size;
 }
 
-static __always_inline int alloc_return(struct pt_regs *ctx)
+/* Return of an allocation whose size is in the cookie. */
+static __always_inline int fast_return(struct pt_regs *ctx, __u64 cookie)
+{
+	__u8 kind = (cookie >> CK_KIND_SHIFT) & 0xf;
+	__u64 size = cookie & CK_SIZE_MASK;
+	__u64 addr = PT_REGS_RC(ctx);
+	struct cpu_bufs *bufs;
+	struct cpu_buf *buf = 0;
+	struct memleak_event *e;
+	__u32 zero = 0;
+
+	if (kind == MK_MMAP && (long)addr == -1)
+		addr = 0;
+	if (!addr) {
+		count_lost(ML_FAILED_ALLOC);
+		return 0;
+	}
+	if (size < min_size || size > max_size)
+		return 0;
+	bufs = bpf_map_lookup_elem(&cpu_bufs, &zero);
+	if (!bufs)
+		return 0;
+	for (int i = 0; i < CPU_BUFS; i++) {
+		if (__sync_val_compare_and_swap(&bufs->slot[i].busy, 0, 1) == 0) {
+			buf = &bufs->slot[i];
+			break;
+		}
+	}
+	if (!buf) {
+		count_lost(ML_INFLIGHT_FULL);
+		return 0;
+	}
+	e = init_event(&buf->b.ev, kind);
+	e->addr = addr;
+	e->size = size;
+	walk_user_stack(ctx, &buf->b);
+	submit(ctx, e, 2, false);
+	buf->busy = 0;
+	return 0;
+}
+
+/* Return of a call whose arguments are in task storage (CK_STATE), or of
+ * an allocation nested in a wrapper (CK_INNER). */
+static __always_inline int state_return(struct pt_regs *ctx, __u64 cookie)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	struct thread_state *st = bpf_task_storage_get(&threads, task, 0, 0);
@@ -387,24 +611,16 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 	if (!st || !st->active)
 		return 0;
 	ret = PT_REGS_RC(ctx);
-	if (st->depth) {
-		/* Return of an allocation nested in a wrapper. */
+	if (cookie & CK_INNER) {
 		__u32 slot = st->n_inner++ & 3;
 
-		st->depth = 0;
 		st->inner_addr[slot] = ret;
 		st->inner_sz[slot] = st->nested_size;
 		return 0;
 	}
 	st->active = 0;
 	kind = st->kind;
-	if (is_free_kind(kind) || kind == MW_SILENT)
-		return 0;
 	switch (kind) {
-	case MK_CALLOC:
-		size = st->a0 * st->a1;
-		addr = ret;
-		break;
 	case MK_REALLOC:
 		old = st->a0;
 		size = st->a1;
@@ -419,15 +635,6 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 		size = st->a2;
 		if ((int)ret == 0)
 			bpf_probe_read_user(&addr, sizeof(addr), (void *)st->a0);
-		break;
-	case MK_MEMALIGN:
-	case MK_ALIGNED_ALLOC:
-		size = st->a1;
-		addr = ret;
-		break;
-	case MK_MMAP:
-		size = st->a1;
-		addr = (long)ret == -1 ? 0 : ret;
 		break;
 	case MK_MREMAP:
 		old = st->a0;
@@ -455,10 +662,8 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 			return 0; /* the caller's buffer was reused as is */
 		kind = old ? MK_REALLOC : MK_MALLOC;
 		break;
-	default: /* malloc, valloc, pvalloc, new, new[] */
-		size = st->a0;
-		addr = ret;
-		break;
+	default:
+		return 0;
 	}
 	if (!addr) {
 		/* realloc(p, 0) frees p and returns NULL: that is a free. Any
@@ -470,52 +675,73 @@ static __always_inline int alloc_return(struct pt_regs *ctx)
 	}
 	if (!old && (size < min_size || size > max_size))
 		return 0;
-	e = init_event(&st->ev, kind);
+	e = init_event(&st->buf.ev, kind);
 	e->addr = addr;
 	e->size = size;
 	e->old_addr = old;
 	e->old_size = old_size;
 	if (addr)
-		walk_user_stack(ctx, st);
+		walk_user_stack(ctx, &st->buf);
 	submit(ctx, e, addr ? 2 : 0, false);
 	return 0;
 }
 
+/* The kernel zeroes the session cookie before the entry half, and the
+ * entry half tags it whenever it asks for the return half: a tagged
+ * cookie means the return. One read instead of a bpf_session_is_return()
+ * call in each half. */
+static __always_inline int session(struct pt_regs *ctx, int known)
+{
+	__u64 *cookie = bpf_session_cookie();
+	__u64 c = *cookie;
+
+	if ((c & CK_TAG_MASK) != CK_TAG)
+		return alloc_entry(ctx, cookie, known);
+	if (c & CK_DONE)
+		return 0;
+	if (c & (CK_STATE | CK_INNER))
+		return state_return(ctx, c);
+	return fast_return(ctx, c);
+}
+
+/* Every allocator; the attach cookie says which one fired. */
 SEC("uprobe.session")
 int alloc_session(struct pt_regs *ctx)
 {
-	if (bpf_session_is_return())
-		return alloc_return(ctx);
-	return alloc_entry(ctx);
+	return session(ctx, -1);
 }
 
-/* free() and munmap(): entry only, skipped inside an outermost call. */
+/* malloc, the most frequent, has its own copy that needs no attach
+ * cookie. */
+SEC("uprobe.session")
+int malloc_session(struct pt_regs *ctx)
+{
+	return session(ctx, MK_MALLOC);
+}
+
+/* free() and munmap(): entry only, skipped inside an outermost call. One
+ * program each, so neither needs the attach cookie. */
 SEC("uprobe.multi")
 int free_entry(struct pt_regs *ctx)
 {
-	struct task_struct *task;
-	struct thread_state *st;
-	struct memleak_event *e;
+	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 addr = PT_REGS_PARM1(ctx);
 
-	if (!addr)
+	if (!addr || enclosing_call(ctx, task))
 		return 0;
-	task = bpf_get_current_task_btf();
-	/* No state yet means no outermost call in flight on this thread. */
-	st = bpf_task_storage_get(&threads, task, 0, 0);
-	if (st && st->active)
+	record_free(task, MK_FREE, addr, 0);
+	return 0;
+}
+
+SEC("uprobe.multi")
+int munmap_entry(struct pt_regs *ctx)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 addr = PT_REGS_PARM1(ctx);
+
+	if (!addr || enclosing_call(ctx, task))
 		return 0;
-	/* A free is header-only: build it in the ring itself. */
-	e = bpf_ringbuf_reserve(&events, MEMLEAK_HDR_SIZE, 0);
-	if (!e) {
-		count_lost(ML_RING_FULL);
-		return 0;
-	}
-	init_event(e, bpf_get_attach_cookie(ctx) & 0xff);
-	e->addr = addr;
-	if (e->kind == MK_MUNMAP)
-		e->size = PT_REGS_PARM2(ctx);
-	bpf_ringbuf_submit(e, wakeup_flags());
+	record_free(task, MK_MUNMAP, addr, PT_REGS_PARM2(ctx));
 	return 0;
 }
 

@@ -74,10 +74,35 @@ struct pt_regs {
 	long unsigned int ss;
 } __attribute__((preserve_access_index));
 
+/* uprobes' per-thread list of pending returns: an allocator call is nested
+ * when one of memleak's own calls is still waiting to return. */
+struct return_consumer {
+	__u64 cookie;
+	__u64 id;
+} __attribute__((preserve_access_index));
+
+struct return_instance {
+	unsigned long stack; /* user stack pointer at the probed call's entry */
+	int cons_cnt;
+	struct return_instance *next; /* the call below it */
+	struct return_consumer consumer;         /* >= 6.14 */
+	struct return_consumer *extra_consumers; /* >= 6.14 */
+} __attribute__((preserve_access_index));
+
+/* Kernels 6.13: the consumers are a flexible array. */
+struct return_instance___v613 {
+	struct return_consumer consumers[0];
+} __attribute__((preserve_access_index));
+
+struct uprobe_task {
+	struct return_instance *return_instances; /* most recent first */
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	void *stack;
 	pid_t pid;
 	pid_t tgid;
+	struct uprobe_task *utask;
 } __attribute__((preserve_access_index));
 
 struct kmem_cache {

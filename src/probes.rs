@@ -14,6 +14,7 @@ use libbpf_rs::{
     UprobeMultiOpts,
 };
 use memleak_recorder::targets::{LibraryProbes, ProbeMode};
+use memleak_trace::EventKind;
 
 mod skel {
     #![allow(
@@ -246,8 +247,28 @@ impl<'obj> Probes<'obj> {
     /// Attaches the allocator probes of one library for `pid` (-1: every
     /// process). Session probes and entry-only probes are one link each.
     pub fn attach_library(&self, pid: i32, lib: &LibraryProbes) -> Result<()> {
-        for mode in [ProbeMode::Session, ProbeMode::EntryOnly] {
-            let points: Vec<_> = lib.points.iter().filter(|p| p.func.mode == mode).collect();
+        // One link per program: malloc has its own session program, one
+        // more serves the other allocators (the attach cookie says which),
+        // and free and munmap have an entry program each.
+        let malloc = EventKind::Malloc as u8;
+        let groups = [
+            (ProbeMode::Session, Some(malloc)),
+            (ProbeMode::Session, None),
+            (ProbeMode::EntryOnly, Some(EventKind::Free as u8)),
+            (ProbeMode::EntryOnly, Some(EventKind::Munmap as u8)),
+        ];
+        for (mode, cookie) in groups {
+            let points: Vec<_> = lib
+                .points
+                .iter()
+                .filter(|p| {
+                    p.func.mode == mode
+                        && match cookie {
+                            Some(c) => p.func.cookie == c,
+                            None => p.func.cookie != malloc,
+                        }
+                })
+                .collect();
             if points.is_empty() {
                 continue;
             }
@@ -259,7 +280,11 @@ impl<'obj> Probes<'obj> {
             };
             let progs = &self.skel.progs;
             let prog = match (mode, self.count_only) {
+                (ProbeMode::Session, false) if cookie == Some(malloc) => &progs.malloc_session,
                 (ProbeMode::Session, false) => &progs.alloc_session,
+                (ProbeMode::EntryOnly, false) if cookie == Some(EventKind::Munmap as u8) => {
+                    &progs.munmap_entry
+                }
                 (ProbeMode::EntryOnly, false) => &progs.free_entry,
                 (ProbeMode::Session, true) => &progs.count_session,
                 (ProbeMode::EntryOnly, true) => &progs.count_entry,

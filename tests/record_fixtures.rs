@@ -108,3 +108,51 @@ fn seed_with_jemalloc_via_object() {
         "jemalloc's malloc was probed: {malloc} events"
     );
 }
+
+/// Another recording running at the same time, of another process, puts
+/// its own consumers on the same libc and libstdc++ probes. Its pid filter
+/// skips this process, but its session consumers still ask the kernel for
+/// the return, so foreign pending returns sit among ours (sized operator
+/// delete jumps to operator delete, which jumps to free). Nesting must
+/// still be found: each C++ operator and libc wrapper is one event.
+#[test]
+fn beside_another_recording() {
+    let dir = tempfile::tempdir().unwrap();
+    let other = dir.path().join("other.parquet");
+    let mut rec = common::fixtures::memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&other)
+        .args(["--", "setsid", "sleep", "30"])
+        .spawn()
+        .unwrap();
+    // The other recorder's child execs its command once the probes are
+    // attached: wait for it to stop being a copy of memleak.
+    let children = format!("/proc/{0}/task/{0}/children", rec.id());
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let attached = || {
+        let kids = std::fs::read_to_string(&children).unwrap_or_default();
+        kids.split_whitespace().any(|pid| {
+            let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
+            comm.trim() == "sleep" || comm.trim() == "setsid"
+        })
+    };
+    while !attached() {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the other recording did not start"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(50));
+    }
+    let result = std::panic::catch_unwind(|| {
+        for name in ["cxx_new", "strdup"] {
+            check_fixture(&Fixture::load(name));
+        }
+    });
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGINT) };
+    let status = rec.wait().unwrap();
+    if let Err(e) = result {
+        std::panic::resume_unwind(e);
+    }
+    assert!(status.success(), "the other recording: {status:?}");
+}
