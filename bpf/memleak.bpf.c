@@ -290,8 +290,14 @@ static long walk_frame_cb(__u64 k, void *data)
  * bounded loop over all 127 frames took it 100 ms at every start. */
 #define INLINE_FRAMES 32
 
-static __always_inline void walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
+/* A global function, which the verifier checks once per program instead
+ * of once per call site (there are two: the common allocations, and the
+ * calls kept in task storage): inlined twice, it doubled the start-up
+ * verification. */
+__noinline int walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
 {
+	if (!b)
+		return 0;
 	struct walk w = {
 		.b = b,
 		.bp = PT_REGS_FP(ctx),
@@ -308,6 +314,7 @@ static __always_inline void walk_user_stack(struct pt_regs *ctx, struct ev_buf *
 	bpf_loop(MEMLEAK_MAX_FRAMES - INLINE_FRAMES, walk_frame_cb, &w, 0);
 out:
 	b->ev.nframes = w.n;
+	return 0;
 }
 
 /* No wakeup per event (5-9 us each here); force one only when the ring is
