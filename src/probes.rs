@@ -228,6 +228,20 @@ impl<'obj> Probes<'obj> {
         let calibrate = cfg.kernel && has_kmem_tracepoint("mm_page_alloc");
         p.calib_page.set_autoload(calibrate);
         p.calib_pfn.set_autoload(calibrate);
+        // Programs of the other mode are not verified either.
+        for prog in [&mut p.alloc_session, &mut p.malloc_session, &mut p.free_entry] {
+            prog.set_autoload(!cfg.count_only);
+        }
+        p.munmap_entry.set_autoload(!cfg.count_only);
+        for prog in [&mut p.count_session, &mut p.count_entry] {
+            prog.set_autoload(cfg.count_only);
+        }
+        // The kernel objects' LRU map is preallocated (15 MiB and ~4 ms of
+        // start-up at full size); only --kernel uses it.
+        open.maps
+            .kobjs
+            .set_max_entries(if cfg.kernel { 1 << 18 } else { 1 })
+            .context("sizing the kernel objects map")?;
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
             .events
