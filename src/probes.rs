@@ -229,7 +229,11 @@ impl<'obj> Probes<'obj> {
         p.calib_page.set_autoload(calibrate);
         p.calib_pfn.set_autoload(calibrate);
         // Programs of the other mode are not verified either.
-        for prog in [&mut p.alloc_session, &mut p.malloc_session, &mut p.free_entry] {
+        for prog in [
+            &mut p.alloc_session,
+            &mut p.malloc_session,
+            &mut p.free_entry,
+        ] {
             prog.set_autoload(!cfg.count_only);
         }
         p.munmap_entry.set_autoload(!cfg.count_only);
