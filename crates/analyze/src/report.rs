@@ -451,10 +451,15 @@ fn build_stacks(
 
     let ids: std::collections::BTreeSet<u64> =
         by_stack.keys().chain(allocated.keys()).copied().collect();
-    let mut out: Vec<StackReport> = ids
+    let ids: Vec<(u64, Option<OutstandingByStack>)> = ids
         .into_iter()
-        .map(|id| {
-            let o = by_stack.remove(&id);
+        .map(|id| (id, by_stack.remove(&id)))
+        .collect();
+    // Resolving frames copies their names: in parallel.
+    use rayon::prelude::*;
+    let mut out: Vec<StackReport> = ids
+        .into_par_iter()
+        .map(|(id, o)| {
             let a = allocated.get(&id).copied().unwrap_or_default();
             let rec = stacks.get(&id);
             let mut s = StackReport {
@@ -508,9 +513,11 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
 }
 
 /// Sorts leaking stacks by `key` (ties by stack id, so output is stable),
-/// then stacks with nothing outstanding by bytes allocated.
+/// then stacks with nothing outstanding by bytes allocated. Stack ids are
+/// unique, so no two stacks compare equal and an unstable sort (which
+/// moves the large reports less) gives the same order.
 pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
-    stacks.sort_by(|a, b| {
+    stacks.sort_unstable_by(|a, b| {
         let leak = (b.count > 0).cmp(&(a.count > 0));
         let by_key = match key {
             SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
