@@ -130,61 +130,90 @@ fn stack(s: &StackReport) -> StackJson<'_> {
     }
 }
 
-/// Renders the JSON report, pretty-printed, with a final newline.
-///
-/// The stacks are rendered in parallel, each into its own buffer, and
-/// spliced into the document: with every stack of a large trace that is
-/// tens of megabytes, which one thread took as long as a fifth of the
-/// replay to write. The result is what `serde_json::to_string_pretty`
-/// makes of the whole document (a test checks it).
+/// Renders the JSON report, pretty-printed, with a final newline: what
+/// [`write`] writes.
 pub fn render(report: &Report) -> String {
+    let mut out = Vec::new();
+    write(report, &mut out).expect("writing to memory");
+    String::from_utf8(out).expect("JSON is UTF-8")
+}
+
+/// Stacks rendered by one task of [`write`].
+const STACKS_PER_TASK: usize = 64;
+/// Tasks rendered while the previous ones are written.
+const TASKS_PER_BATCH: usize = 8;
+
+/// Writes the JSON report to `out`, pretty-printed, with a final newline.
+///
+/// The stacks are rendered in parallel, a few dozen to a task, and
+/// spliced into the document; a batch of them is written while the next
+/// is rendered. With every stack of a large trace the report is tens of
+/// megabytes, which one thread took about a fifth as long to render and
+/// write as the replay. The result is what `serde_json::to_string_pretty`
+/// makes of the whole document (a test checks it).
+pub fn write<W: std::io::Write + Send + ?Sized>(
+    report: &Report,
+    out: &mut W,
+) -> std::io::Result<()> {
     use rayon::prelude::*;
 
     let top = report.top_stacks();
     let head = serde_json::to_string_pretty(&doc(report, Vec::new(), top.len()))
         .expect("report serializes");
     if top.is_empty() {
-        return head + "\n";
+        out.write_all(head.as_bytes())?;
+        return out.write_all(b"\n");
     }
-    // Each stack is an element of `stacks`, two levels deep: its lines
-    // are indented by four spaces, its first by the caller.
-    let parts: Vec<String> = top
-        .par_chunks(64)
-        .map(|chunk| {
-            let mut out = String::with_capacity(chunk.len() * 8192);
-            for s in chunk {
-                let text = serde_json::to_string_pretty(&stack(s)).expect("stack serializes");
-                if !out.is_empty() {
-                    out.push_str(",\n");
-                }
-                for (i, line) in text.split('\n').enumerate() {
-                    if i > 0 {
-                        out.push('\n');
-                    }
-                    out.push_str("    ");
-                    out.push_str(line);
-                }
-            }
-            out
-        })
-        .collect();
     // `head` ends with the empty array and the closing brace.
-    let tail = "\"stacks\": []\n}";
     let body = head
-        .strip_suffix(tail)
+        .strip_suffix("\"stacks\": []\n}")
         .expect("stacks come last in the document");
-    let len = head.len() + parts.iter().map(|p| p.len() + 2).sum::<usize>() + 16;
-    let mut text = String::with_capacity(len);
-    text.push_str(body);
-    text.push_str("\"stacks\": [\n");
-    for (i, p) in parts.iter().enumerate() {
-        if i > 0 {
-            text.push_str(",\n");
+    out.write_all(body.as_bytes())?;
+    out.write_all(b"\"stacks\": [\n")?;
+    let render_batch = |batch: &[StackReport]| -> Vec<String> {
+        batch
+            .par_chunks(STACKS_PER_TASK)
+            .map(|chunk| {
+                let mut text = String::with_capacity(chunk.len() * 8192);
+                for s in chunk {
+                    let one = serde_json::to_string_pretty(&stack(s)).expect("stack serializes");
+                    if !text.is_empty() {
+                        text.push_str(",\n");
+                    }
+                    // Each stack is an element of `stacks`, two levels deep:
+                    // its lines are indented by four spaces.
+                    for (i, line) in one.split('\n').enumerate() {
+                        if i > 0 {
+                            text.push('\n');
+                        }
+                        text.push_str("    ");
+                        text.push_str(line);
+                    }
+                }
+                text
+            })
+            .collect()
+    };
+    let mut first = true;
+    let mut write_parts = |parts: Vec<String>| -> std::io::Result<()> {
+        for p in parts {
+            if !first {
+                out.write_all(b",\n")?;
+            }
+            first = false;
+            out.write_all(p.as_bytes())?;
         }
-        text.push_str(p);
+        Ok(())
+    };
+    let mut batches = top.chunks(STACKS_PER_TASK * TASKS_PER_BATCH);
+    let mut ready = batches.next().map(render_batch);
+    while let Some(parts) = ready.take() {
+        let next = batches.next();
+        let (rendered, written) = rayon::join(|| next.map(render_batch), || write_parts(parts));
+        written?;
+        ready = rendered;
     }
-    text.push_str("\n  ]\n}\n");
-    text
+    out.write_all(b"\n  ]\n}\n")
 }
 
 fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<'a> {
@@ -247,7 +276,8 @@ mod tests {
             ..Default::default()
         };
         let mut stacks = Vec::new();
-        for id in 1..200u64 {
+        // More than one batch of tasks (write renders 512 at a time).
+        for id in 1..1200u64 {
             let mut age_histogram = crate::AgeHistogram::default();
             age_histogram.add(id * 1_000_000_000, 1, id);
             stacks.push(StackReport {
@@ -255,7 +285,7 @@ mod tests {
                 pid: (id % 3 != 0).then_some(id as u32),
                 bytes: id * 100,
                 // The last ones have nothing outstanding and are not shown.
-                count: if id < 190 { 1 + id % 5 } else { 0 },
+                count: if id < 1190 { 1 + id % 5 } else { 0 },
                 age_histogram,
                 allocated_bytes: id * 1000,
                 allocations: id,
@@ -265,7 +295,7 @@ mod tests {
                 ..Default::default()
             });
         }
-        for top in [0, 1, 2, 64, 65, 500] {
+        for top in [0, 1, 2, 64, 65, 150, 512, 513, 1100] {
             let report = Report {
                 summary: Summary {
                     trace: "t".into(),
