@@ -188,7 +188,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
 
     match args.format {
         Format::Text => emit(args.output.as_deref(), text::render(&report).as_bytes())?,
-        Format::Json => emit(args.output.as_deref(), json::render(&report).as_bytes())?,
+        Format::Json => emit_with(args.output.as_deref(), |w| json::write(&report, w))?,
         Format::Folded => emit(
             args.output.as_deref(),
             folded::render(&report, weight).as_bytes(),
@@ -227,6 +227,30 @@ fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
         None => {
             let mut out = std::io::stdout().lock();
             match out.write_all(bytes).and_then(|_| out.flush()) {
+                // A closed pipe (`| head`) is the reader's choice, not an error.
+                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
+                r => r.context("writing to stdout"),
+            }
+        }
+    }
+}
+
+/// Like [`emit`], for output written piece by piece as it is made.
+fn emit_with(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut (dyn Write + Send)) -> std::io::Result<()>,
+) -> anyhow::Result<()> {
+    match path {
+        Some(p) => fs::File::create(p)
+            .and_then(|f| {
+                let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
+                write(&mut f)?;
+                f.flush()
+            })
+            .with_context(|| format!("{}", p.display())),
+        None => {
+            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
+            match write(&mut out).and_then(|_| out.flush()) {
                 // A closed pipe (`| head`) is the reader's choice, not an error.
                 Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
                 r => r.context("writing to stdout"),

@@ -328,24 +328,41 @@ impl Replay {
         &self.stats
     }
 
-    /// Folds every outstanding allocation, one accumulator per partition,
-    /// in parallel.
+    /// Folds every outstanding allocation, in parallel: the blocks of
+    /// each table in pieces of [`FOLD_SLOTS`] slots, one accumulator per
+    /// piece, and the pieces of mappings of each partition into one
+    /// accumulator (with its mapping id, a piece of a mapping split by
+    /// munmap can be told from another piece of the same mapping).
     pub fn fold_outstanding<T: Send>(
         &self,
         init: impl Fn() -> T + Sync,
         fold: impl Fn(&mut T, &OutstandingBlock) + Sync,
     ) -> Vec<T> {
-        self.partitions
-            .par_iter()
-            .map(|p| {
+        let pid_of = |st: &PidState| {
+            if st.pid >= PAGE_PID {
+                None
+            } else {
+                Some(st.pid)
+            }
+        };
+        // (partition, table, piece); `usize::MAX` for the mappings.
+        let mut work = Vec::new();
+        for (i, p) in self.partitions.iter().enumerate() {
+            work.push((i, usize::MAX, 0));
+            for (s, st) in p.pids.iter().enumerate() {
+                for piece in 0..st.blocks.pieces(FOLD_SLOTS) {
+                    work.push((i, s, piece));
+                }
+            }
+        }
+        work.par_iter()
+            .map(|&(i, s, piece)| {
                 let mut acc = init();
-                for st in &p.pids {
-                    let pid = if st.pid >= PAGE_PID {
-                        None
-                    } else {
-                        Some(st.pid)
-                    };
-                    for (addr, b) in st.blocks.iter() {
+                let p = &self.partitions[i];
+                if s != usize::MAX {
+                    let st = &p.pids[s];
+                    let pid = pid_of(st);
+                    for (addr, b) in st.blocks.piece(piece, FOLD_SLOTS) {
                         let o = OutstandingBlock {
                             pid,
                             addr,
@@ -356,6 +373,10 @@ impl Replay {
                         };
                         fold(&mut acc, &o);
                     }
+                    return acc;
+                }
+                for st in &p.pids {
+                    let pid = pid_of(st);
                     for (start, r) in st.ranges.iter() {
                         let o = OutstandingBlock {
                             pid,
@@ -1073,6 +1094,10 @@ impl Partition {
         }
     }
 }
+
+/// Slots of a block table folded by one task of
+/// [`Replay::fold_outstanding`] (2 MiB).
+const FOLD_SLOTS: usize = 1 << 16;
 
 /// Partitions for `threads` worker threads: half of them. Decoding a row
 /// group costs about as much CPU as replaying it, and decoding runs on

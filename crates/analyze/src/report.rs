@@ -228,14 +228,27 @@ pub fn analyze_trace(
         // Unknown yet: per-stack arrays grow as ids show up.
         max_stack_id: Some(0),
     };
-    // The stacks and frames tables are read while the events replay: the
-    // pool has idle moments (the first decode, the peak pass) to fill.
+    // The stacks and frames tables are read, and indexed, while the events
+    // replay: the pool has idle moments (the first decode, waiting for
+    // the replay thread) to fill.
     let (replayed, tables) = rayon::join(
         || replay(trace, &ropts),
-        || (trace.stacks(), trace.frames()),
+        || -> memleak_trace::Result<_> {
+            let stacks: HashMap<u64, StackRecord> = trace
+                .stacks()?
+                .into_iter()
+                .map(|s| (s.stack_id, s))
+                .collect();
+            let frames: HashMap<(u32, u64), FrameRecord> = trace
+                .frames()?
+                .into_iter()
+                .map(|f| ((f.pid, f.addr), f))
+                .collect();
+            Ok((stacks, frames))
+        },
     );
     let replayed = replayed?;
-    let (stack_records, frame_records) = (tables.0?, tables.1?);
+    let (stacks_by_id, frames) = tables?;
     let stats = replayed.stats();
     let eval_ts = match at_ts {
         Some(at) => at,
@@ -248,8 +261,8 @@ pub fn analyze_trace(
     };
 
     let stacks = build_stacks(
-        stack_records,
-        frame_records,
+        &stacks_by_id,
+        &frames,
         &replayed,
         &filter,
         &opts.filter.pids,
@@ -390,8 +403,8 @@ struct OutstandingByStack {
 }
 
 fn build_stacks(
-    stack_records: Vec<StackRecord>,
-    frame_records: Vec<FrameRecord>,
+    stacks: &HashMap<u64, StackRecord>,
+    frames: &HashMap<(u32, u64), FrameRecord>,
     replayed: &Replay,
     filter: &ResolvedFilter,
     pids: &[u32],
@@ -442,19 +455,17 @@ fn build_stacks(
     }
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
 
-    let stacks: HashMap<u64, StackRecord> =
-        stack_records.into_iter().map(|s| (s.stack_id, s)).collect();
-    let frames: HashMap<(u32, u64), FrameRecord> = frame_records
-        .into_iter()
-        .map(|f| ((f.pid, f.addr), f))
-        .collect();
-
     let ids: std::collections::BTreeSet<u64> =
         by_stack.keys().chain(allocated.keys()).copied().collect();
-    let mut out: Vec<StackReport> = ids
+    let ids: Vec<(u64, Option<OutstandingByStack>)> = ids
         .into_iter()
-        .map(|id| {
-            let o = by_stack.remove(&id);
+        .map(|id| (id, by_stack.remove(&id)))
+        .collect();
+    // Resolving frames copies their names: in parallel.
+    use rayon::prelude::*;
+    let mut out: Vec<StackReport> = ids
+        .into_par_iter()
+        .map(|(id, o)| {
             let a = allocated.get(&id).copied().unwrap_or_default();
             let rec = stacks.get(&id);
             let mut s = StackReport {
@@ -465,7 +476,7 @@ fn build_stacks(
                 known: rec.is_some(),
                 allocated_bytes: a.bytes,
                 allocations: a.allocations,
-                frames: rec.map(|r| resolve_frames(r, &frames)).unwrap_or_default(),
+                frames: rec.map(|r| resolve_frames(r, frames)).unwrap_or_default(),
                 ..Default::default()
             };
             if let Some(o) = o {
@@ -508,9 +519,11 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
 }
 
 /// Sorts leaking stacks by `key` (ties by stack id, so output is stable),
-/// then stacks with nothing outstanding by bytes allocated.
+/// then stacks with nothing outstanding by bytes allocated. Stack ids are
+/// unique, so no two stacks compare equal and an unstable sort (which
+/// moves the large reports less) gives the same order.
 pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
-    stacks.sort_by(|a, b| {
+    stacks.sort_unstable_by(|a, b| {
         let leak = (b.count > 0).cmp(&(a.count > 0));
         let by_key = match key {
             SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),

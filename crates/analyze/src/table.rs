@@ -303,6 +303,30 @@ impl BlockTable {
             .chain(self.huge.iter().map(|(&a, &b)| (a, b)))
     }
 
+    /// How many pieces of at most `slots` slots [`BlockTable::piece`]
+    /// splits the table into.
+    pub fn pieces(&self, slots: usize) -> usize {
+        self.slots.len().div_ceil(slots.max(1))
+    }
+
+    /// The blocks of the `i`-th piece of `slots` slots, in no particular
+    /// order; the first piece also has the blocks of huge sizes. The
+    /// pieces together are [`BlockTable::iter`].
+    pub fn piece(&self, i: usize, slots: usize) -> impl Iterator<Item = (u64, Block)> + '_ {
+        let slots = slots.max(1);
+        let start = (i * slots).min(self.slots.len());
+        let end = (start + slots).min(self.slots.len());
+        let huge = (i == 0).then_some(&self.huge);
+        self.slots[start..end]
+            .iter()
+            .filter(|s| s.live())
+            .map(|s| (s.addr, s.block()))
+            .chain(
+                huge.into_iter()
+                    .flat_map(|h| h.iter().map(|(&a, &b)| (a, b))),
+            )
+    }
+
     /// Total bytes of the blocks.
     pub fn bytes(&self) -> u64 {
         self.iter().map(|(_, b)| b.size).sum()
@@ -401,6 +425,13 @@ mod tests {
         }
         let mut all: Vec<(u64, Block)> = t.iter().collect();
         all.sort_by_key(|e| e.0);
+        // The pieces fold_outstanding splits the table into cover it once.
+        for size in [1, 100, 256, 1 << 20] {
+            let mut pieces: Vec<(u64, Block)> =
+                (0..t.pieces(size)).flat_map(|i| t.piece(i, size)).collect();
+            pieces.sort_by_key(|e| e.0);
+            assert_eq!(pieces, all, "pieces of {size} slots");
+        }
         let mut want: Vec<(u64, Block)> = m.into_iter().collect();
         want.sort_by_key(|e| e.0);
         assert_eq!(all, want);
