@@ -33,6 +33,10 @@ const volatile __u64 wakeup_bytes = 1 << 20;
 const volatile __u32 kernel_tgid = 0;
 const volatile __u32 self_tgid = 0; /* the recorder: its own allocations are not traced */
 const volatile bool kernel_stacks = true;
+/* The top byte of memleak's session cookies: set per recording from a
+ * random nonzero byte, so that another recorder's or tool's cookies are
+ * not taken for ours. */
+const volatile __u64 ck_tag = 0xa7ULL << 56;
 
 /* Exported so the skeleton carries the type and a test can compare it with
  * the Rust decoder. Never written. */
@@ -96,7 +100,8 @@ struct cpu_buf {
 
 struct cpu_bufs {
 	struct cpu_buf slot[CPU_BUFS];
-	__u64 submitted; /* events this CPU submitted (racy: only paces queries) */
+	__u64 submitted; /* events submitted on this CPU, by any program (racy:
+			  * it only paces the ring queries) */
 };
 
 struct {
@@ -154,7 +159,7 @@ extern __u64 *bpf_session_cookie(void) __ksym __weak;
  * as memleak's among the thread's pending returns, flags, and the size the
  * return half records. Nested calls find it there, so the common path
  * needs no per-thread map at all. */
-#define CK_TAG (0xa7ULL << 56)
+#define CK_TAG ck_tag
 #define CK_TAG_MASK (0xffULL << 56)
 #define CK_STATE (1ULL << 55)   /* the call's arguments are in task storage */
 #define CK_WRAPPER (1ULL << 54) /* a libc wrapper: nested sizes are wanted */
@@ -373,19 +378,29 @@ static __always_inline void submit(void *ctx, struct memleak_event *e, int stack
 		count_lost(ML_RING_FULL);
 }
 
-/* memleak's tagged cookie among the consumers of a pending return, or 0. */
+/* memleak's tagged cookie among the consumers of a pending return, or 0.
+ * Return instances are recycled with only their consumer count reset, so
+ * nothing is read past it; one pushed by a uretprobe that is not a session
+ * has no consumer at all. */
 static __always_inline __u64 tagged_cookie(struct return_instance *ri)
 {
 	__u64 c, base;
-	int n = ri->cons_cnt;
+	int n;
 
 	if (bpf_core_field_exists(ri->consumer)) {
+		n = ri->cons_cnt;
+		if (n <= 0)
+			return 0;
 		c = ri->consumer.cookie;
 		if ((c & CK_TAG_MASK) == CK_TAG)
 			return c;
+		/* Another tool's probe on the same function came first. */
 		base = (__u64)ri->extra_consumers;
 		n--;
 	} else {
+		struct return_instance___v613 *old = (void *)ri;
+
+		n = old->consumers_cnt;
 		base = (__u64)ri + bpf_core_field_offset(struct return_instance___v613, consumers);
 	}
 	for (int i = 0; i < 4; i++) {
@@ -399,19 +414,50 @@ static __always_inline __u64 tagged_cookie(struct return_instance *ri)
 	return 0;
 }
 
-/* How many pending returns enclosing_call() looks through. */
+static __always_inline bool on_signal_stack(struct task_struct *task, __u64 sp)
+{
+	__u64 size = task->sas_ss_size;
+
+	return size && sp - task->sas_ss_sp < size;
+}
+
+/* A pending return is live while the return address of its call still
+ * points at uprobes' trampoline; a longjmp out of the call leaves the
+ * instance behind (until the kernel next asks for a return at a shallower
+ * stack pointer), and the stack it was on is soon written over. */
+static __always_inline bool return_pending(struct task_struct *task, struct return_instance *ri)
+{
+	struct xol_area *area = task->mm->uprobes_state.xol_area;
+	__u64 ret;
+
+	if (!area || bpf_probe_read_user(&ret, sizeof(ret), (void *)ri->stack))
+		return false;
+	return ret == area->vaddr;
+}
+
+/* How many pending returns enclosing_call() looks through. Past that a
+ * nested call would be taken for an outermost one; it takes four other
+ * uretprobe users' calls, or longjmps out of allocators, in between. */
 #define PENDING_LOOKUP 4
 
 /* The cookie of memleak's innermost call that encloses this probe on this
  * thread, or 0. uprobes keep a thread's pending returns on a list, most
- * recent first. One whose stack pointer is below ours belongs to a frame
- * already gone (a longjmp out of the call) and encloses nothing. One with
- * no tagged consumer is another uprobe user's (or another memleak's, whose
- * pid filter skipped this process, and whose consumer still asked for the
- * return): sized operator delete jumps to operator delete, which jumps to
- * free, and a foreign return pending for the middle one must not hide
- * ours below it. The common case is an empty list: a few loads, no map
- * lookup. */
+ * recent first; memleak's entry halves tag their cookies.
+ * - One with no tagged consumer is another uprobe user's (or another
+ *   recording's, whose pid filter skipped this process but whose session
+ *   consumer still asked for the return: sized operator delete jumps to
+ *   operator delete, which jumps to free, and a foreign return pending for
+ *   the middle one must not hide ours below it).
+ * - One whose stack pointer is below ours belongs to a frame already gone,
+ *   unless we run on the signal stack in a handler that interrupted the
+ *   call: asking for a return there would make the kernel drop the
+ *   interrupted call's return as abandoned, and the target would crash
+ *   when that call returns.
+ * - One at or above ours is checked to be live (its return address is
+ *   still the trampoline): one read of user memory, for nested calls
+ *   only. A tail call (reallocarray -> realloc) enters with the same
+ *   stack pointer, hence "at or above".
+ * The common case, an empty list, costs a few loads. */
 static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
 {
 	struct return_instance *ri = task->utask->return_instances;
@@ -419,12 +465,12 @@ static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_str
 
 	for (int i = 0; i < PENDING_LOOKUP; i++) {
 		if (!ri)
-			break;
-		if (ri->stack >= sp) {
-			c = tagged_cookie(ri);
-			if (c)
-				return c;
-		}
+			return 0;
+		c = tagged_cookie(ri);
+		if (c && (ri->stack >= sp ||
+			  (on_signal_stack(task, sp) && !on_signal_stack(task, ri->stack))) &&
+		    return_pending(task, ri))
+			return c;
 		ri = ri->next;
 	}
 	return 0;

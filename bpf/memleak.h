@@ -56,7 +56,7 @@ enum memleak_wrapper {
 enum memleak_lost {
 	ML_RING_FULL = 0,    /* ring buffer had no room: event dropped */
 	ML_STACK_FAILED = 1, /* event kept, stack could not be captured */
-	ML_INFLIGHT_FULL = 2,/* no per-thread state: call not traced */
+	ML_INFLIGHT_FULL = 2,/* no per-thread state or event buffer: call not traced */
 	ML_FAILED_ALLOC = 3, /* not a loss: allocations that returned NULL */
 	ML_NR = 4,
 };

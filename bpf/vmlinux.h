@@ -83,14 +83,15 @@ struct return_consumer {
 
 struct return_instance {
 	unsigned long stack; /* user stack pointer at the probed call's entry */
-	int cons_cnt;
 	struct return_instance *next; /* the call below it */
+	int cons_cnt;                            /* >= 6.14 */
 	struct return_consumer consumer;         /* >= 6.14 */
 	struct return_consumer *extra_consumers; /* >= 6.14 */
 } __attribute__((preserve_access_index));
 
-/* Kernels 6.13: the consumers are a flexible array. */
+/* Kernel 6.13: the consumers are a flexible array. */
 struct return_instance___v613 {
+	int consumers_cnt;
 	struct return_consumer consumers[0];
 } __attribute__((preserve_access_index));
 
@@ -98,11 +99,27 @@ struct uprobe_task {
 	struct return_instance *return_instances; /* most recent first */
 } __attribute__((preserve_access_index));
 
+/* Where uprobes' return trampoline is mapped in a process. */
+struct xol_area {
+	unsigned long vaddr;
+} __attribute__((preserve_access_index));
+
+struct uprobes_state {
+	struct xol_area *xol_area;
+} __attribute__((preserve_access_index));
+
+struct mm_struct {
+	struct uprobes_state uprobes_state;
+} __attribute__((preserve_access_index));
+
 struct task_struct {
 	void *stack;
 	pid_t pid;
 	pid_t tgid;
+	struct mm_struct *mm;
 	struct uprobe_task *utask;
+	unsigned long sas_ss_sp; /* the signal stack (sigaltstack) */
+	size_t sas_ss_size;
 } __attribute__((preserve_access_index));
 
 struct kmem_cache {

@@ -212,6 +212,7 @@ impl<'obj> Probes<'obj> {
         ro.kernel_tgid = cfg.kernel_tgid;
         ro.self_tgid = std::process::id();
         ro.kernel_stacks = cfg.kernel_stacks;
+        ro.ck_tag = u64::from(cookie_tag()) << 56;
         // Kernel programs are verified only when used: loading costs time.
         let p = &mut open.progs;
         let slab = slab_programs!(p, mut);
@@ -616,6 +617,17 @@ fn touch_fresh_pages(pages: usize) {
         }
         libc::munmap(p, len);
     }
+}
+
+/// The top byte of this recording's session cookies (see `ck_tag` in the
+/// BPF program): random, never 0 (an entry's cookie starts at 0) nor 0xff
+/// (the top byte of small negative numbers).
+fn cookie_tag() -> u8 {
+    let nanos = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    let mix = u64::from(nanos ^ std::process::id().rotate_left(16));
+    (mix.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 % 254 + 1
 }
 
 #[cfg(test)]
