@@ -414,11 +414,12 @@ static __always_inline __u64 tagged_cookie(struct return_instance *ri)
 	return 0;
 }
 
+/* As the kernel's __on_sig_stack(), for stacks that grow down. */
 static __always_inline bool on_signal_stack(struct task_struct *task, __u64 sp)
 {
-	__u64 size = task->sas_ss_size;
+	__u64 base = task->sas_ss_sp;
 
-	return size && sp - task->sas_ss_sp < size;
+	return sp > base && sp - base <= task->sas_ss_size;
 }
 
 /* A pending return is live while the return address of its call still
@@ -448,20 +449,25 @@ static __always_inline bool return_pending(struct task_struct *task, struct retu
  *   consumer still asked for the return: sized operator delete jumps to
  *   operator delete, which jumps to free, and a foreign return pending for
  *   the middle one must not hide ours below it).
- * - One whose stack pointer is below ours belongs to a frame already gone,
- *   unless we run on the signal stack in a handler that interrupted the
- *   call: asking for a return there would make the kernel drop the
- *   interrupted call's return as abandoned, and the target would crash
- *   when that call returns.
  * - One at or above ours encloses us. A tail call (reallocarray ->
- *   realloc) enters with the same stack pointer, hence "at or above".
- *   Only the libc wrappers call back into the program (printf handlers,
- *   fopencookie streams), which can longjmp out of them: a wrapper's is
- *   checked to be live (its return address is still the trampoline), at
- *   one read of user memory. Checking every call cost C++ ~6 % (four
- *   reads per new[]/delete[] pair); a longjmp out of a signal handler
- *   that interrupted malloc still leaves a stale return (as the task
- *   storage flag before it did).
+ *   realloc) enters with the same stack pointer, hence "at or above". The
+ *   libc wrappers are the common way back into the program (printf
+ *   handlers, fopencookie streams), which can longjmp out of them: a
+ *   wrapper's return is checked to be live (its return address is still
+ *   the trampoline), at one read of user memory. Checking every call cost
+ *   C++ ~6 % (four reads per new[]/delete[] pair). Not caught: a longjmp
+ *   out of operator new's new_handler, of an -O allocator's hook, or of a
+ *   signal handler that interrupted malloc (nor were they by the task
+ *   storage flag before).
+ * - One below ours belongs to a frame already gone (a longjmp out of the
+ *   call; the kernel drops it when a return is next asked for), unless we
+ *   run in a signal handler on the signal stack, above the interrupted
+ *   call: asking for a return there would make the kernel drop the
+ *   interrupted call's return as abandoned, and the thread would die of
+ *   SIGILL when that call returns. An SS_AUTODISARM handler hides its
+ *   signal stack (sas_ss_size is 0 while it runs), so without one a live
+ *   return below us is taken as a handler's too. Its wrapper flag is
+ *   dropped, so that the handler's calls never ask for a return.
  * The common case, an empty list, costs a few loads. */
 static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
 {
@@ -472,10 +478,14 @@ static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_str
 		if (!ri)
 			return 0;
 		c = tagged_cookie(ri);
-		if (c && ri->stack >= sp && (!(c & CK_WRAPPER) || return_pending(task, ri)))
-			return c;
-		if (c && on_signal_stack(task, sp) && !on_signal_stack(task, ri->stack))
-			return c;
+		if (c && ri->stack >= sp) {
+			if (!(c & CK_WRAPPER) || return_pending(task, ri))
+				return c;
+		} else if (c && (!task->sas_ss_size || (on_signal_stack(task, sp) &&
+							  !on_signal_stack(task, ri->stack)))) {
+			if (return_pending(task, ri))
+				return c & ~CK_WRAPPER;
+		}
 		ri = ri->next;
 	}
 	return 0;
@@ -559,10 +569,12 @@ static __always_inline int nested_entry(struct pt_regs *ctx, struct task_struct 
  * cookie. Returns 1 to skip the return half. */
 static __always_inline int alloc_entry(struct pt_regs *ctx, __u64 *cookie, int known)
 {
+	/* The argument first: read after the list walk, clang computed its
+	 * address early and the verifier refused the offset context pointer. */
+	__u64 a0 = PT_REGS_PARM1(ctx), n, size;
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u8 kind = known >= 0 ? known : bpf_get_attach_cookie(ctx) & 0xff;
 	__u64 outer = enclosing_call(ctx, task);
-	__u64 a0 = PT_REGS_PARM1(ctx), n, size;
 
 	if (outer)
 		return nested_entry(ctx, task, kind, outer, cookie);

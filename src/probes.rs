@@ -623,11 +623,18 @@ fn touch_fresh_pages(pages: usize) {
 /// BPF program): random, never 0 (an entry's cookie starts at 0) nor 0xff
 /// (the top byte of small negative numbers).
 fn cookie_tag() -> u8 {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    let mix = u64::from(nanos ^ std::process::id().rotate_left(16));
-    (mix.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8 % 254 + 1
+    let mut byte = 0u8;
+    // SAFETY: getrandom writes at most one byte into `byte`.
+    let n = unsafe { libc::getrandom((&mut byte as *mut u8).cast(), 1, libc::GRND_NONBLOCK) };
+    if n != 1 {
+        // No entropy yet (early boot): time and pid are different enough.
+        let nanos = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.subsec_nanos());
+        let mix = u64::from(nanos ^ std::process::id().rotate_left(16));
+        byte = (mix.wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8;
+    }
+    byte % 254 + 1
 }
 
 #[cfg(test)]
