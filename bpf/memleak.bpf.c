@@ -414,14 +414,6 @@ static __always_inline __u64 tagged_cookie(struct return_instance *ri)
 	return 0;
 }
 
-/* As the kernel's __on_sig_stack(), for stacks that grow down. */
-static __always_inline bool on_signal_stack(struct task_struct *task, __u64 sp)
-{
-	__u64 base = task->sas_ss_sp;
-
-	return sp > base && sp - base <= task->sas_ss_size;
-}
-
 /* A pending return is live while the return address of its call still
  * points at uprobes' trampoline; a longjmp out of the call leaves the
  * instance behind (until the kernel next asks for a return at a shallower
@@ -459,15 +451,17 @@ static __always_inline bool return_pending(struct task_struct *task, struct retu
  *   out of operator new's new_handler, of an -O allocator's hook, or of a
  *   signal handler that interrupted malloc (nor were they by the task
  *   storage flag before).
- * - One below ours belongs to a frame already gone (a longjmp out of the
- *   call; the kernel drops it when a return is next asked for), unless we
- *   run in a signal handler on the signal stack, above the interrupted
- *   call: asking for a return there would make the kernel drop the
- *   interrupted call's return as abandoned, and the thread would die of
- *   SIGILL when that call returns. An SS_AUTODISARM handler hides its
- *   signal stack (sas_ss_size is 0 while it runs), so without one a live
- *   return below us is taken as a handler's too. Its wrapper flag is
- *   dropped, so that the handler's calls never ask for a return.
+ * - One below ours but still live is a call that a signal handler on the
+ *   signal stack interrupted (or that switched to another stack): asking
+ *   for a return there would make the kernel drop the interrupted call's
+ *   return as abandoned (it keeps only those below the stack pointer of a
+ *   new call), and the thread would die of SIGILL when that call returns.
+ *   It encloses us, without its wrapper flag, so that the handler's calls
+ *   never ask for a return. The signal stack itself is not consulted: an
+ *   SS_AUTODISARM handler hides it while it runs. One below ours and not
+ *   live is a frame already gone (a longjmp out of the call), which the
+ *   kernel drops when a return is next asked for; until its slot is
+ *   written over it still looks live, and calls above it go unrecorded.
  * The common case, an empty list, costs a few loads. */
 static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
 {
@@ -481,10 +475,8 @@ static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_str
 		if (c && ri->stack >= sp) {
 			if (!(c & CK_WRAPPER) || return_pending(task, ri))
 				return c;
-		} else if (c && (!task->sas_ss_size || (on_signal_stack(task, sp) &&
-							  !on_signal_stack(task, ri->stack)))) {
-			if (return_pending(task, ri))
-				return c & ~CK_WRAPPER;
+		} else if (c && return_pending(task, ri)) {
+			return c & ~CK_WRAPPER;
 		}
 		ri = ri->next;
 	}

@@ -118,8 +118,6 @@ struct task_struct {
 	pid_t tgid;
 	struct mm_struct *mm;
 	struct uprobe_task *utask;
-	unsigned long sas_ss_sp; /* the signal stack (sigaltstack) */
-	size_t sas_ss_size;
 } __attribute__((preserve_access_index));
 
 struct kmem_cache {
