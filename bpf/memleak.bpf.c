@@ -428,6 +428,33 @@ static __always_inline bool return_pending(struct task_struct *task, struct retu
 	return ret == area->vaddr;
 }
 
+struct vma_span {
+	__u64 start;
+	__u64 end;
+};
+
+static long vma_span_cb(struct task_struct *task, struct vm_area_struct *vma, void *data)
+{
+	struct vma_span *span = data;
+
+	span->start = vma->vm_start;
+	span->end = vma->vm_end;
+	return 0;
+}
+
+/* Whether `addr` is in the same mapping as `sp`: a pending return below
+ * the stack pointer on the same stack belongs to a frame already gone. If
+ * the mapping cannot be looked up (its lock is busy), it is taken as
+ * another stack, which can only cost a missed event. */
+static __always_inline bool same_stack(struct task_struct *task, __u64 sp, __u64 addr)
+{
+	struct vma_span span = {};
+
+	if (bpf_find_vma(task, sp, vma_span_cb, &span, 0))
+		return false;
+	return addr >= span.start && addr < span.end;
+}
+
 /* How many pending returns enclosing_call() looks through. Past that a
  * nested call would be taken for an outermost one; it takes four other
  * uretprobe users' calls, or longjmps out of allocators, in between. */
@@ -451,17 +478,18 @@ static __always_inline bool return_pending(struct task_struct *task, struct retu
  *   out of operator new's new_handler, of an -O allocator's hook, or of a
  *   signal handler that interrupted malloc (nor were they by the task
  *   storage flag before).
- * - One below ours but still live is a call that a signal handler on the
- *   signal stack interrupted (or that switched to another stack): asking
- *   for a return there would make the kernel drop the interrupted call's
- *   return as abandoned (it keeps only those below the stack pointer of a
- *   new call), and the thread would die of SIGILL when that call returns.
- *   It encloses us, without its wrapper flag, so that the handler's calls
- *   never ask for a return. The signal stack itself is not consulted: an
- *   SS_AUTODISARM handler hides it while it runs. One below ours and not
- *   live is a frame already gone (a longjmp out of the call), which the
- *   kernel drops when a return is next asked for; until its slot is
- *   written over it still looks live, and calls above it go unrecorded.
+ * - One below ours on the same stack belongs to a frame already gone (a
+ *   longjmp or siglongjmp out of the call; its slot may still hold the
+ *   trampoline), which the kernel drops when a return is next asked for.
+ *   One below ours on another stack, and live, is a call that a signal
+ *   handler on the signal stack interrupted: asking for a return there
+ *   would make the kernel drop the interrupted call's return as abandoned
+ *   (it keeps only those below the stack pointer of a new call), and the
+ *   thread would die of SIGILL when that call returns. It encloses us,
+ *   without its wrapper flag, so that the handler's calls never ask for a
+ *   return. The mappings are compared rather than the registered signal
+ *   stack, which an SS_AUTODISARM handler hides while it runs. Both checks
+ *   run only in these rare cases.
  * The common case, an empty list, costs a few loads. */
 static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
 {
@@ -475,7 +503,7 @@ static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_str
 		if (c && ri->stack >= sp) {
 			if (!(c & CK_WRAPPER) || return_pending(task, ri))
 				return c;
-		} else if (c && return_pending(task, ri)) {
+		} else if (c && !same_stack(task, sp, ri->stack) && return_pending(task, ri)) {
 			return c & ~CK_WRAPPER;
 		}
 		ri = ri->next;

@@ -108,6 +108,11 @@ struct uprobes_state {
 	struct xol_area *xol_area;
 } __attribute__((preserve_access_index));
 
+struct vm_area_struct {
+	unsigned long vm_start;
+	unsigned long vm_end;
+} __attribute__((preserve_access_index));
+
 struct mm_struct {
 	struct uprobes_state uprobes_state;
 } __attribute__((preserve_access_index));

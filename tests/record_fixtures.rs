@@ -20,7 +20,7 @@ macro_rules! fixture_tests {
 
 fixture_tests!(
     seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-    dl_main, execer, deep, longjmp, sigalt
+    dl_main, execer, deep, longjmp, sigalt, siglongjmp
 );
 
 /// With --follow-forks the child is held at fork until its probes are in
