@@ -176,13 +176,12 @@ static __always_inline void count_lost(__u32 reason)
 }
 
 /* Fills the header of an event being built in `e`. */
-static __always_inline struct memleak_event *init_event(struct memleak_event *e, __u8 kind)
+static __always_inline struct memleak_event *init_event_of(struct memleak_event *e, __u8 kind,
+							   __u32 pid, __u32 tid)
 {
-	__u64 id = bpf_get_current_pid_tgid();
-
 	e->ts_ns = bpf_ktime_get_ns();
-	e->pid = id >> 32;
-	e->tid = (__u32)id;
+	e->pid = pid;
+	e->tid = tid;
 	e->kind = kind;
 	e->flags = 0;
 	e->nframes = 0;
@@ -192,6 +191,14 @@ static __always_inline struct memleak_event *init_event(struct memleak_event *e,
 	e->old_addr = 0;
 	e->old_size = 0;
 	return e;
+}
+
+/* The same, for the current task. */
+static __always_inline struct memleak_event *init_event(struct memleak_event *e, __u8 kind)
+{
+	__u64 id = bpf_get_current_pid_tgid();
+
+	return init_event_of(e, kind, id >> 32, (__u32)id);
 }
 
 /* An event in the per-CPU buffer, for tracepoint programs (preemption
@@ -490,10 +497,15 @@ static __always_inline bool same_stack(struct task_struct *task, __u64 sp, __u64
  *   return. The mappings are compared rather than the registered signal
  *   stack, which an SS_AUTODISARM handler hides while it runs. Both checks
  *   run only in these rare cases.
- * The common case, an empty list, costs a few loads. */
-static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
+ * The common case, an empty list, never gets here (enclosing_call()). */
+__noinline __u64 pending_walk(struct pt_regs *ctx)
 {
-	struct return_instance *ri = task->utask->return_instances;
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct return_instance *ri;
+
+	if (!ctx)
+		return 0;
+	ri = task->utask->return_instances;
 	__u64 sp = PT_REGS_SP(ctx), c;
 
 	for (int i = 0; i < PENDING_LOOKUP; i++) {
@@ -511,6 +523,16 @@ static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_str
 	return 0;
 }
 
+/* The common case, no pending return, stays inline; the walk is a global
+ * function, verified once per program: inlined at each entry probe, it
+ * quadrupled the start-up verification. */
+static __always_inline __u64 enclosing_call(struct pt_regs *ctx, struct task_struct *task)
+{
+	if (!task->utask->return_instances)
+		return 0;
+	return pending_walk(ctx);
+}
+
 /* Records a free now. It is header-only: built on the stack and copied
  * by one helper call (reserve and submit are two), with the ids read from
  * the task the caller already has rather than by another call. */
@@ -520,17 +542,9 @@ static __always_inline void record_free(struct task_struct *task, __u8 kind, __u
 	__u64 hdr[MEMLEAK_HDR_SIZE / 8];
 	struct memleak_event *e = (void *)hdr;
 
-	e->ts_ns = bpf_ktime_get_ns();
+	init_event_of(e, kind, task->tgid, task->pid);
 	e->addr = addr;
 	e->size = size;
-	e->old_addr = 0;
-	e->old_size = 0;
-	e->pid = task->tgid;
-	e->tid = task->pid;
-	e->kind = kind;
-	e->flags = 0;
-	e->nframes = 0;
-	e->stack_err = 0;
 	if (bpf_ringbuf_output(&events, e, MEMLEAK_HDR_SIZE, wakeup_flags()))
 		count_lost(ML_RING_FULL);
 }
@@ -811,28 +825,27 @@ int malloc_session(struct pt_regs *ctx)
 
 /* free() and munmap(): entry only, skipped inside an outermost call. One
  * program each, so neither needs the attach cookie. */
-SEC("uprobe.multi")
-int free_entry(struct pt_regs *ctx)
+static __always_inline int free_probe(struct pt_regs *ctx, __u8 kind, __u64 size)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 addr = PT_REGS_PARM1(ctx);
 
 	if (!addr || enclosing_call(ctx, task))
 		return 0;
-	record_free(task, MK_FREE, addr, 0);
+	record_free(task, kind, addr, size);
 	return 0;
+}
+
+SEC("uprobe.multi")
+int free_entry(struct pt_regs *ctx)
+{
+	return free_probe(ctx, MK_FREE, 0);
 }
 
 SEC("uprobe.multi")
 int munmap_entry(struct pt_regs *ctx)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 addr = PT_REGS_PARM1(ctx);
-
-	if (!addr || enclosing_call(ctx, task))
-		return 0;
-	record_free(task, MK_MUNMAP, addr, PT_REGS_PARM2(ctx));
-	return 0;
+	return free_probe(ctx, MK_MUNMAP, PT_REGS_PARM2(ctx));
 }
 
 /* The overhead floor for benchmarks: the same probes at the same places,

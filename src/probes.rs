@@ -234,10 +234,10 @@ impl<'obj> Probes<'obj> {
             &mut p.alloc_session,
             &mut p.malloc_session,
             &mut p.free_entry,
+            &mut p.munmap_entry,
         ] {
             prog.set_autoload(!cfg.count_only);
         }
-        p.munmap_entry.set_autoload(!cfg.count_only);
         for prog in [&mut p.count_session, &mut p.count_entry] {
             prog.set_autoload(cfg.count_only);
         }

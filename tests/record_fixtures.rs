@@ -115,6 +115,15 @@ fn seed_with_jemalloc_via_object() {
 /// the return, so foreign pending returns sit among ours (sized operator
 /// delete jumps to operator delete, which jumps to free). Nesting must
 /// still be found: each C++ operator and libc wrapper is one event.
+/// The pids of `pid`'s children.
+fn children_of(pid: u32) -> Vec<i32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children"))
+        .unwrap_or_default()
+        .split_whitespace()
+        .filter_map(|p| p.parse().ok())
+        .collect()
+}
+
 #[test]
 fn beside_another_recording() {
     /// Ends the other recording however the test ends: its command is
@@ -122,12 +131,7 @@ fn beside_another_recording() {
     struct Other(std::process::Child);
     impl Drop for Other {
         fn drop(&mut self) {
-            let children = format!("/proc/{0}/task/{0}/children", self.0.id());
-            let kids = std::fs::read_to_string(children).unwrap_or_default();
-            for pid in kids
-                .split_whitespace()
-                .filter_map(|p| p.parse::<i32>().ok())
-            {
+            for pid in children_of(self.0.id()) {
                 // SAFETY: signalling the command our child started.
                 unsafe { libc::kill(pid, libc::SIGKILL) };
             }
@@ -146,11 +150,9 @@ fn beside_another_recording() {
     );
     // The other recorder's child execs its command once the probes are
     // attached: wait for it to stop being a copy of memleak.
-    let children = format!("/proc/{0}/task/{0}/children", rec.0.id());
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
     let attached = || {
-        let kids = std::fs::read_to_string(&children).unwrap_or_default();
-        kids.split_whitespace().any(|pid| {
+        children_of(rec.0.id()).iter().any(|pid| {
             let comm = std::fs::read_to_string(format!("/proc/{pid}/comm")).unwrap_or_default();
             comm.trim() == "sleep"
         })

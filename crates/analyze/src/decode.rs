@@ -154,7 +154,7 @@ impl<'t> Decoder<'t> {
     /// Hands back a decoded row group whose buffers the next reads can
     /// reuse.
     pub fn recycle(&self, c: Columns) {
-        let mut spare = self.spare.lock().unwrap_or_else(|e| e.into_inner());
+        let mut spare = crate::lock_pool(&self.spare);
         if spare.len() < SPARE {
             spare.push(c);
         }
@@ -246,12 +246,7 @@ impl Decoder<'_> {
         let start = ranges.iter().map(|r| r.0).min()?;
         let end = ranges.iter().map(|r| r.0.checked_add(r.1)).max()??;
         let len = usize::try_from(end - start).ok()?;
-        let mut data = self
-            .bufs
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
+        let mut data = crate::lock_pool(&self.bufs).pop().unwrap_or_default();
         // Zero only what was never used: the read overwrites it all.
         if data.len() < len {
             data.resize(len, 0);
@@ -263,22 +258,14 @@ impl Decoder<'_> {
             base: start,
             data: data.into(),
         });
-        let mut c = self
-            .spare
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .pop()
-            .unwrap_or_default();
+        let mut c = crate::lock_pool(&self.spare).pop().unwrap_or_default();
         c.rows = rows;
         let ok =
             SCRATCH.with(|s| decode_into(&chunk, md, &leaves, rows, &mut s.borrow_mut(), &mut c));
         // Take the read buffer back once the pages referring to it are gone.
         if let Ok(chunk) = Arc::try_unwrap(chunk) {
             if let Ok(b) = chunk.data.try_into_mut() {
-                self.bufs
-                    .lock()
-                    .unwrap_or_else(|e| e.into_inner())
-                    .push(b.into());
+                crate::lock_pool(&self.bufs).push(b.into());
             }
         }
         match ok {

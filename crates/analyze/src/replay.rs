@@ -288,7 +288,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         for d in cur {
             decoder.recycle(d.cols);
             if let Some(r) = d.rows_of {
-                rows_pool.lock().unwrap_or_else(|e| e.into_inner()).push(r);
+                crate::lock_pool(&rows_pool).push(r);
             }
         }
         next = decoded_next;
@@ -445,11 +445,7 @@ impl Decoded {
         }
         let mut rows_len = vec![0; ctx.nparts];
         let rows_of = (ctx.nparts > 1).then(|| {
-            let mut out = pool
-                .lock()
-                .unwrap_or_else(|e| e.into_inner())
-                .pop()
-                .unwrap_or_default();
+            let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
             split_rows(cols.slices(rows), ctx, &mut out, &mut rows_len);
             out
         });
