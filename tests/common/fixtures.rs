@@ -3,13 +3,35 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::OnceLock;
+use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
 
 use memleak_analyze::report::{analyze, AnalyzeOptions, Report};
 use serde_json::Value;
 
 pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// Recordings made by this test process. Most run in parallel (a read
+/// guard each); a fixture whose expected file says `record_alone` takes
+/// the write guard, so that no other recording's probes share its
+/// libraries while it runs.
+static RECORDINGS: RwLock<()> = RwLock::new(());
+
+pub enum RecordingGuard {
+    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
+    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
+}
+
+/// Held while a recording runs (see [`RECORDINGS`]).
+pub fn recording_guard(alone: bool) -> RecordingGuard {
+    // A test that panicked while holding the lock poisons it; the
+    // recordings of the others are still fine to run.
+    if alone {
+        RecordingGuard::Alone(RECORDINGS.write().unwrap_or_else(|e| e.into_inner()))
+    } else {
+        RecordingGuard::Shared(RECORDINGS.read().unwrap_or_else(|e| e.into_inner()))
+    }
 }
 
 /// Builds every fixture once per test process.
@@ -75,6 +97,13 @@ impl Fixture {
 
     /// Records the fixture to completion; returns the trace directory.
     pub fn record(&self, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
+        let _guard = recording_guard(self.expected.get("record_alone").is_some());
+        self.record_unguarded(extra)
+    }
+
+    /// [`Fixture::record`] for a caller that holds a recording guard
+    /// already (a second read guard could wait forever behind a writer).
+    pub fn record_unguarded(&self, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("trace.parquet");
         let out = memleak()
