@@ -33,6 +33,8 @@ const volatile __u64 wakeup_bytes = 1 << 20;
 const volatile __u32 kernel_tgid = 0;
 const volatile __u32 self_tgid = 0; /* the recorder: its own allocations are not traced */
 const volatile bool kernel_stacks = true;
+#define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
+
 /* The top byte of memleak's session cookies: set per recording from a
  * random nonzero byte, so that another recorder's or tool's cookies are
  * not taken for ours. */
@@ -99,9 +101,14 @@ struct cpu_buf {
 };
 
 struct cpu_bufs {
-	struct cpu_buf slot[CPU_BUFS];
 	__u64 submitted; /* events submitted on this CPU, by any program (racy:
 			  * it only paces the ring queries) */
+	/* The clock reading that user-space events of this CPU reuse
+	 * (event_time()). */
+	__u64 clock_ns;
+	__u64 clock_tick; /* jiffies when it was read; 0 while it is replaced */
+	__u64 clock_uses; /* events stamped with it since */
+	struct cpu_buf slot[CPU_BUFS];
 };
 
 struct {
@@ -175,11 +182,49 @@ static __always_inline void count_lost(__u32 reason)
 		__sync_fetch_and_add(v, 1);
 }
 
+static __always_inline struct cpu_bufs *this_cpu_bufs(void)
+{
+	__u32 zero = 0;
+
+	return bpf_map_lookup_elem(&cpu_bufs, &zero);
+}
+
+/* The time of a user-space allocator event. A clock read costs ~45 ns
+ * here (rdtsc behind a serializing fence, through two calls), two per
+ * malloc+free pair: 90 ns, a sixth of what recording adds to the pair.
+ * jiffies costs nothing (the verifier inlines the load). So a CPU reuses
+ * its last reading while the tick has not moved, for at most
+ * CLOCK_REUSE events: every time is a real CLOCK_MONOTONIC reading,
+ * taken on the event's CPU at most CLOCK_REUSE - 1 events earlier and in
+ * the same tick (1-10 ms), never after the event. In a busy thread that
+ * is a few microseconds; an idle one reads the clock at every event.
+ * Programs preempted mid-update can only leave an older reading in place
+ * (the tick is cleared while the reading is replaced). */
+#define CLOCK_REUSE 16
+
+static __always_inline __u64 event_time(struct cpu_bufs *bufs)
+{
+	__u64 tick = bpf_jiffies64(), now;
+
+	if (bufs && bufs->clock_tick == tick && bufs->clock_uses < CLOCK_REUSE - 1) {
+		bufs->clock_uses++;
+		return bufs->clock_ns;
+	}
+	now = bpf_ktime_get_ns();
+	if (bufs) {
+		WRITE_ONCE(bufs->clock_tick, 0);
+		WRITE_ONCE(bufs->clock_ns, now);
+		bufs->clock_uses = 0;
+		WRITE_ONCE(bufs->clock_tick, tick);
+	}
+	return now;
+}
+
 /* Fills the header of an event being built in `e`. */
 static __always_inline struct memleak_event *init_event_of(struct memleak_event *e, __u8 kind,
-							   __u32 pid, __u32 tid)
+							   __u32 pid, __u32 tid, __u64 ts)
 {
-	e->ts_ns = bpf_ktime_get_ns();
+	e->ts_ns = ts;
 	e->pid = pid;
 	e->tid = tid;
 	e->kind = kind;
@@ -194,11 +239,12 @@ static __always_inline struct memleak_event *init_event_of(struct memleak_event 
 }
 
 /* The same, for the current task. */
-static __always_inline struct memleak_event *init_event(struct memleak_event *e, __u8 kind)
+static __always_inline struct memleak_event *init_event(struct memleak_event *e, __u8 kind,
+							__u64 ts)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 
-	return init_event_of(e, kind, id >> 32, (__u32)id);
+	return init_event_of(e, kind, id >> 32, (__u32)id, ts);
 }
 
 /* An event in the per-CPU buffer, for tracepoint programs (preemption
@@ -217,7 +263,7 @@ static __always_inline struct memleak_event *get_cpu_event(__u8 kind)
 		return 0;
 	}
 	s->depth = d + 1;
-	return init_event(&s->ev[d], kind);
+	return init_event(&s->ev[d], kind, bpf_ktime_get_ns());
 }
 
 static __always_inline void put_cpu_event(void)
@@ -336,19 +382,18 @@ out:
  * wakeup_bytes. */
 #define WAKEUP_QUERY_EVERY 16
 
-static __always_inline __u64 wakeup_flags(void)
+static __always_inline __u64 wakeup_flags(struct cpu_bufs *bufs)
 {
-	__u32 zero = 0;
-	struct cpu_bufs *bufs = bpf_map_lookup_elem(&cpu_bufs, &zero);
-
 	if (bufs && (bufs->submitted++ % WAKEUP_QUERY_EVERY))
 		return BPF_RB_NO_WAKEUP;
 	return bpf_ringbuf_query(&events, BPF_RB_AVAIL_DATA) >= wakeup_bytes ? BPF_RB_FORCE_WAKEUP
 									    : BPF_RB_NO_WAKEUP;
 }
 
-/* stack: 0 none, 1 kernel stack via bpf_get_stack, 2 frames already in e. */
-static __always_inline void submit(void *ctx, struct memleak_event *e, int stack, bool kernel)
+/* stack: 0 none, 1 kernel stack via bpf_get_stack, 2 frames already in e.
+ * `bufs`: this CPU's buffers, if the caller has them. */
+static __always_inline void submit(void *ctx, struct memleak_event *e, int stack, bool kernel,
+				   struct cpu_bufs *bufs)
 {
 	__u64 len = MEMLEAK_HDR_SIZE;
 	__u64 flags;
@@ -380,7 +425,7 @@ static __always_inline void submit(void *ctx, struct memleak_event *e, int stack
 	}
 	if (len > sizeof(*e))
 		len = sizeof(*e);
-	flags = wakeup_flags();
+	flags = wakeup_flags(bufs ? bufs : this_cpu_bufs());
 	if (bpf_ringbuf_output(&events, e, len, flags))
 		count_lost(ML_RING_FULL);
 }
@@ -553,11 +598,12 @@ static __always_inline void record_free(struct task_struct *task, __u8 kind, __u
 {
 	__u64 hdr[MEMLEAK_HDR_SIZE / 8];
 	struct memleak_event *e = (void *)hdr;
+	struct cpu_bufs *bufs = this_cpu_bufs();
 
-	init_event_of(e, kind, task->tgid, task->pid);
+	init_event_of(e, kind, task->tgid, task->pid, event_time(bufs));
 	e->addr = addr;
 	e->size = size;
-	if (bpf_ringbuf_output(&events, e, MEMLEAK_HDR_SIZE, wakeup_flags()))
+	if (bpf_ringbuf_output(&events, e, MEMLEAK_HDR_SIZE, wakeup_flags(bufs)))
 		count_lost(ML_RING_FULL);
 }
 
@@ -682,7 +728,6 @@ static __always_inline int fast_return(struct pt_regs *ctx, __u64 cookie)
 	struct cpu_bufs *bufs;
 	struct cpu_buf *buf = 0;
 	struct memleak_event *e;
-	__u32 zero = 0;
 
 	if (kind == MK_MMAP && (long)addr == -1)
 		addr = 0;
@@ -692,7 +737,7 @@ static __always_inline int fast_return(struct pt_regs *ctx, __u64 cookie)
 	}
 	if (size < min_size || size > max_size)
 		return 0;
-	bufs = bpf_map_lookup_elem(&cpu_bufs, &zero);
+	bufs = this_cpu_bufs();
 	if (!bufs)
 		return 0;
 	for (int i = 0; i < CPU_BUFS; i++) {
@@ -705,11 +750,11 @@ static __always_inline int fast_return(struct pt_regs *ctx, __u64 cookie)
 		count_lost(ML_INFLIGHT_FULL);
 		return 0;
 	}
-	e = init_event(&buf->b.ev, kind);
+	e = init_event(&buf->b.ev, kind, event_time(bufs));
 	e->addr = addr;
 	e->size = size;
 	walk_user_stack(ctx, &buf->b);
-	submit(ctx, e, 2, false);
+	submit(ctx, e, 2, false, bufs);
 	buf->busy = 0;
 	return 0;
 }
@@ -791,14 +836,14 @@ static __always_inline int state_return(struct pt_regs *ctx, __u64 cookie)
 	}
 	if (!old && (size < min_size || size > max_size))
 		return 0;
-	e = init_event(&st->buf.ev, kind);
+	e = init_event(&st->buf.ev, kind, event_time(this_cpu_bufs()));
 	e->addr = addr;
 	e->size = size;
 	e->old_addr = old;
 	e->old_size = old_size;
 	if (addr)
 		walk_user_stack(ctx, &st->buf);
-	submit(ctx, e, addr ? 2 : 0, false);
+	submit(ctx, e, addr ? 2 : 0, false, 0);
 	return 0;
 }
 
@@ -915,7 +960,7 @@ static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 		return 0;
 	e->pid = tgid;
 	e->addr = arg;
-	submit(0, e, 0, false);
+	submit(0, e, 0, false, 0);
 	put_cpu_event();
 	return 0;
 }
@@ -988,7 +1033,7 @@ static __always_inline int kernel_event(void *ctx, __u8 kind, __u64 addr, __u64 
 		return 0;
 	e->addr = addr;
 	e->size = size;
-	submit(ctx, e, size && kernel_stacks, true);
+	submit(ctx, e, size && kernel_stacks, true, 0);
 	put_cpu_event();
 	return 0;
 }
