@@ -52,6 +52,20 @@ struct Entry {
 pub struct StackInterner {
     by_digest: DigestMap<Vec<Entry>>,
     next_id: u64,
+    /// The stack interned last, checked first: allocation loops repeat
+    /// one call site, and comparing a few frames is cheaper than hashing
+    /// them and probing the map. `frames` is reused, never reallocated
+    /// once grown.
+    last: LastStack,
+}
+
+#[derive(Default)]
+struct LastStack {
+    valid: bool,
+    pid: u32,
+    kernel: bool,
+    id: u64,
+    frames: Vec<u64>,
 }
 
 /// Result of interning a stack.
@@ -67,6 +81,33 @@ impl StackInterner {
     /// Looks up or inserts a stack.
     #[inline]
     pub fn intern<I>(&mut self, pid: u32, kernel: bool, frames: I) -> Interned
+    where
+        I: ExactSizeIterator<Item = u64> + Clone,
+    {
+        let last = &self.last;
+        if last.valid
+            && last.pid == pid
+            && last.kernel == kernel
+            && last.frames.len() == frames.len()
+            && last.frames.iter().copied().eq(frames.clone())
+        {
+            return Interned {
+                id: last.id,
+                new: false,
+            };
+        }
+        let found = self.intern_slow(pid, kernel, frames.clone());
+        let last = &mut self.last;
+        last.valid = true;
+        last.pid = pid;
+        last.kernel = kernel;
+        last.id = found.id;
+        last.frames.clear();
+        last.frames.extend(frames);
+        found
+    }
+
+    fn intern_slow<I>(&mut self, pid: u32, kernel: bool, frames: I) -> Interned
     where
         I: ExactSizeIterator<Item = u64> + Clone,
     {
@@ -109,6 +150,9 @@ impl StackInterner {
     /// Forgets the stacks of a process whose image was replaced (exec):
     /// its old addresses mean nothing now.
     pub fn forget_pid(&mut self, pid: u32) {
+        if self.last.pid == pid && !self.last.kernel {
+            self.last.valid = false;
+        }
         for bucket in self.by_digest.values_mut() {
             bucket.retain(|e| e.pid != pid || e.kernel);
         }
@@ -131,6 +175,27 @@ mod tests {
         assert_eq!(b, Interned { id: 1, new: false });
         assert_eq!([c.id, d.id, e.id], [2, 3, 4]);
         assert!(c.new && d.new && e.new);
+    }
+
+    #[test]
+    fn the_last_stack_is_remembered_only_while_it_is_the_same() {
+        let mut s = StackInterner::default();
+        let a = s.intern(7, false, [1u64, 2, 3].into_iter());
+        // Same frames, other pid or stack kind, or a prefix: not the memo.
+        let b = s.intern(8, false, [1u64, 2, 3].into_iter());
+        let c = s.intern(8, true, [1u64, 2, 3].into_iter());
+        let d = s.intern(8, true, [1u64, 2].into_iter());
+        assert_eq!([a.id, b.id, c.id, d.id], [1, 2, 3, 4]);
+        // Alternating stacks keep their ids.
+        for _ in 0..3 {
+            assert_eq!(s.intern(7, false, [1u64, 2, 3].into_iter()).id, 1);
+            assert_eq!(s.intern(8, true, [1u64, 2].into_iter()).id, 4);
+        }
+        // An exec forgets the pid's stacks, the memo included.
+        s.intern(7, false, [1u64, 2, 3].into_iter());
+        s.forget_pid(7);
+        let e = s.intern(7, false, [1u64, 2, 3].into_iter());
+        assert_eq!(e, Interned { id: 5, new: true });
     }
 
     #[test]
