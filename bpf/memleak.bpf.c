@@ -34,6 +34,7 @@ const volatile __u32 kernel_tgid = 0;
 const volatile __u32 self_tgid = 0; /* the recorder: its own allocations are not traced */
 const volatile bool kernel_stacks = true;
 #define WRITE_ONCE(x, v) (*(volatile typeof(x) *)&(x) = (v))
+#define READ_ONCE(x) (*(volatile typeof(x) *)&(x))
 
 /* The top byte of memleak's session cookies: set per recording from a
  * random nonzero byte, so that another recorder's or tool's cookies are
@@ -195,28 +196,44 @@ static __always_inline struct cpu_bufs *this_cpu_bufs(void)
  * jiffies costs nothing (the verifier inlines the load). So a CPU reuses
  * its last reading while the tick has not moved, for at most
  * CLOCK_REUSE events: every time is a real CLOCK_MONOTONIC reading,
- * taken on the event's CPU at most CLOCK_REUSE - 1 events earlier and in
- * the same tick (1-10 ms), never after the event. In a busy thread that
- * is a few microseconds; an idle one reads the clock at every event.
- * Programs preempted mid-update can only leave an older reading in place
- * (the tick is cleared while the reading is replaced). */
+ * taken on the event's CPU before the event, during the same tick (which
+ * lasts 1-10 ms, longer if the CPU that advances jiffies stalls), at most
+ * CLOCK_REUSE - 1 events earlier (more only if programs are preempted
+ * inside this function: the count is not atomic). An idle thread reads
+ * the clock at every event. The reading is published with its tick
+ * cleared while it changes, and a reader checks the tick again after
+ * loading it, so a reading replaced meanwhile (by a preempting program
+ * or a kernel event's interrupt) is never taken for the new tick's.
+ * Kernel and lifecycle events read the clock every time and publish it
+ * for the user events that follow. User space then raises each row's time
+ * to the row before's (ring order is causal), so rows are in time order. */
 #define CLOCK_REUSE 16
+
+static __always_inline void publish_time(struct cpu_bufs *bufs, __u64 tick, __u64 now)
+{
+	WRITE_ONCE(bufs->clock_tick, 0);
+	WRITE_ONCE(bufs->clock_ns, now);
+	WRITE_ONCE(bufs->clock_uses, 0);
+	WRITE_ONCE(bufs->clock_tick, tick);
+}
 
 static __always_inline __u64 event_time(struct cpu_bufs *bufs)
 {
-	__u64 tick = bpf_jiffies64(), now;
+	/* jiffies first: a reading is never older than the tick it is
+	 * published for. */
+	__u64 tick = bpf_jiffies64(), uses, ts, now;
 
-	if (bufs && bufs->clock_tick == tick && bufs->clock_uses < CLOCK_REUSE - 1) {
-		bufs->clock_uses++;
-		return bufs->clock_ns;
+	if (bufs && READ_ONCE(bufs->clock_tick) == tick) {
+		uses = READ_ONCE(bufs->clock_uses);
+		ts = READ_ONCE(bufs->clock_ns);
+		if (uses < CLOCK_REUSE - 1 && READ_ONCE(bufs->clock_tick) == tick) {
+			WRITE_ONCE(bufs->clock_uses, uses + 1);
+			return ts;
+		}
 	}
 	now = bpf_ktime_get_ns();
-	if (bufs) {
-		WRITE_ONCE(bufs->clock_tick, 0);
-		WRITE_ONCE(bufs->clock_ns, now);
-		bufs->clock_uses = 0;
-		WRITE_ONCE(bufs->clock_tick, tick);
-	}
+	if (bufs)
+		publish_time(bufs, tick, now);
 	return now;
 }
 
@@ -247,6 +264,19 @@ static __always_inline struct memleak_event *init_event(struct memleak_event *e,
 	return init_event_of(e, kind, id >> 32, (__u32)id, ts);
 }
 
+/* The time of a kernel or lifecycle event: a fresh reading, which the
+ * CPU's user-space events then reuse (an exec's first allocations are not
+ * stamped before the exec). */
+static __always_inline __u64 kernel_event_time(void)
+{
+	__u64 tick = bpf_jiffies64(), now = bpf_ktime_get_ns();
+	struct cpu_bufs *bufs = this_cpu_bufs();
+
+	if (bufs)
+		publish_time(bufs, tick, now);
+	return now;
+}
+
 /* An event in the per-CPU buffer, for tracepoint programs (preemption
  * off). Pair with put_cpu_event(). */
 static __always_inline struct memleak_event *get_cpu_event(__u8 kind)
@@ -263,7 +293,7 @@ static __always_inline struct memleak_event *get_cpu_event(__u8 kind)
 		return 0;
 	}
 	s->depth = d + 1;
-	return init_event(&s->ev[d], kind, bpf_ktime_get_ns());
+	return init_event(&s->ev[d], kind, kernel_event_time());
 }
 
 static __always_inline void put_cpu_event(void)

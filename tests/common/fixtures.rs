@@ -3,7 +3,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::sync::{OnceLock, RwLock, RwLockReadGuard, RwLockWriteGuard};
+use std::sync::OnceLock;
 
 use memleak_analyze::report::{analyze, AnalyzeOptions, Report};
 use serde_json::Value;
@@ -12,26 +12,28 @@ pub fn root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// Recordings made by this test process. Most run in parallel (a read
-/// guard each); a fixture whose expected file says `record_alone` takes
-/// the write guard, so that no other recording's probes share its
-/// libraries while it runs.
-static RECORDINGS: RwLock<()> = RwLock::new(());
+/// Held while a recording runs. Most recordings share the lock; a fixture
+/// whose expected file says `record_alone` takes it exclusively, so that
+/// no other recording's probes share its libraries while it runs. It is a
+/// file lock, so recordings of other test processes on the machine (a
+/// second `cargo test`, nextest) are kept out too; each guard has its own
+/// open file, and shared holders never wait on each other.
+pub struct RecordingGuard(#[allow(dead_code)] std::fs::File);
 
-pub enum RecordingGuard {
-    Shared(#[allow(dead_code)] RwLockReadGuard<'static, ()>),
-    Alone(#[allow(dead_code)] RwLockWriteGuard<'static, ()>),
-}
-
-/// Held while a recording runs (see [`RECORDINGS`]).
 pub fn recording_guard(alone: bool) -> RecordingGuard {
-    // A test that panicked while holding the lock poisons it; the
-    // recordings of the others are still fine to run.
-    if alone {
-        RecordingGuard::Alone(RECORDINGS.write().unwrap_or_else(|e| e.into_inner()))
-    } else {
-        RecordingGuard::Shared(RECORDINGS.read().unwrap_or_else(|e| e.into_inner()))
-    }
+    use std::os::fd::AsRawFd;
+    let path = std::env::temp_dir().join("memleak-test-recordings.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&path)
+        .unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let op = if alone { libc::LOCK_EX } else { libc::LOCK_SH };
+    // SAFETY: flock on a descriptor this guard owns; closing it unlocks.
+    let rc = unsafe { libc::flock(file.as_raw_fd(), op) };
+    assert_eq!(rc, 0, "flock {}", path.display());
+    RecordingGuard(file)
 }
 
 /// Builds every fixture once per test process.
@@ -102,7 +104,7 @@ impl Fixture {
     }
 
     /// [`Fixture::record`] for a caller that holds a recording guard
-    /// already (a second read guard could wait forever behind a writer).
+    /// already.
     pub fn record_unguarded(&self, extra: &[&str]) -> (tempfile::TempDir, PathBuf) {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("trace.parquet");
@@ -276,8 +278,30 @@ pub fn check_fixture(fx: &Fixture) {
     check_trace(fx, &trace, &["outstanding", "mappings"]);
 }
 
+/// Rows are in time order: `ts_ns` never steps back, across threads and
+/// CPUs included (docs/format.md), so a free is never stamped before the
+/// allocation it frees.
+fn check_times(fx: &Fixture, trace: &Path) {
+    let t = memleak_trace::Trace::open(trace).unwrap();
+    let mut last = 0u64;
+    let mut rows = 0u64;
+    for batch in t.events(memleak_trace::reader::EventColumns::TS).unwrap() {
+        for ts in batch.unwrap().ts_ns {
+            assert!(
+                ts >= last,
+                "{}: row {rows} is stamped {} ns before the row before it",
+                fx.name,
+                last - ts
+            );
+            last = ts;
+            rows += 1;
+        }
+    }
+}
+
 /// Checks a recorded trace against the expected groups under `keys`.
 pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
+    check_times(fx, trace);
     let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
     assert_eq!(report.summary.lost_total(), 0, "{}: lost events", fx.name);
     let (user, runtime) = fx.actual_groups(&report);

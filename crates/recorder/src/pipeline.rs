@@ -52,6 +52,8 @@ pub struct Recorder {
     /// page frame numbers instead of struct page pointers.
     page_frames: Option<(u64, u64)>,
     stats: Stats,
+    /// Time of the last row written (see [`Recorder::handle`]).
+    last_ts: u64,
 }
 
 /// Re-reading maps on a miss is rate-limited per process: a JIT or a
@@ -75,6 +77,7 @@ impl Recorder {
             live: track_live.then(HashMap::new),
             page_frames: None,
             stats: Stats::default(),
+            last_ts: 0,
         }
     }
 
@@ -158,8 +161,18 @@ impl Recorder {
         if let Some(live) = &mut self.live {
             track_live(live, &mut self.stats.outstanding_bytes, kind, &raw);
         }
+        // Ring order is causal: an allocation is submitted before its call
+        // returns, so before any free of the block, on whatever CPU. Event
+        // times are not quite in that order: a CPU reuses its clock
+        // reading for up to 16 events of a tick, and any time is read
+        // before the record is reserved. Raising each time to the last
+        // row's keeps the rows in time order, and a free never before its
+        // allocation; every time is still one read before the event was
+        // submitted, so never after it.
+        let ts_ns = raw.ts_ns.max(self.last_ts);
+        self.last_ts = ts_ns;
         let ev = Event {
-            ts_ns: raw.ts_ns,
+            ts_ns,
             pid: raw.pid,
             tid: raw.tid,
             kind,
