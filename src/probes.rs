@@ -247,6 +247,14 @@ impl<'obj> Probes<'obj> {
             .kobjs
             .set_max_entries(if cfg.kernel { 1 << 18 } else { 1 })
             .context("sizing the kernel objects map")?;
+        // So are the slab programs' per-CPU tokens (192 KiB a CPU, 3 ms of
+        // start-up to allocate).
+        if !cfg.kernel {
+            open.maps
+                .tokens
+                .set_max_entries(1)
+                .context("sizing the tokens map")?;
+        }
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
             .events
