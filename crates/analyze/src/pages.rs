@@ -409,7 +409,11 @@ fn zigzag(v: u64) -> i64 {
 }
 
 /// Unpacks `out.len()` little-endian bit-packed values of `width` bits
-/// (at most 64) from `src` into `out`, through `conv`.
+/// (at most 64) from the start of `src` into `out`, through `conv`.
+/// `src` may go on past the packed values (the rest of the page): values
+/// whose 16-byte window ends inside it are then read in place, so only
+/// the last values of a page go through a padded copy, not every
+/// miniblock.
 #[inline(always)]
 fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> T) -> Option<()> {
     let count = out.len();
@@ -419,15 +423,14 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
     }
     let w = width as usize;
     let bytes = (count * w).div_ceil(8);
-    let src = src.get(..bytes)?;
+    src.get(..bytes)?;
     let mask = if width == 64 {
         u64::MAX
     } else {
         (1u64 << width) - 1
     };
     // Values whose 16-byte window lies inside `src` are read in place;
-    // the rest (all of a short run, such as a 32-value miniblock) from a
-    // zero-padded copy.
+    // the rest from a zero-padded copy of what they need.
     let safe = if src.len() >= 16 {
         ((src.len() - 16) * 8 / w + 1).min(count)
     } else {
@@ -435,12 +438,12 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
     };
     let (head, tail_out) = out.split_at_mut(safe);
     unpack_from(src, w, mask, 0, head, &conv);
-    let from = safe * w / 8;
-    let tail = &src[from..];
-    let mut pad = [0u8; 288];
     if tail_out.is_empty() {
         return Some(());
     }
+    let from = safe * w / 8;
+    let tail = &src[from..bytes];
+    let mut pad = [0u8; 288];
     if tail.len() + 16 <= pad.len() {
         pad[..tail.len()].copy_from_slice(tail);
         unpack_from(&pad, w, mask, safe * w - from * 8, tail_out, &conv);
@@ -518,7 +521,7 @@ fn hybrid<T: Copy>(
             let take = count.min(dst.len());
             let (run, rest) = dst.split_at_mut(take);
             // The last run may stop short of its declared groups.
-            unpack(&data[..nb.min(data.len())], width, run, &conv)?;
+            unpack(data, width, run, &conv)?;
             data = &data[nb.min(data.len())..];
             dst = rest;
         }
