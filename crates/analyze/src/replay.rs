@@ -191,7 +191,14 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
 
     let units = trace.event_units();
     let window = rayon::current_num_threads().max(1);
-    let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
+    // The first window is one row group, so replay starts as soon as it
+    // is decoded rather than after a whole window: at the start the other
+    // threads are busy reading the stacks and frames tables.
+    let first = units.len().min(1);
+    let chunks: Vec<&[RowGroupUnit]> = std::iter::once(&units[..first])
+        .filter(|c| !c.is_empty())
+        .chain(units[first..].chunks(window))
+        .collect();
     let decoder = Decoder::new(trace);
     let rows_pool = RowsPool::default();
     let allocated_pool: Mutex<Vec<Allocated>> = Mutex::new(Vec::new());
