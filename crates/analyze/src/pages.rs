@@ -841,6 +841,23 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
     let w = width as usize;
     let bytes = (count * w).div_ceil(8);
     src.get(..bytes)?;
+    if width == 1 {
+        // Definition levels: eight values a byte, no window to read.
+        let mut chunks = out.chunks_exact_mut(8);
+        for (o, &b) in (&mut chunks).zip(src) {
+            for (j, v) in o.iter_mut().enumerate() {
+                *v = conv(((b >> j) & 1) as u64);
+            }
+        }
+        let rest = chunks.into_remainder();
+        if !rest.is_empty() {
+            let b = src[count / 8];
+            for (j, v) in rest.iter_mut().enumerate() {
+                *v = conv(((b >> j) & 1) as u64);
+            }
+        }
+        return Some(());
+    }
     let mask = if width == 64 {
         u64::MAX
     } else {
