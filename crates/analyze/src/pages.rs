@@ -1008,11 +1008,14 @@ fn delta<T: Copy>(
             }
             let take = per_mini.min(n - at);
             let nb = per_mini * w as usize / 8;
-            let src = data.get(..nb.min(data.len()))?;
             let d = &mut deltas[..take];
-            unpack(src, w as u32, d, |u| u)?;
+            // The rest of the page, not just this miniblock: unpack then
+            // reads in place (see `unpack`). The minimum is added as the
+            // deltas are unpacked, leaving one add per value in the
+            // running sum.
+            unpack(data, w as u32, d, |u| u.wrapping_add(min_delta as u64))?;
             for (o, &u) in out[at..at + take].iter_mut().zip(d.iter()) {
-                last = last.wrapping_add(min_delta).wrapping_add(u as i64);
+                last = last.wrapping_add(u as i64);
                 *o = conv(last as u64 & keep);
             }
             data = &data[nb.min(data.len())..];
