@@ -871,7 +871,7 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
         0
     };
     let (head, tail_out) = out.split_at_mut(safe);
-    unpack_from(src, w, mask, 0, head, &conv);
+    unpack_head(src, w, mask, head, &conv);
     if tail_out.is_empty() {
         return Some(());
     }
@@ -887,6 +887,46 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
         unpack_from(&big, w, mask, safe * w - from * 8, tail_out, &conv);
     }
     Some(())
+}
+
+/// [`unpack_from`] from bit 0: for widths up to 32, eight values at a
+/// time with the width a constant, so that every offset and shift in a
+/// group of eight is known when compiling (the general loop computes
+/// them for each value); the rest through [`unpack_from`].
+#[inline(always)]
+fn unpack_head<T>(src: &[u8], w: usize, mask: u64, out: &mut [T], conv: &impl Fn(u64) -> T) {
+    macro_rules! fixed {
+        ($($n:literal)*) => {
+            match w {
+                $($n => unpack_fixed::<$n, T>(src, out, conv),)*
+                _ => 0,
+            }
+        };
+    }
+    let done = fixed!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
+    unpack_from(src, w, mask, done * w, &mut out[done..], conv);
+}
+
+/// Unpacks the values of `out` in whole groups of eight, `W` bits each,
+/// from bit 0 of `src`, which extends 16 bytes past the first byte of
+/// each value; returns how many it unpacked.
+#[inline(always)]
+fn unpack_fixed<const W: usize, T>(src: &[u8], out: &mut [T], conv: &impl Fn(u64) -> T) -> usize {
+    let mask = (1u64 << W) - 1;
+    let mut groups = out.chunks_exact_mut(8);
+    let mut base = 0;
+    for o in &mut groups {
+        // The last value of the group starts at byte 7 * W / 8, and its
+        // 16-byte window covers these W + 8 bytes.
+        let s = &src[base..base + W + 8];
+        for (j, v) in o.iter_mut().enumerate() {
+            let bit = j * W;
+            let word = u64::from_le_bytes(s[bit / 8..bit / 8 + 8].try_into().unwrap());
+            *v = conv((word >> (bit % 8)) & mask);
+        }
+        base += W;
+    }
+    out.len() / 8 * 8
 }
 
 /// Unpacks `out.len()` values of `w` bits starting at bit `first` of
