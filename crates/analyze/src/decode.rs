@@ -525,7 +525,7 @@ mod tests {
     fn page_decoder_matches_the_reference_reader() {
         use parquet::basic::{Compression, Encoding};
         use parquet::file::properties::WriterVersion;
-        let tunings: [Tuning; 6] = [
+        let tunings: [Tuning; 8] = [
             None,
             // Every column plain, uncompressed.
             Some(|b| {
@@ -554,6 +554,18 @@ mod tests {
             }),
             // Data pages v2.
             Some(|b| b.set_writer_version(WriterVersion::PARQUET_2_0)),
+            // Statistics in the page headers, which the page reader skips.
+            Some(|b| {
+                b.set_write_page_header_statistics(true)
+                    .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
+            }),
+            // The same with v2 pages, uncompressed.
+            Some(|b| {
+                b.set_writer_version(WriterVersion::PARQUET_2_0)
+                    .set_write_page_header_statistics(true)
+                    .set_statistics_enabled(parquet::file::properties::EnabledStatistics::Page)
+                    .set_compression(Compression::UNCOMPRESSED)
+            }),
         ];
         for (t, tuning) in tunings.into_iter().enumerate() {
             let dir = tempfile::tempdir().unwrap();

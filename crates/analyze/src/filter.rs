@@ -124,6 +124,15 @@ impl ResolvedFilter {
         size >= self.min_size && size <= self.max_size && ts >= self.from_ts && ts < self.to_ts
     }
 
+    /// Whether [`ResolvedFilter::alloc_selected`] is true for every size
+    /// and every time from `first` to `last`.
+    pub fn selects_every_allocation(&self, first: u64, last: u64) -> bool {
+        self.min_size == 0
+            && self.max_size == u64::MAX
+            && self.from_ts <= first
+            && last < self.to_ts
+    }
+
     /// Whether an allocation of `size` bytes made at `ts` and still
     /// outstanding at `at` counts.
     #[inline]

@@ -31,6 +31,7 @@
 
 use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
+use std::sync::Mutex;
 
 use memleak_trace::reader::RowGroupUnit;
 use memleak_trace::{EventKind, Trace};
@@ -163,6 +164,8 @@ pub struct AllocatedTotals {
 /// What a replay leaves: the outstanding state and the totals.
 pub struct Replay {
     partitions: Vec<Partition>,
+    /// Allocations counted while decoding.
+    allocated: Allocated,
     stats: ReplayStats,
 }
 
@@ -184,14 +187,21 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .unwrap_or(0),
     };
     let ctx = Ctx::new(nparts, &opts.filter);
-    let mut partitions: Vec<Partition> =
-        (0..nparts).map(|i| Partition::new(i, max_stack)).collect();
+    let mut partitions: Vec<Partition> = (0..nparts).map(Partition::new).collect();
 
     let units = trace.event_units();
     let window = rayon::current_num_threads().max(1);
-    let chunks: Vec<&[RowGroupUnit]> = units.chunks(window).collect();
+    // The first window is one row group, so replay starts as soon as it
+    // is decoded rather than after a whole window: at the start the other
+    // threads are busy reading the stacks and frames tables.
+    let first = units.len().min(1);
+    let chunks: Vec<&[RowGroupUnit]> = std::iter::once(&units[..first])
+        .filter(|c| !c.is_empty())
+        .chain(units[first..].chunks(window))
+        .collect();
     let decoder = Decoder::new(trace);
     let rows_pool = RowsPool::default();
+    let allocated_pool: Mutex<Vec<Allocated>> = Mutex::new(Vec::new());
     // Where the time goes, for MEMLEAK_ANALYZE_TIMING=1 (ns of CPU in
     // decoding, replaying partitions, and the sequential peak pass).
     let timing = std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some();
@@ -204,7 +214,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .par_iter()
             .map(|u| {
                 let t = std::time::Instant::now();
-                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx, &rows_pool);
+                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx, &rows_pool, &allocated_pool);
                 timed(&t_decode, t);
                 d
             })
@@ -310,16 +320,27 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         }
     }
     for p in &partitions {
-        stats.allocations += p.counts.allocations;
         stats.frees += p.counts.frees;
-        stats.allocated_bytes += p.counts.allocated_bytes;
         stats.freed_bytes += p.counts.freed_bytes;
         stats.anomalies.add(&p.counts.anomalies);
     }
+    let mut allocated = Allocated::new(max_stack);
+    for a in allocated_pool
+        .into_inner()
+        .unwrap_or_else(|e| e.into_inner())
+    {
+        allocated.merge(&a);
+    }
+    stats.allocations = allocated.allocations;
+    stats.allocated_bytes = allocated.bytes;
     stats.peak_bytes = peak.max(0) as u64;
     stats.peak_ts = peak_ts;
     stats.outstanding_bytes = outstanding.max(0) as u64;
-    Ok(Replay { partitions, stats })
+    Ok(Replay {
+        partitions,
+        allocated,
+        stats,
+    })
 }
 
 impl Replay {
@@ -398,13 +419,9 @@ impl Replay {
     /// those the filter selects.
     pub fn allocated_by_stack(&self) -> IntMap<u64, AllocatedTotals> {
         let mut out: IntMap<u64, AllocatedTotals> = int_map();
-        for p in &self.partitions {
-            p.totals.for_each(|stack, t| {
-                let e = out.entry(stack).or_default();
-                e.allocations += t.allocations;
-                e.bytes += t.bytes;
-            });
-        }
+        self.allocated.totals.for_each(|stack, t| {
+            out.insert(stack, *t);
+        });
         out
     }
 }
@@ -432,6 +449,7 @@ impl Decoded {
         at: Option<u64>,
         ctx: &Ctx<'_>,
         pool: &RowsPool,
+        allocated: &Mutex<Vec<Allocated>>,
     ) -> memleak_trace::Result<Decoded> {
         let cols = decoder.read(unit)?;
         let all = cols.slices(cols.len());
@@ -440,9 +458,11 @@ impl Decoded {
             None => cols.len(),
         };
         let mut kinds = Box::new([0u64; 256]);
-        for &k in &all.kind[..rows] {
-            kinds[k as usize] += 1;
-        }
+        let mut acc = crate::lock_pool(allocated)
+            .pop()
+            .unwrap_or_else(|| Allocated::new(0));
+        count_allocations(cols.slices(rows), ctx, &mut kinds, &mut acc);
+        crate::lock_pool(allocated).push(acc);
         let mut rows_len = vec![0; ctx.nparts];
         let rows_of = (ctx.nparts > 1).then(|| {
             let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
@@ -463,6 +483,92 @@ impl Decoded {
         self.rows_of.as_ref().map(|r| &r[p][..self.rows_len[p]])
     }
 }
+
+/// Allocations and their bytes, in all and by stack (those the filter
+/// selects), counted while decoding.
+struct Allocated {
+    allocations: u64,
+    bytes: u64,
+    totals: StackTotals,
+}
+
+impl Allocated {
+    fn new(max_stack: u64) -> Self {
+        Allocated {
+            allocations: 0,
+            bytes: 0,
+            totals: StackTotals::new(max_stack),
+        }
+    }
+
+    fn merge(&mut self, o: &Allocated) {
+        self.allocations += o.allocations;
+        self.bytes += o.bytes;
+        o.totals
+            .for_each(|stack, t| self.totals.add_totals(stack, t));
+    }
+}
+
+/// Counts the allocations replay makes in these rows, which depend on
+/// the row alone, not on the outstanding blocks: done while decoding, on
+/// the threads that wait for the single replay thread otherwise, they
+/// take a table lookup and an update of the per-stack totals off each
+/// allocation replay makes. An allocation (of the heap, the kernel or
+/// pages) or realloc counts if its address is not 0, a mapping if its
+/// size is not 0 either, an mremap if its new address is not 0 (exactly
+/// the rows whose replay allocates); its stack's totals count it if the
+/// filter selects it.
+fn count_allocations(b: Slices<'_>, ctx: &Ctx<'_>, kinds: &mut [u64; 256], acc: &mut Allocated) {
+    let f = ctx.filter;
+    let n = b.kind.len();
+    // Rows are in time order: when the filter selects every size and the
+    // whole time span of these rows, the timestamps need not be read.
+    let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
+    match (f.has_pids(), every) {
+        (false, true) => count_rows::<false, false>(b, ctx, kinds, acc),
+        (false, false) => count_rows::<false, true>(b, ctx, kinds, acc),
+        (true, true) => count_rows::<true, false>(b, ctx, kinds, acc),
+        (true, false) => count_rows::<true, true>(b, ctx, kinds, acc),
+    }
+}
+
+/// [`count_allocations`], which also counts the rows of each kind,
+/// for a filter with (`BY_PID`) or without a process filter, and with
+/// (`BY_SIZE_TIME`) or without a size or time range to apply.
+#[inline(always)]
+fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool>(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+) {
+    let f = ctx.filter;
+    for i in 0..b.kind.len() {
+        let kind = b.kind[i] as usize;
+        kinds[kind] += 1;
+        let class = ctx.alloc_class[kind];
+        let (addr, size) = (b.addr[i], b.size[i]);
+        let mut yes = (class != NOT_ALLOC) & (addr != 0) & ((class != MAP_ALLOC) | (size != 0));
+        if BY_PID && yes {
+            yes = f.pid_selected(b.pid[i]);
+        }
+        acc.allocations += yes as u64;
+        acc.bytes += size & 0u64.wrapping_sub(yes as u64);
+        let counted = if BY_SIZE_TIME {
+            yes & f.alloc_selected(size, b.ts[i])
+        } else {
+            yes
+        };
+        acc.totals.add_if(b.stack_id[i], size, counted);
+    }
+}
+
+/// In [`Ctx::alloc_class`]: rows of the kind allocate nothing (or the
+/// filter drops the kind), allocate if their address is not 0, or if
+/// their size is not 0 either.
+const NOT_ALLOC: u8 = 0;
+const ADDR_ALLOC: u8 = 1;
+const MAP_ALLOC: u8 = 2;
 
 /// Lists, for each partition, the rows it takes part in: the owner of the
 /// address (both owners for a realloc), partition 0 for mappings, every
@@ -571,6 +677,8 @@ struct Ctx<'a> {
     /// Kinds replayed by the owner of their address alone (allocations
     /// and frees).
     by_addr: [bool; 256],
+    /// How [`count_allocations`] counts rows of a kind.
+    alloc_class: [u8; 256],
     filter: &'a ResolvedFilter,
 }
 
@@ -583,7 +691,14 @@ impl<'a> Ctx<'a> {
         let mut kind_ok = [false; 256];
         let mut table_of = [KERNEL_SLOT as u8; 256];
         let mut by_addr = [false; 256];
+        let mut alloc_class = [NOT_ALLOC; 256];
         for &k in EventKind::ALL {
+            alloc_class[k as usize] = match op_of(k) {
+                _ if !filter.kind_selected(k) => NOT_ALLOC,
+                Op::Alloc | Op::KernelAlloc | Op::PageAlloc | Op::Realloc | Op::Remap => ADDR_ALLOC,
+                Op::Map => MAP_ALLOC,
+                _ => NOT_ALLOC,
+            };
             ops[k as usize] = op_of(k);
             kind_ok[k as usize] = filter.kind_selected(k);
             table_of[k as usize] = match op_of(k) {
@@ -607,6 +722,7 @@ impl<'a> Ctx<'a> {
             kind_ok,
             table_of,
             by_addr,
+            alloc_class,
             filter,
         }
     }
@@ -629,9 +745,7 @@ impl<'a> Ctx<'a> {
 
 #[derive(Default, Clone, Copy)]
 struct Counts {
-    allocations: u64,
     frees: u64,
-    allocated_bytes: u64,
     freed_bytes: u64,
     anomalies: Anomalies,
 }
@@ -670,6 +784,32 @@ impl StackTotals {
         };
         t.allocations += 1;
         t.bytes += bytes;
+    }
+
+    /// [`StackTotals::add`] if `yes`, without a branch on it when the
+    /// stack is in the flat array.
+    #[inline(always)]
+    fn add_if(&mut self, stack: u64, bytes: u64, yes: bool) {
+        match self.dense.get_mut(stack as usize) {
+            Some(t) => {
+                t.allocations += yes as u64;
+                t.bytes += bytes & 0u64.wrapping_sub(yes as u64);
+            }
+            None if yes => self.add(stack, bytes),
+            None => {}
+        }
+    }
+
+    fn add_totals(&mut self, stack: u64, t: &AllocatedTotals) {
+        if stack as usize >= self.dense.len() {
+            self.grow(stack);
+        }
+        let e = match self.dense.get_mut(stack as usize) {
+            Some(e) => e,
+            None => self.sparse.entry(stack).or_default(),
+        };
+        e.allocations += t.allocations;
+        e.bytes += t.bytes;
     }
 
     /// Ids the stacks table did not announce: keep small ones dense.
@@ -737,7 +877,6 @@ struct Partition {
     pid_cache: [(u32, u32); PID_CACHE],
     /// Fingerprints of recently freed (namespace, address) pairs.
     recent_frees: Box<[u64]>,
-    totals: StackTotals,
     counts: Counts,
     /// Changes of outstanding bytes this partition made in the current
     /// row group: (row, delta), in row order. Each partition keeps its own
@@ -752,14 +891,13 @@ struct Partition {
 }
 
 impl Partition {
-    fn new(index: usize, max_stack: u64) -> Self {
+    fn new(index: usize) -> Self {
         Partition {
             index,
             pids: vec![PidState::new(KERNEL_PID), PidState::new(PAGE_PID)],
             slot_of: int_map(),
             pid_cache: [(NO_PID, 0); PID_CACHE],
             recent_frees: vec![0; RECENT_FREES].into_boxed_slice(),
-            totals: StackTotals::new(max_stack),
             counts: Counts::default(),
             deltas: Vec::new(),
             outstanding: 0,
@@ -798,20 +936,7 @@ impl Partition {
     }
 
     #[inline(always)]
-    fn alloc(
-        &mut self,
-        slot: usize,
-        addr: u64,
-        size: u64,
-        ts: u64,
-        stack: u64,
-        f: &ResolvedFilter,
-    ) -> i64 {
-        self.counts.allocations += 1;
-        self.counts.allocated_bytes += size;
-        if f.alloc_selected(size, ts) {
-            self.totals.add(stack, size);
-        }
+    fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
         match self.pids[slot]
             .blocks
             .insert(addr, Block { size, ts, stack })
@@ -909,7 +1034,6 @@ impl Partition {
         let p = self.index;
         let (kinds, addrs, sizes) = (b.kind, b.addr, b.size);
         let (ts, pids, stacks, olds) = (b.ts, b.pid, b.stack_id, b.old_addr);
-        let f = ctx.filter;
         for k in 0..AHEAD.min(count) {
             self.prefetch_row(&b, row(k), ctx);
         }
@@ -932,7 +1056,7 @@ impl Partition {
                         Op::KernelAlloc => KERNEL_SLOT,
                         _ => PAGE_SLOT,
                     };
-                    let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i], f);
+                    let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
                     self.emit::<ALONE>(i, d, ts[i]);
                 }
                 op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
@@ -964,7 +1088,7 @@ impl Partition {
                         d += self.free(slot, old);
                     }
                     if own_new {
-                        d += self.alloc(slot, new, size, ts[i], stacks[i], f);
+                        d += self.alloc(slot, new, size, ts[i], stacks[i]);
                     }
                     self.emit::<ALONE>(i, d, ts[i]);
                 }
@@ -973,7 +1097,7 @@ impl Partition {
                         continue;
                     }
                     let slot = self.slot(pids[i]);
-                    let d = self.replay_range(op, slot, b, i, f);
+                    let d = self.replay_range(op, slot, b, i);
                     self.emit::<ALONE>(i, d, ts[i]);
                 }
                 Op::Exec => {
@@ -1012,14 +1136,7 @@ impl Partition {
     }
 
     #[cold]
-    fn replay_range(
-        &mut self,
-        op: Op,
-        slot: usize,
-        b: Slices<'_>,
-        i: usize,
-        f: &ResolvedFilter,
-    ) -> i64 {
+    fn replay_range(&mut self, op: Op, slot: usize, b: Slices<'_>, i: usize) -> i64 {
         let (addr, size, ts, stack) = (b.addr[i], b.size[i], b.ts[i], b.stack_id[i]);
         match op {
             Op::Map => {
@@ -1038,11 +1155,6 @@ impl Partition {
                         origin,
                     },
                 );
-                self.counts.allocations += 1;
-                self.counts.allocated_bytes += size;
-                if f.alloc_selected(size, ts) {
-                    self.totals.add(stack, size);
-                }
                 size as i64 - replaced as i64
             }
             Op::Unmap => {
@@ -1079,11 +1191,6 @@ impl Partition {
                 if removed > 0 {
                     self.counts.frees += 1;
                     self.counts.freed_bytes += removed;
-                }
-                self.counts.allocations += 1;
-                self.counts.allocated_bytes += size;
-                if f.alloc_selected(size, ts) {
-                    self.totals.add(stack, size);
                 }
                 size as i64 - removed as i64
             }

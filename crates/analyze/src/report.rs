@@ -437,22 +437,30 @@ fn build_stacks(
             e.histogram.add(eval_ts.saturating_sub(b.ts), count, b.size);
         },
     );
-    let mut by_stack: IntMap<u64, OutstandingByStack> = int_map();
-    for (part, _) in per_partition {
-        for (stack, o) in part {
-            match by_stack.get_mut(&stack) {
-                Some(e) => {
-                    e.bytes += o.bytes;
-                    e.count += o.count;
-                    e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
-                    e.histogram.merge(&o.histogram);
-                }
-                None => {
-                    by_stack.insert(stack, o);
+    // Merged pairwise on the pool's threads, not one after another.
+    use rayon::prelude::*;
+    let mut by_stack: IntMap<u64, OutstandingByStack> = per_partition
+        .into_par_iter()
+        .map(|(part, _)| part)
+        .reduce(int_map, |mut a, mut b| {
+            if a.len() < b.len() {
+                std::mem::swap(&mut a, &mut b);
+            }
+            for (stack, o) in b {
+                match a.get_mut(&stack) {
+                    Some(e) => {
+                        e.bytes += o.bytes;
+                        e.count += o.count;
+                        e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
+                        e.histogram.merge(&o.histogram);
+                    }
+                    None => {
+                        a.insert(stack, o);
+                    }
                 }
             }
-        }
-    }
+            a
+        });
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
 
     let ids: std::collections::BTreeSet<u64> =
@@ -462,7 +470,6 @@ fn build_stacks(
         .map(|id| (id, by_stack.remove(&id)))
         .collect();
     // Resolving frames copies their names: in parallel.
-    use rayon::prelude::*;
     let mut out: Vec<StackReport> = ids
         .into_par_iter()
         .map(|(id, o)| {
