@@ -209,19 +209,24 @@ static __always_inline struct cpu_bufs *this_cpu_bufs(void)
  * to the row before's (ring order is causal), so rows are in time order. */
 #define CLOCK_REUSE 16
 
-static __always_inline void publish_time(struct cpu_bufs *bufs, __u64 tick, __u64 now)
+/* Reads the clock and publishes the reading for `tick` (jiffies read
+ * before the clock: a reading is never older than its tick). */
+static __always_inline __u64 fresh_time(struct cpu_bufs *bufs, __u64 tick)
 {
-	WRITE_ONCE(bufs->clock_tick, 0);
-	WRITE_ONCE(bufs->clock_ns, now);
-	WRITE_ONCE(bufs->clock_uses, 0);
-	WRITE_ONCE(bufs->clock_tick, tick);
+	__u64 now = bpf_ktime_get_ns();
+
+	if (bufs) {
+		WRITE_ONCE(bufs->clock_tick, 0);
+		WRITE_ONCE(bufs->clock_ns, now);
+		WRITE_ONCE(bufs->clock_uses, 0);
+		WRITE_ONCE(bufs->clock_tick, tick);
+	}
+	return now;
 }
 
 static __always_inline __u64 event_time(struct cpu_bufs *bufs)
 {
-	/* jiffies first: a reading is never older than the tick it is
-	 * published for. */
-	__u64 tick = bpf_jiffies64(), uses, ts, now;
+	__u64 tick = bpf_jiffies64(), uses, ts;
 
 	if (bufs && READ_ONCE(bufs->clock_tick) == tick) {
 		uses = READ_ONCE(bufs->clock_uses);
@@ -231,10 +236,7 @@ static __always_inline __u64 event_time(struct cpu_bufs *bufs)
 			return ts;
 		}
 	}
-	now = bpf_ktime_get_ns();
-	if (bufs)
-		publish_time(bufs, tick, now);
-	return now;
+	return fresh_time(bufs, tick);
 }
 
 /* Fills the header of an event being built in `e`. */
@@ -269,12 +271,7 @@ static __always_inline struct memleak_event *init_event(struct memleak_event *e,
  * stamped before the exec). */
 static __always_inline __u64 kernel_event_time(void)
 {
-	__u64 tick = bpf_jiffies64(), now = bpf_ktime_get_ns();
-	struct cpu_bufs *bufs = this_cpu_bufs();
-
-	if (bufs)
-		publish_time(bufs, tick, now);
-	return now;
+	return fresh_time(this_cpu_bufs(), bpf_jiffies64());
 }
 
 /* An event in the per-CPU buffer, for tracepoint programs (preemption

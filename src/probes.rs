@@ -241,19 +241,13 @@ impl<'obj> Probes<'obj> {
         for prog in [&mut p.count_session, &mut p.count_entry] {
             prog.set_autoload(cfg.count_only);
         }
-        // The kernel objects' LRU map is preallocated (15 MiB and ~4 ms of
-        // start-up at full size); only --kernel uses it.
-        open.maps
-            .kobjs
-            .set_max_entries(if cfg.kernel { 1 << 18 } else { 1 })
-            .context("sizing the kernel objects map")?;
-        // So are the slab programs' per-CPU tokens (192 KiB a CPU, 3 ms of
-        // start-up to allocate).
+        // Maps only --kernel uses are shrunk to one entry otherwise: the
+        // kernel objects' LRU map is preallocated (15 MiB, ~4 ms of
+        // start-up), the slab programs' per-CPU tokens 192 KiB a CPU (3 ms).
         if !cfg.kernel {
-            open.maps
-                .tokens
-                .set_max_entries(1)
-                .context("sizing the tokens map")?;
+            for map in [&mut open.maps.kobjs, &mut open.maps.tokens] {
+                map.set_max_entries(1).context("sizing a kernel-mode map")?;
+            }
         }
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
@@ -278,13 +272,22 @@ impl<'obj> Probes<'obj> {
         // more serves the other allocators (the attach cookie says which),
         // and free and munmap have an entry program each.
         let malloc = EventKind::Malloc as u8;
+        let progs = &self.skel.progs;
         let groups = [
-            (ProbeMode::Session, Some(malloc)),
-            (ProbeMode::Session, None),
-            (ProbeMode::EntryOnly, Some(EventKind::Free as u8)),
-            (ProbeMode::EntryOnly, Some(EventKind::Munmap as u8)),
+            (ProbeMode::Session, Some(malloc), &progs.malloc_session),
+            (ProbeMode::Session, None, &progs.alloc_session),
+            (
+                ProbeMode::EntryOnly,
+                Some(EventKind::Free as u8),
+                &progs.free_entry,
+            ),
+            (
+                ProbeMode::EntryOnly,
+                Some(EventKind::Munmap as u8),
+                &progs.munmap_entry,
+            ),
         ];
-        for (mode, cookie) in groups {
+        for (mode, cookie, recording) in groups {
             let points: Vec<_> = lib
                 .points
                 .iter()
@@ -305,14 +308,8 @@ impl<'obj> Probes<'obj> {
                 session: mode == ProbeMode::Session,
                 ..Default::default()
             };
-            let progs = &self.skel.progs;
             let prog = match (mode, self.count_only) {
-                (ProbeMode::Session, false) if cookie == Some(malloc) => &progs.malloc_session,
-                (ProbeMode::Session, false) => &progs.alloc_session,
-                (ProbeMode::EntryOnly, false) if cookie == Some(EventKind::Munmap as u8) => {
-                    &progs.munmap_entry
-                }
-                (ProbeMode::EntryOnly, false) => &progs.free_entry,
+                (_, false) => recording,
                 (ProbeMode::Session, true) => &progs.count_session,
                 (ProbeMode::EntryOnly, true) => &progs.count_entry,
             };

@@ -194,10 +194,14 @@ impl ElfFile {
             path: path.to_path_buf(),
             source,
         };
-        let file = std::fs::File::open(path).map_err(io)?;
+        let mut file = std::fs::File::open(path).map_err(io)?;
         let data = match Mapping::of(&file) {
             Some(m) => Bytes::Mapped(m),
-            None => Bytes::Owned(std::fs::read(path).map_err(io)?),
+            None => {
+                let mut v = Vec::new();
+                std::io::Read::read_to_end(&mut file, &mut v).map_err(io)?;
+                Bytes::Owned(v)
+            }
         };
         Self::parse_bytes(data)
     }

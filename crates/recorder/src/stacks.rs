@@ -61,10 +61,10 @@ pub struct StackInterner {
 
 #[derive(Default)]
 struct LastStack {
-    valid: bool,
+    /// 0: none (ids start at 1).
+    id: u64,
     pid: u32,
     kernel: bool,
-    id: u64,
     frames: Vec<u64>,
 }
 
@@ -85,7 +85,7 @@ impl StackInterner {
         I: ExactSizeIterator<Item = u64> + Clone,
     {
         let last = &self.last;
-        if last.valid
+        if last.id != 0
             && last.pid == pid
             && last.kernel == kernel
             && last.frames.len() == frames.len()
@@ -98,7 +98,6 @@ impl StackInterner {
         }
         let found = self.intern_slow(pid, kernel, frames.clone());
         let last = &mut self.last;
-        last.valid = true;
         last.pid = pid;
         last.kernel = kernel;
         last.id = found.id;
@@ -151,7 +150,7 @@ impl StackInterner {
     /// its old addresses mean nothing now.
     pub fn forget_pid(&mut self, pid: u32) {
         if self.last.pid == pid && !self.last.kernel {
-            self.last.valid = false;
+            self.last.id = 0;
         }
         for bucket in self.by_digest.values_mut() {
             bucket.retain(|e| e.pid != pid || e.kernel);
