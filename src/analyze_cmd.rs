@@ -200,14 +200,17 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
             fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
-            write_file(&dir.join("report.txt"), text::render(&report).as_bytes())?;
-            write_file(&dir.join("report.json"), json::render(&report).as_bytes())?;
-            write_file(
-                &dir.join("stacks.folded"),
+            emit(
+                Some(&dir.join("report.txt")),
+                text::render(&report).as_bytes(),
+            )?;
+            emit_with(Some(&dir.join("report.json")), |w| json::write(&report, w))?;
+            emit(
+                Some(&dir.join("stacks.folded")),
                 folded::render(&report, weight).as_bytes(),
             )?;
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
-            write_file(&dir.join("flamegraph.svg"), &svg)?;
+            emit(Some(&dir.join("flamegraph.svg")), &svg)?;
             eprintln!(
                 "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
                 dir.display()
@@ -226,17 +229,7 @@ fn rayon_pool(threads: usize) -> Result<(), String> {
 }
 
 fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
-    match path {
-        Some(p) => write_file(p, bytes),
-        None => {
-            let mut out = std::io::stdout().lock();
-            match out.write_all(bytes).and_then(|_| out.flush()) {
-                // A closed pipe (`| head`) is the reader's choice, not an error.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-                r => r.context("writing to stdout"),
-            }
-        }
-    }
+    emit_with(path, |w| w.write_all(bytes))
 }
 
 /// Like [`emit`], for output written piece by piece as it is made.
@@ -261,8 +254,4 @@ fn emit_with(
             }
         }
     }
-}
-
-fn write_file(path: &Path, bytes: &[u8]) -> anyhow::Result<()> {
-    fs::write(path, bytes).with_context(|| format!("{}", path.display()))
 }

@@ -889,7 +889,7 @@ fn unpack<T: Copy>(src: &[u8], width: u32, out: &mut [T], conv: impl Fn(u64) -> 
     Some(())
 }
 
-/// [`unpack_from`] from bit 0: for widths up to 32, eight values at a
+/// [`unpack_from`] from bit 0: for widths 2 to 32 (1 never gets here), eight values at a
 /// time with the width a constant, so that every offset and shift in a
 /// group of eight is known when compiling (the general loop computes
 /// them for each value); the rest through [`unpack_from`].
@@ -903,7 +903,7 @@ fn unpack_head<T>(src: &[u8], w: usize, mask: u64, out: &mut [T], conv: &impl Fn
             }
         };
     }
-    let done = fixed!(1 2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
+    let done = fixed!(2 3 4 5 6 7 8 9 10 11 12 13 14 15 16 17 18 19 20 21 22 23 24 25 26 27 28 29 30 31 32);
     unpack_from(src, w, mask, done * w, &mut out[done..], conv);
 }
 

@@ -773,15 +773,21 @@ impl StackTotals {
         }
     }
 
+    /// The totals of `stack`, created if new.
     #[inline(always)]
-    fn add(&mut self, stack: u64, bytes: u64) {
+    fn entry(&mut self, stack: u64) -> &mut AllocatedTotals {
         if stack as usize >= self.dense.len() {
             self.grow(stack);
         }
-        let t = match self.dense.get_mut(stack as usize) {
+        match self.dense.get_mut(stack as usize) {
             Some(t) => t,
             None => self.sparse.entry(stack).or_default(),
-        };
+        }
+    }
+
+    #[inline(always)]
+    fn add(&mut self, stack: u64, bytes: u64) {
+        let t = self.entry(stack);
         t.allocations += 1;
         t.bytes += bytes;
     }
@@ -801,13 +807,7 @@ impl StackTotals {
     }
 
     fn add_totals(&mut self, stack: u64, t: &AllocatedTotals) {
-        if stack as usize >= self.dense.len() {
-            self.grow(stack);
-        }
-        let e = match self.dense.get_mut(stack as usize) {
-            Some(e) => e,
-            None => self.sparse.entry(stack).or_default(),
-        };
+        let e = self.entry(stack);
         e.allocations += t.allocations;
         e.bytes += t.bytes;
     }

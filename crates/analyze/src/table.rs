@@ -296,11 +296,7 @@ impl BlockTable {
 
     /// Every block, in no particular order.
     pub fn iter(&self) -> impl Iterator<Item = (u64, Block)> + '_ {
-        self.slots
-            .iter()
-            .filter(|s| s.live())
-            .map(|s| (s.addr, s.block()))
-            .chain(self.huge.iter().map(|(&a, &b)| (a, b)))
+        self.piece(0, usize::MAX)
     }
 
     /// How many pieces of at most `slots` slots [`BlockTable::piece`]
