@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
+mod events_file;
 pub mod meta;
 pub mod reader;
 pub mod schema;

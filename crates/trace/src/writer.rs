@@ -33,6 +33,7 @@ use parquet::file::properties::{
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
+use crate::events_file::EventsFile;
 use crate::meta::Meta;
 use crate::schema::{
     inlined_fields, Event, EventKind, FrameRecord, MapRecord, StackRecord, Table, TABLE_KEY,
@@ -94,13 +95,53 @@ trait Rows {
     fn recycle(&mut self, _batch: RecordBatch) {}
 }
 
+/// An open segment file.
+enum SegmentFile {
+    /// Every table but `events`.
+    Arrow(Box<ArrowWriter<File>>),
+    /// `events`, whose `kind` column is encoded by memleak.
+    Events(Box<EventsFile>),
+}
+
+impl SegmentFile {
+    fn create(table: Table, file: File, props: WriterProperties) -> parquet::errors::Result<Self> {
+        Ok(match table {
+            Table::Events => SegmentFile::Events(Box::new(EventsFile::try_new(
+                file,
+                props,
+                EVENTS_PAGE_ROWS,
+            )?)),
+            _ => SegmentFile::Arrow(Box::new(ArrowWriter::try_new(
+                file,
+                table.schema(),
+                Some(props),
+            )?)),
+        })
+    }
+
+    fn write(&mut self, batch: &RecordBatch) -> parquet::errors::Result<()> {
+        match self {
+            SegmentFile::Arrow(w) => w.write(batch),
+            SegmentFile::Events(w) => w.write(batch),
+        }
+    }
+
+    /// Writes the footer and returns the file.
+    fn into_inner(self) -> parquet::errors::Result<File> {
+        match self {
+            SegmentFile::Arrow(w) => w.into_inner(),
+            SegmentFile::Events(w) => w.into_inner(),
+        }
+    }
+}
+
 /// One table's sequence of segments.
 struct TableSegments<R: Rows> {
     table: Table,
     dir: PathBuf,
     rows: R,
     props: WriterProperties,
-    open: Option<(ArrowWriter<File>, PathBuf)>,
+    open: Option<(SegmentFile, PathBuf)>,
     next_index: u32,
     batch_rows: usize,
     rows_in_segment: usize,
@@ -140,7 +181,7 @@ impl<R: Rows> TableSegments<R> {
                 .final_path(self.next_index)
                 .with_extension("parquet.inprogress");
             let file = create_private(&path).map_err(|e| Error::io(&path, e))?;
-            let writer = ArrowWriter::try_new(file, self.table.schema(), Some(self.props.clone()))
+            let writer = SegmentFile::create(self.table, file, self.props.clone())
                 .map_err(|e| Error::parquet_write(&path, e))?;
             self.open = Some((writer, path));
             self.rows_in_segment = 0;

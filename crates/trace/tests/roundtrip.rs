@@ -7,11 +7,12 @@ use std::fs::File;
 use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
-use arrow_array::{ArrayRef, RecordBatch, UInt32Array};
+use arrow_array::types::Int8Type;
+use arrow_array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray, UInt32Array};
 use arrow_schema::{DataType, Field, Schema};
 use common::*;
 use memleak_trace::schema::{Table, TABLE_KEY};
-use memleak_trace::{EventColumns, EventKind, Trace, TraceWriter, WriterOptions};
+use memleak_trace::{Event, EventColumns, EventKind, Trace, TraceWriter, WriterOptions};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
@@ -128,6 +129,76 @@ fn many_segments_are_read_in_order() {
         assert!(b.ts_ns[0] > last);
         last = *b.ts_ns.last().unwrap();
     }
+}
+
+/// The writer encodes `kind` itself (src/events_file.rs): check it across
+/// data pages (64Ki rows) and row groups, with one, two and all kinds in a
+/// chunk, through the Arrow reader as strings and through `Trace`.
+#[test]
+fn kinds_survive_across_pages_and_row_groups() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("kinds.parquet");
+    let rows = 250_000;
+    let mut x = 0x9e37_79b9_7f4a_7c15u64;
+    let events: Vec<Event> = synthetic_events(rows)
+        .into_iter()
+        .enumerate()
+        .map(|(i, mut e)| {
+            // Row group 0: malloc only; 1: malloc and free (as generated);
+            // 2: every kind, pseudo-random.
+            if i < 100_000 {
+                e.kind = EventKind::Malloc;
+            } else if i >= 200_000 {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                e.kind = EventKind::ALL[(x % EventKind::ALL.len() as u64) as usize];
+            }
+            e
+        })
+        .collect();
+    let opts = WriterOptions {
+        row_group_rows: 100_000,
+        ..WriterOptions::default()
+    };
+    write_trace(&root, opts, &events, &stacks(), &frames(), &maps());
+
+    let trace = Trace::open(&root).unwrap();
+    assert_eq!(trace.event_units().len(), 3);
+    assert_eq!(read_events(&trace), events);
+
+    let mut names = Vec::new();
+    for seg in segments(&root, "events") {
+        let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(seg).unwrap())
+            .unwrap()
+            .build()
+            .unwrap();
+        for batch in reader {
+            let batch = batch.unwrap();
+            let kind = batch.column_by_name("kind").unwrap();
+            let kind = kind
+                .as_any()
+                .downcast_ref::<DictionaryArray<Int8Type>>()
+                .expect("kind reads back as a dictionary");
+            let values = kind
+                .values()
+                .as_any()
+                .downcast_ref::<StringArray>()
+                .unwrap();
+            names.extend(
+                kind.keys()
+                    .iter()
+                    .map(|k| values.value(k.unwrap() as usize).to_string()),
+            );
+        }
+    }
+    let want: Vec<String> = events.iter().map(|e| e.kind.name().to_string()).collect();
+    assert_eq!(names.len(), want.len());
+    assert!(
+        names == want,
+        "kinds differ from row {:?}",
+        names.iter().zip(&want).position(|(a, b)| a != b)
+    );
 }
 
 #[test]
