@@ -131,11 +131,13 @@ fn many_segments_are_read_in_order() {
     }
 }
 
-/// The writer encodes `kind` itself (src/events_file.rs): check it across
-/// data pages (64Ki rows) and row groups, with one, two and all kinds in a
-/// chunk, through the Arrow reader as strings and through `Trace`.
+/// The writer encodes `kind`, `ts_ns`, `pid` and `tid` itself
+/// (src/events_file.rs): check them across data pages (64Ki rows) and row
+/// groups, with one, two and all kinds in a chunk and with constant,
+/// regular and arbitrary integers (every bit width up to 64), through
+/// `Trace` and, for `kind`, through the Arrow reader as strings.
 #[test]
-fn kinds_survive_across_pages_and_row_groups() {
+fn custom_encoded_columns_survive_across_pages_and_row_groups() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("kinds.parquet");
     let rows = 250_000;
@@ -149,10 +151,22 @@ fn kinds_survive_across_pages_and_row_groups() {
             if i < 100_000 {
                 e.kind = EventKind::Malloc;
             } else if i >= 200_000 {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                e.kind = EventKind::ALL[(x % EventKind::ALL.len() as u64) as usize];
+                let mut next = || {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    x
+                };
+                e.kind = EventKind::ALL[(next() % EventKind::ALL.len() as u64) as usize];
+                // Arbitrary values, of every magnitude.
+                let shift = next() % 64;
+                e.ts_ns = next() >> shift;
+                e.pid = (next() >> (shift / 2 + 32)) as u32;
+                e.tid = if i % 1000 == 0 {
+                    u32::MAX
+                } else {
+                    next() as u32
+                };
             }
             e
         })
