@@ -1,23 +1,35 @@
-//! An `events` segment file, with some of its columns encoded here.
+//! An `events` segment file, its columns encoded here.
 //!
-//! Parquet's Arrow writer is generic, and its cost shows in the recorder,
+//! Parquet's Arrow writer is generic, and its cost showed in the recorder,
 //! which writes every event. For `kind` it hashes and compares every
 //! row's string to find its dictionary entry again, although the keys of
 //! our Arrow dictionary already say which entry it is: 11.6 ns a row for
 //! that column alone, where the same keys as an Int8 column cost 5.7 (the
-//! `kind_cost` example). So `kind` is encoded here from the keys, in the
-//! encoding the Arrow writer produced: a PLAIN dictionary page of the
-//! kinds in the order they first appear, then RLE_DICTIONARY data pages
-//! (bit-packed runs). The DELTA_BINARY_PACKED columns (`ts_ns`, `pid`,
-//! `tid`) are encoded here too, in the same layout as Parquet's encoder
-//! (128-value blocks of four miniblocks), with `ts_ns`'s chunk min/max.
-//! The other columns go through Parquet's column writers. Pages are
-//! version 1 and compressed like the rest of the file, so readers
-//! (DuckDB, pyarrow, the analyzer) see the same columns as before.
+//! `kind_cost` example). Around every column it runs level and mini-batch
+//! machinery that a flat table of integers does not need. So the columns
+//! are encoded here, into the encodings the Arrow writer produced, and
+//! spliced into the file through Parquet's file writer:
 //!
-//! The `write_speed` example (4M events of a two-thread workload):
-//! 86.3 ns/event through the Arrow writer, 70.5 with `kind` encoded here,
-//! 64.5 with the delta columns too; 4.31 bytes/event throughout.
+//! - `kind`: a PLAIN dictionary page of the kinds in the order they first
+//!   appear, then RLE_DICTIONARY data pages (bit-packed runs);
+//! - `ts_ns`, `pid`, `tid`: DELTA_BINARY_PACKED in the layout of Parquet's
+//!   encoder (128-value blocks of four miniblocks), `ts_ns` with its chunk
+//!   min/max;
+//! - `size`: BYTE_STREAM_SPLIT;
+//! - `addr`, `old_addr`, `old_size`, `stack_id`: a PLAIN dictionary page
+//!   of the chunk's values, then RLE_DICTIONARY data pages, the nullable
+//!   ones with RLE/bit-packed definition levels (a chunk with no value has
+//!   no dictionary and PLAIN pages of levels only).
+//!
+//! Pages are version 1, of 64Ki rows, compressed like the rest of the
+//! file, so readers (DuckDB, pyarrow, the analyzer) see the same columns
+//! as before. Settings other than the writer's own (the `write_speed`
+//! example tries some) go through Parquet's column writers.
+//!
+//! The `write_speed` example (4M events of a two-thread workload, CPU per
+//! event): 86.3 ns through the Arrow writer, 70.5 with `kind` encoded
+//! here, 64.5 with the delta columns too, 61-65 with every column. The
+//! overhead benchmark's recorder: 108 ns per event before, 87 after.
 
 use std::fs::File;
 
@@ -51,12 +63,22 @@ enum Custom {
         int32: bool,
         stats: bool,
     },
+    /// A u64 column written BYTE_STREAM_SPLIT (`size`).
+    Split(Vec<u64>),
+    /// A u64 column written RLE_DICTIONARY (`addr`, and the nullable
+    /// `old_addr`, `old_size`, `stack_id`): the values present, and for a
+    /// nullable column each row's definition level (1 present, 0 null).
+    Dict {
+        values: Vec<u64>,
+        levels: Option<Vec<u8>>,
+    },
 }
 
 impl Custom {
-    /// How `field` is encoded here, if it is: `kind` always, the
-    /// integer columns that `props` give DELTA_BINARY_PACKED without a
-    /// dictionary (the `write_speed` example can change that).
+    /// How `field` is encoded here, if it is: `kind` always; the integer
+    /// columns as `props` say, when that is DELTA_BINARY_PACKED,
+    /// BYTE_STREAM_SPLIT or a dictionary (the `write_speed` example can
+    /// ask for other settings, which Parquet's writers then follow).
     fn for_field(field: &Field, props: &WriterProperties) -> Option<Custom> {
         let path = ColumnPath::from(field.name().as_str());
         if field.name() == "kind" {
@@ -67,22 +89,35 @@ impl Custom {
             DataType::UInt64 => false,
             _ => return None,
         };
-        if field.is_nullable()
-            || props.dictionary_enabled(&path)
-            || props.encoding(&path) != Some(Encoding::DELTA_BINARY_PACKED)
-        {
-            return None;
+        let nullable = field.is_nullable();
+        match (props.dictionary_enabled(&path), props.encoding(&path)) {
+            (true, _) if !int32 => Some(Custom::Dict {
+                values: Vec::new(),
+                levels: nullable.then(Vec::new),
+            }),
+            (false, Some(Encoding::DELTA_BINARY_PACKED)) if !nullable => Some(Custom::Delta {
+                values: Vec::new(),
+                int32,
+                stats: props.statistics_enabled(&path) != EnabledStatistics::None,
+            }),
+            (false, Some(Encoding::BYTE_STREAM_SPLIT)) if !nullable && !int32 => {
+                Some(Custom::Split(Vec::new()))
+            }
+            _ => None,
         }
-        Some(Custom::Delta {
-            values: Vec::new(),
-            int32,
-            stats: props.statistics_enabled(&path) != EnabledStatistics::None,
-        })
     }
 
     fn append(&mut self, col: &dyn Array) -> Result<()> {
         let wrong = || ParquetError::General(format!("unexpected {:?} column", col.data_type()));
-        if col.null_count() > 0 {
+        let u64s = || col.as_any().downcast_ref::<UInt64Array>().ok_or_else(wrong);
+        let required = !matches!(
+            self,
+            Custom::Dict {
+                levels: Some(_),
+                ..
+            }
+        );
+        if required && col.null_count() > 0 {
             return Err(ParquetError::General("nulls in a required column".into()));
         }
         match self {
@@ -110,20 +145,50 @@ impl Custom {
                 values.extend(a.values().iter().map(|&v| v as i32 as i64));
             }
             Custom::Delta { values, .. } => {
-                let a = col
-                    .as_any()
-                    .downcast_ref::<UInt64Array>()
-                    .ok_or_else(wrong)?;
-                values.extend(a.values().iter().map(|&v| v as i64));
+                values.extend(u64s()?.values().iter().map(|&v| v as i64));
+            }
+            Custom::Split(values)
+            | Custom::Dict {
+                values,
+                levels: None,
+            } => {
+                values.extend_from_slice(u64s()?.values());
+            }
+            Custom::Dict {
+                values,
+                levels: Some(levels),
+            } => {
+                let a = u64s()?;
+                match a.nulls() {
+                    None => {
+                        values.extend_from_slice(a.values());
+                        levels.resize(levels.len() + a.len(), 1);
+                    }
+                    Some(nulls) => {
+                        for (&v, present) in a.values().iter().zip(nulls.iter()) {
+                            if present {
+                                values.push(v);
+                            }
+                            levels.push(present as u8);
+                        }
+                    }
+                }
             }
         }
         Ok(())
     }
 
+    /// Rows buffered.
     fn len(&self) -> usize {
         match self {
             Custom::Kind(keys) => keys.len(),
             Custom::Delta { values, .. } => values.len(),
+            Custom::Split(values) => values.len(),
+            Custom::Dict {
+                levels: Some(levels),
+                ..
+            } => levels.len(),
+            Custom::Dict { values, .. } => values.len(),
         }
     }
 
@@ -131,6 +196,59 @@ impl Custom {
         match self {
             Custom::Kind(keys) => keys.clear(),
             Custom::Delta { values, .. } => values.clear(),
+            Custom::Split(values) => values.clear(),
+            Custom::Dict { values, levels } => {
+                values.clear();
+                if let Some(levels) = levels {
+                    levels.clear();
+                }
+            }
+        }
+    }
+}
+
+/// A dictionary of u64 values for one column chunk: entries in order of
+/// first appearance. The table's slots carry the generation of the chunk
+/// that filled them, so starting a chunk clears nothing.
+#[derive(Default)]
+struct U64Dict {
+    /// (value, entry, generation).
+    slots: Vec<(u64, u32, u32)>,
+    entries: Vec<u64>,
+    generation: u32,
+    shift: u32,
+}
+
+impl U64Dict {
+    /// Starts a chunk of up to `rows` values.
+    fn start(&mut self, rows: usize) {
+        let want = (rows.max(8) * 2).next_power_of_two();
+        if self.slots.len() < want || self.generation == u32::MAX {
+            self.slots = vec![(0, 0, 0); want];
+            self.shift = 64 - want.trailing_zeros();
+            self.generation = 0;
+        }
+        self.generation += 1;
+        self.entries.clear();
+    }
+
+    /// The entry of `v`, added if new.
+    #[inline]
+    fn index(&mut self, v: u64) -> u32 {
+        let mask = self.slots.len() - 1;
+        let mut i = (v.wrapping_mul(0x9e37_79b9_7f4a_7c15) >> self.shift) as usize;
+        loop {
+            let slot = &mut self.slots[i];
+            if slot.2 != self.generation {
+                let entry = self.entries.len() as u32;
+                *slot = (v, entry, self.generation);
+                self.entries.push(v);
+                return entry;
+            }
+            if slot.0 == v {
+                return slot.1;
+            }
+            i = (i + 1) & mask;
         }
     }
 }
@@ -150,6 +268,10 @@ pub(crate) struct EventsFile {
     writers: Option<Vec<ArrowColumnWriter>>,
     rows: usize,
     row_groups: usize,
+    dict: U64Dict,
+    /// A page before compression, and dictionary indices: reused.
+    page_buf: Vec<u8>,
+    index_buf: Vec<u64>,
 }
 
 impl EventsFile {
@@ -191,6 +313,9 @@ impl EventsFile {
             writers: None,
             rows: 0,
             row_groups: 0,
+            dict: U64Dict::default(),
+            page_buf: Vec::new(),
+            index_buf: Vec::new(),
         })
     }
 
@@ -271,13 +396,16 @@ impl EventsFile {
         let mut chunk = ChunkSizes::default();
         let mut stats = None;
         let encodings;
+        // Buffers reused from chunk to chunk.
+        let mut raw = std::mem::take(&mut self.page_buf);
+        let mut indices = std::mem::take(&mut self.index_buf);
+        indices.clear();
         match custom {
             Custom::Kind(keys) => {
                 encodings = vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY];
                 // Dictionary entries in order of first appearance.
                 let mut entry = [u8::MAX; 256];
                 let mut names: Vec<&str> = Vec::new();
-                let mut indices = Vec::with_capacity(keys.len());
                 for &k in keys {
                     let slot = &mut entry[k as u8 as usize];
                     if *slot == u8::MAX {
@@ -287,7 +415,7 @@ impl EventsFile {
                         *slot = names.len() as u8;
                         names.push(kind.name());
                     }
-                    indices.push(*slot);
+                    indices.push(*slot as u64);
                 }
                 let mut dict = Vec::new();
                 for name in &names {
@@ -296,7 +424,7 @@ impl EventsFile {
                 }
                 let dict_len = dict.len();
                 let page = Page::DictionaryPage {
-                    buf: self.compress(dict)?,
+                    buf: self.compress(&dict)?,
                     num_values: names.len() as u32,
                     encoding: Encoding::PLAIN,
                     is_sorted: false,
@@ -307,8 +435,10 @@ impl EventsFile {
                 );
                 let width = bit_width(names.len());
                 for part in indices.chunks(self.page_rows) {
-                    let raw = rle_dictionary_page(part, width);
-                    let page = self.data_page(raw, part.len(), Encoding::RLE_DICTIONARY)?;
+                    raw.clear();
+                    raw.push(width);
+                    bit_packed_run(&mut raw, part, width);
+                    let page = self.data_page(&raw, part.len(), Encoding::RLE_DICTIONARY)?;
                     chunk.add(pages.write_page(page)?, true);
                 }
             }
@@ -319,16 +449,76 @@ impl EventsFile {
             } => {
                 encodings = vec![Encoding::RLE, Encoding::DELTA_BINARY_PACKED];
                 for part in values.chunks(self.page_rows) {
-                    let raw = delta_page(part, *int32);
-                    let page = self.data_page(raw, part.len(), Encoding::DELTA_BINARY_PACKED)?;
+                    raw.clear();
+                    delta_page(&mut raw, part, *int32);
+                    let page = self.data_page(&raw, part.len(), Encoding::DELTA_BINARY_PACKED)?;
                     chunk.add(pages.write_page(page)?, true);
                 }
                 if *want_stats {
                     stats = Some(min_max(values, *int32));
                 }
             }
+            Custom::Split(values) => {
+                encodings = vec![Encoding::RLE, Encoding::BYTE_STREAM_SPLIT];
+                for part in values.chunks(self.page_rows) {
+                    raw.clear();
+                    byte_stream_split(&mut raw, part);
+                    let page = self.data_page(&raw, part.len(), Encoding::BYTE_STREAM_SPLIT)?;
+                    chunk.add(pages.write_page(page)?, true);
+                }
+            }
+            Custom::Dict { values, levels } => {
+                encodings = vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY];
+                let mut dict = std::mem::take(&mut self.dict);
+                dict.start(values.len());
+                indices.extend(values.iter().map(|&v| dict.index(v) as u64));
+                let width = bit_width(dict.entries.len());
+                if !dict.entries.is_empty() {
+                    raw.clear();
+                    raw.extend(dict.entries.iter().flat_map(|v| v.to_le_bytes()));
+                    let raw_len = raw.len();
+                    let page = Page::DictionaryPage {
+                        buf: self.compress(&raw)?,
+                        num_values: dict.entries.len() as u32,
+                        encoding: Encoding::PLAIN,
+                        is_sorted: false,
+                    };
+                    chunk.add(pages.write_page(CompressedPage::new(page, raw_len))?, false);
+                }
+                self.dict = dict;
+                // Pages of `page_rows` rows, and the values present in each.
+                let mut next = 0;
+                for first in (0..custom.len()).step_by(self.page_rows) {
+                    let rows = self.page_rows.min(custom.len() - first);
+                    raw.clear();
+                    let present = match levels {
+                        Some(levels) => {
+                            let page_levels = &levels[first..first + rows];
+                            def_levels(&mut raw, page_levels);
+                            page_levels.iter().filter(|&&l| l == 1).count()
+                        }
+                        None => rows,
+                    };
+                    let page_indices = &indices[next..next + present];
+                    next += present;
+                    let encoding = if indices.is_empty() {
+                        // No value in the chunk, so no dictionary.
+                        Encoding::PLAIN
+                    } else {
+                        raw.push(width);
+                        if !page_indices.is_empty() {
+                            bit_packed_run(&mut raw, page_indices, width);
+                        }
+                        Encoding::RLE_DICTIONARY
+                    };
+                    let page = self.data_page(&raw, rows, encoding)?;
+                    chunk.add(pages.write_page(page)?, true);
+                }
+            }
         }
         pages.close()?;
+        self.page_buf = raw;
+        self.index_buf = indices;
         let bytes = Bytes::from(sink.into_inner()?);
         let rows = custom.len();
         let mut metadata = ColumnChunkMetaData::builder(descr)
@@ -356,7 +546,7 @@ impl EventsFile {
     /// A version 1 data page of a required column (no levels).
     fn data_page(
         &mut self,
-        raw: Vec<u8>,
+        raw: &[u8],
         values: usize,
         encoding: Encoding,
     ) -> Result<CompressedPage> {
@@ -372,13 +562,13 @@ impl EventsFile {
         Ok(CompressedPage::new(page, raw_len))
     }
 
-    fn compress(&mut self, raw: Vec<u8>) -> Result<Bytes> {
+    fn compress(&mut self, raw: &[u8]) -> Result<Bytes> {
         if self.compression == Compression::UNCOMPRESSED {
-            return Ok(Bytes::from(raw));
+            return Ok(Bytes::copy_from_slice(raw));
         }
         let out = self
             .zstd
-            .compress(&raw)
+            .compress(raw)
             .map_err(|e| ParquetError::External(Box::new(e)))?;
         Ok(Bytes::from(out))
     }
@@ -447,12 +637,11 @@ const DELTA_MINIBLOCK: usize = DELTA_BLOCK / DELTA_MINIBLOCKS;
 
 /// A DELTA_BINARY_PACKED page body of `values` (the physical type's bits;
 /// `int32`: 32-bit arithmetic, which wraps as readers do).
-fn delta_page(values: &[i64], int32: bool) -> Vec<u8> {
-    let mut out = Vec::with_capacity(16 + values.len() / 4);
-    put_uvarint(&mut out, DELTA_BLOCK as u64);
-    put_uvarint(&mut out, DELTA_MINIBLOCKS as u64);
-    put_uvarint(&mut out, values.len() as u64);
-    put_zigzag(&mut out, values.first().copied().unwrap_or(0));
+fn delta_page(out: &mut Vec<u8>, values: &[i64], int32: bool) {
+    put_uvarint(out, DELTA_BLOCK as u64);
+    put_uvarint(out, DELTA_MINIBLOCKS as u64);
+    put_uvarint(out, values.len() as u64);
+    put_zigzag(out, values.first().copied().unwrap_or(0));
     let delta = |a: i64, b: i64| {
         if int32 {
             (a as i32).wrapping_sub(b as i32) as i64
@@ -476,7 +665,7 @@ fn delta_page(values: &[i64], int32: bool) -> Vec<u8> {
             *d = delta(block[j + 1], block[j]);
         }
         let min = deltas[..n].iter().copied().min().unwrap_or(0);
-        put_zigzag(&mut out, min);
+        put_zigzag(out, min);
         let widths_at = out.len();
         out.extend_from_slice(&[0; DELTA_MINIBLOCKS]);
         for (m, mini) in deltas[..n].chunks(DELTA_MINIBLOCK).enumerate() {
@@ -488,10 +677,9 @@ fn delta_page(values: &[i64], int32: bool) -> Vec<u8> {
             packed[mini.len()..].fill(0);
             let width = 64 - bits.leading_zeros();
             out[widths_at + m] = width as u8;
-            pack(&mut out, &packed, width);
+            pack(out, &packed, width);
         }
     }
-    out
 }
 
 /// Appends a miniblock: `values` packed `width` bits each, least
@@ -502,7 +690,13 @@ fn pack(out: &mut Vec<u8>, values: &[u64; DELTA_MINIBLOCK], width: u32) {
     }
     let start = out.len();
     out.resize(start + DELTA_MINIBLOCK / 8 * width as usize, 0);
-    let dst = &mut out[start..];
+    pack_bits(&mut out[start..], values, width);
+}
+
+/// Packs `values` into `dst`, `width` (1 to 64) bits each, least
+/// significant first; `dst` holds whole bytes for a multiple of eight
+/// values, the missing ones taken as 0.
+fn pack_bits(dst: &mut [u8], values: &[u64], width: u32) {
     let (mut acc, mut bits, mut pos) = (0u64, 0u32, 0usize);
     for &v in values {
         acc |= v << bits;
@@ -516,11 +710,8 @@ fn pack(out: &mut Vec<u8>, values: &[u64; DELTA_MINIBLOCK], width: u32) {
             acc = if bits == 0 { 0 } else { v >> (width - bits) };
         }
     }
-    // 32 values fill a whole number of 32-bit halves.
-    if bits > 0 {
-        let n = bits as usize / 8;
-        dst[pos..pos + n].copy_from_slice(&acc.to_le_bytes()[..n]);
-    }
+    let n = (bits as usize).div_ceil(8).min(dst.len() - pos);
+    dst[pos..pos + n].copy_from_slice(&acc.to_le_bytes()[..n]);
 }
 
 fn put_uvarint(out: &mut Vec<u8>, mut v: u64) {
@@ -541,23 +732,81 @@ fn bit_width(entries: usize) -> u8 {
     (32 - max.leading_zeros()).max(1) as u8
 }
 
-/// A data page body of dictionary indices: the bit width, then one
-/// bit-packed run of the RLE/bit-packed hybrid encoding (groups of eight
-/// values, least significant bits first, the last group padded with 0).
-fn rle_dictionary_page(indices: &[u8], width: u8) -> Vec<u8> {
-    let groups = indices.len().div_ceil(8);
-    let mut out = Vec::with_capacity(1 + 10 + groups * width as usize);
-    out.push(width);
-    put_uvarint(&mut out, ((groups as u64) << 1) | 1);
-    let w = width as u32;
-    for group in indices.chunks(8) {
-        let mut bits = 0u64;
-        for (j, &v) in group.iter().enumerate() {
-            bits |= (v as u64) << (j as u32 * w);
+/// Appends one bit-packed run of the RLE/bit-packed hybrid encoding:
+/// groups of eight values, `width` bits each, least significant first, the
+/// last group padded with 0.
+fn bit_packed_run(out: &mut Vec<u8>, values: &[u64], width: u8) {
+    let groups = values.len().div_ceil(8);
+    put_uvarint(out, ((groups as u64) << 1) | 1);
+    let start = out.len();
+    out.resize(start + groups * width as usize, 0);
+    pack_bits(&mut out[start..], values, width as u32);
+}
+
+/// Appends the definition levels of a version 1 page of an optional
+/// column (0 null, 1 present): their length, then the RLE/bit-packed
+/// hybrid, with RLE runs for 8 or more equal levels (as Parquet's encoder
+/// does) and bit-packed groups of eight for the rest.
+fn def_levels(out: &mut Vec<u8>, levels: &[u8]) {
+    let len_at = out.len();
+    out.extend_from_slice(&[0; 4]);
+    let n = levels.len();
+    let mut packed_from = None;
+    let mut p = 0;
+    while p < n {
+        let v = levels[p];
+        let run_end = p + levels[p..].iter().take_while(|&&l| l == v).count();
+        if run_end - p < 8 {
+            packed_from.get_or_insert(p);
+            p = run_end;
+            continue;
         }
-        out.extend_from_slice(&bits.to_le_bytes()[..width as usize]);
+        if let Some(start) = packed_from.take() {
+            // A bit-packed run holds whole groups: complete the last one
+            // from this run.
+            let end = start + (p - start).div_ceil(8) * 8;
+            bit_packed_levels(out, &levels[start..end]);
+            p = end;
+            if run_end - p < 8 {
+                packed_from = Some(p);
+                p = run_end;
+                continue;
+            }
+        }
+        put_uvarint(out, ((run_end - p) as u64) << 1);
+        out.push(v);
+        p = run_end;
     }
-    out
+    if let Some(start) = packed_from {
+        bit_packed_levels(out, &levels[start..]);
+    }
+    let len = (out.len() - len_at - 4) as u32;
+    out[len_at..len_at + 4].copy_from_slice(&len.to_le_bytes());
+}
+
+/// One bit-packed run of 1-bit levels (the last group padded with 0).
+fn bit_packed_levels(out: &mut Vec<u8>, levels: &[u8]) {
+    put_uvarint(out, ((levels.len().div_ceil(8) as u64) << 1) | 1);
+    for group in levels.chunks(8) {
+        let byte = group
+            .iter()
+            .enumerate()
+            .fold(0u8, |b, (j, &l)| b | (l & 1) << j);
+        out.push(byte);
+    }
+}
+
+/// A BYTE_STREAM_SPLIT page body: byte k of every value, for k = 0..8.
+fn byte_stream_split(out: &mut Vec<u8>, values: &[u64]) {
+    let n = values.len();
+    let start = out.len();
+    out.resize(start + n * 8, 0);
+    let out = &mut out[start..];
+    for (i, v) in values.iter().enumerate() {
+        for (k, b) in v.to_le_bytes().into_iter().enumerate() {
+            out[k * n + i] = b;
+        }
+    }
 }
 
 #[cfg(test)]
@@ -577,8 +826,8 @@ mod tests {
     #[test]
     fn page_packs_groups_of_eight() {
         // 9 values of width 2: two groups, the second padded.
-        let page = rle_dictionary_page(&[0, 1, 2, 3, 3, 2, 1, 0, 2], 2);
-        assert_eq!(page[0], 2, "bit width");
+        let mut page = vec![2];
+        bit_packed_run(&mut page, &[0, 1, 2, 3, 3, 2, 1, 0, 2], 2);
         assert_eq!(page[1], (2 << 1) | 1, "bit-packed run of 2 groups");
         // 0,1,2,3 -> 0b11_10_01_00; 3,2,1,0 -> 0b00_01_10_11.
         assert_eq!(&page[2..4], &[0b1110_0100, 0b0001_1011]);
@@ -613,8 +862,61 @@ mod tests {
     }
 
     #[test]
+    fn levels_are_rle_and_bit_packed_runs() {
+        let mut out = Vec::new();
+        def_levels(&mut out, &[0; 1000]);
+        // Length 3: varint(1000 << 1) is 2 bytes, then the value.
+        assert_eq!(out, [3, 0, 0, 0, 0xd0, 0x0f, 0]);
+        let mut out = Vec::new();
+        def_levels(&mut out, &[1, 0, 1, 1, 0, 0, 0, 1, 1]);
+        assert_eq!(out, [3, 0, 0, 0, (2 << 1) | 1, 0b1000_1101, 1]);
+        // Mixed: 3 bit-packed, completed to 8 from a run of 20 zeros
+        // whose other 15 are an RLE run, then 2 ones bit-packed.
+        let mut levels = vec![1, 0, 1];
+        levels.extend([0; 20]);
+        levels.extend([1, 1]);
+        let mut out = Vec::new();
+        def_levels(&mut out, &levels);
+        assert_eq!(out, [6, 0, 0, 0, 3, 0b101, 15 << 1, 0, 3, 0b11]);
+    }
+
+    #[test]
+    fn byte_streams_split() {
+        let mut out = vec![];
+        byte_stream_split(&mut out, &[0x0807_0605_0403_0201, 0x1817_1615_1413_1211]);
+        assert_eq!(
+            out,
+            [1, 0x11, 2, 0x12, 3, 0x13, 4, 0x14, 5, 0x15, 6, 0x16, 7, 0x17, 8, 0x18]
+        );
+    }
+
+    #[test]
+    fn dictionary_entries_in_order_of_first_appearance() {
+        let mut d = U64Dict::default();
+        for round in 0..3 {
+            d.start(100);
+            let got: Vec<u32> = [7, 9, 7, u64::MAX, 0, 9, round]
+                .iter()
+                .map(|&v| d.index(v))
+                .collect();
+            assert_eq!(&got[..6], &[0, 1, 0, 2, 3, 1], "round {round}");
+            // 0 is there already; 1 and 2 are new in their round.
+            assert_eq!(got[6], if round == 0 { 3 } else { 4 }, "round {round}");
+        }
+        // Many values: every one gets its own entry, and again the same.
+        d.start(100_000);
+        for v in 0..100_000u64 {
+            assert_eq!(d.index(v * 4096), v as u32);
+        }
+        for v in 0..100_000u64 {
+            assert_eq!(d.index(v * 4096), v as u32);
+        }
+    }
+
+    #[test]
     fn long_run_header_is_a_varint() {
-        let page = rle_dictionary_page(&vec![1u8; 8 * 200], 1);
+        let mut page = vec![1];
+        bit_packed_run(&mut page, &[1u64; 8 * 200], 1);
         // 200 groups: (200 << 1) | 1 = 401 = 0b1_1001_0001.
         assert_eq!(&page[1..3], &[0x91, 0x03]);
         assert_eq!(page.len(), 3 + 200);
