@@ -581,7 +581,7 @@ fn count_allocations(
 /// `CODES` it also writes each row's code for a single-partition replay
 /// to `codes`: [`Ctx::code_of`] its kind, and [`C_SKIP`] for an
 /// allocation or a free replay would skip (address 0, or a process the
-/// filter drops). The byte is written while the row's kind, address and
+/// filter drops) and a realloc of a process the filter drops. The byte is written while the row's kind, address and
 /// pid are at hand, so replay dispatches on it without looking at the
 /// filter.
 #[inline(always)]
@@ -615,7 +615,8 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const CODES: bool>(
         if CODES {
             let c = ctx.code_of[kind];
             let sel = !BY_PID || f.pid_selected(b.pid[i]);
-            let skip = (c >= C_ALLOC_USER) & ((addr == 0) | !sel);
+            // A realloc to address 0 may still free its old address.
+            let skip = (c >= C_ALLOC_USER) & (((addr == 0) & (c != C_REALLOC)) | !sel);
             codes[i] = if skip { C_SKIP } else { c };
         }
     }
@@ -738,8 +739,9 @@ struct Ctx<'a> {
     /// How [`count_allocations`] counts rows of a kind.
     alloc_class: [u8; 256],
     /// The code of a kind for a single-partition replay: one of
-    /// [`C_SKIP`], [`C_ALLOC_USER`] … [`C_FREE_PAGE`] for allocations and
-    /// frees (and kinds that do nothing), the kind itself for the rest.
+    /// [`C_SKIP`], [`C_ALLOC_USER`] … [`C_REALLOC`] for allocations, frees
+    /// and reallocs (and kinds that do nothing), the kind itself for the
+    /// rest.
     code_of: [u8; 256],
     filter: &'a ResolvedFilter,
 }
@@ -748,8 +750,8 @@ struct Ctx<'a> {
 const USER_TABLE: usize = 255;
 
 /// Codes of [`Ctx::code_of`], above every kind's: rows that do nothing,
-/// and allocations and frees of a process's, the kernel's or the
-/// pages' table that replay makes.
+/// allocations and frees of a process's, the kernel's or the pages'
+/// table that replay makes, and reallocs.
 const C_SKIP: u8 = 0x80;
 const C_ALLOC_USER: u8 = 0x81;
 const C_ALLOC_KERNEL: u8 = 0x82;
@@ -757,6 +759,7 @@ const C_ALLOC_PAGE: u8 = 0x83;
 const C_FREE_USER: u8 = 0x84;
 const C_FREE_KERNEL: u8 = 0x85;
 const C_FREE_PAGE: u8 = 0x86;
+const C_REALLOC: u8 = 0x87;
 
 impl<'a> Ctx<'a> {
     fn new(nparts: usize, filter: &'a ResolvedFilter) -> Self {
@@ -770,6 +773,7 @@ impl<'a> Ctx<'a> {
         table_of[C_FREE_PAGE as usize] = PAGE_SLOT as u8;
         table_of[C_ALLOC_USER as usize] = USER_TABLE as u8;
         table_of[C_FREE_USER as usize] = USER_TABLE as u8;
+        table_of[C_REALLOC as usize] = USER_TABLE as u8;
         for &k in EventKind::ALL {
             assert!((k as u8) < C_SKIP, "kind codes below the replay codes");
             code_of[k as usize] = match op_of(k) {
@@ -780,6 +784,7 @@ impl<'a> Ctx<'a> {
                 Op::Free => C_FREE_USER,
                 Op::KernelFree => C_FREE_KERNEL,
                 Op::PageFree => C_FREE_PAGE,
+                Op::Realloc => C_REALLOC,
                 Op::Nothing => C_SKIP,
                 _ => k as u8,
             };
@@ -1137,6 +1142,24 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.free(slot, addrs[i]);
+                    self.emit::<true>(i, d, ts[i]);
+                }
+                C_REALLOC => {
+                    let (old, new, size) = (b.old_addr[i], addrs[i], sizes[i]);
+                    // As replay_row with a single partition, which owns
+                    // both addresses.
+                    let frees_old = old != 0 && !(new == 0 && size > 0);
+                    if !frees_old && new == 0 {
+                        continue;
+                    }
+                    let slot = self.slot(pids[i]);
+                    let mut d = 0;
+                    if frees_old {
+                        d += self.free(slot, old);
+                    }
+                    if new != 0 {
+                        d += self.alloc(slot, new, size, ts[i], stacks[i]);
+                    }
                     self.emit::<true>(i, d, ts[i]);
                 }
                 _ => self.replay_row::<true>(&b, i, ctx),
