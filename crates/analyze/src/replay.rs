@@ -1119,6 +1119,19 @@ impl Partition {
         for k in 0..AHEAD.min(count) {
             self.prefetch_row(&coded, k, ctx);
         }
+        // Outstanding bytes and their peak, as emit::<true> follows them,
+        // in locals: the table calls would otherwise make the compiler
+        // load and store them for every row.
+        let (mut outstanding, mut peak, mut peak_ts) = (self.outstanding, self.peak, self.peak_ts);
+        macro_rules! emit {
+            ($d:expr, $ts:expr) => {{
+                outstanding += $d;
+                if outstanding > peak {
+                    peak = outstanding;
+                    peak_ts = $ts;
+                }
+            }};
+        }
         for i in 0..count {
             if i + AHEAD < count {
                 self.prefetch_row(&coded, i + AHEAD, ctx);
@@ -1133,7 +1146,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     let d = self.alloc(slot, addrs[i], sizes[i], ts[i], stacks[i]);
-                    self.emit::<true>(i, d, ts[i]);
+                    emit!(d, ts[i]);
                 }
                 C_FREE_USER | C_FREE_KERNEL | C_FREE_PAGE => {
                     let slot = match c {
@@ -1141,8 +1154,8 @@ impl Partition {
                         C_FREE_KERNEL => KERNEL_SLOT,
                         _ => PAGE_SLOT,
                     };
-                    let d = self.free(slot, addrs[i]);
-                    self.emit::<true>(i, d, ts[i]);
+                    // A free never raises the total: no new peak.
+                    outstanding += self.free(slot, addrs[i]);
                 }
                 C_REALLOC => {
                     let (old, new, size) = (b.old_addr[i], addrs[i], sizes[i]);
@@ -1160,11 +1173,16 @@ impl Partition {
                     if new != 0 {
                         d += self.alloc(slot, new, size, ts[i], stacks[i]);
                     }
-                    self.emit::<true>(i, d, ts[i]);
+                    emit!(d, ts[i]);
                 }
-                _ => self.replay_row::<true>(&b, i, ctx),
+                _ => {
+                    (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
+                    self.replay_row::<true>(&b, i, ctx);
+                    (outstanding, peak, peak_ts) = (self.outstanding, self.peak, self.peak_ts);
+                }
             }
         }
+        (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
     }
 
     /// Replays the rows of a row group this partition takes part in: all
