@@ -304,6 +304,7 @@ mod tests {
                 },
                 stacks: stacks.clone(),
                 top,
+                ..Default::default()
             };
             assert_eq!(render(&report), whole(&report), "top {top}");
         }
@@ -311,6 +312,7 @@ mod tests {
             summary: Summary::default(),
             stacks: Vec::new(),
             top: 0,
+            ..Default::default()
         };
         assert_eq!(render(&empty), whole(&empty));
     }

@@ -201,6 +201,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         .collect();
     let decoder = Decoder::new(trace);
     let rows_pool = RowsPool::default();
+    let codes_pool = CodesPool::default();
     let allocated_pool: Mutex<Vec<Allocated>> = Mutex::new(Vec::new());
     // Where the time goes, for MEMLEAK_ANALYZE_TIMING=1 (ns of CPU in
     // decoding, replaying partitions, and the sequential peak pass).
@@ -214,7 +215,15 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .par_iter()
             .map(|u| {
                 let t = std::time::Instant::now();
-                let d = Decoded::read(&decoder, u, opts.at_ts, &ctx, &rows_pool, &allocated_pool);
+                let d = Decoded::read(
+                    &decoder,
+                    u,
+                    opts.at_ts,
+                    &ctx,
+                    &rows_pool,
+                    &codes_pool,
+                    &allocated_pool,
+                );
                 timed(&t_decode, t);
                 d
             })
@@ -251,8 +260,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     let cols = d.cols.slices(n);
                     partitions.par_iter_mut().for_each(|p| {
                         let t = std::time::Instant::now();
-                        let rows = d.rows_of(p.index);
-                        p.replay_batch(cols, rows, &ctx);
+                        match &d.codes {
+                            Some(codes) => p.replay_coded(cols, codes, &ctx),
+                            None => p.replay_batch(cols, d.rows_of(p.index), &ctx),
+                        }
                         timed(&t_replay, t);
                     });
                     let t = std::time::Instant::now();
@@ -299,6 +310,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             decoder.recycle(d.cols);
             if let Some(r) = d.rows_of {
                 crate::lock_pool(&rows_pool).push(r);
+            }
+            if let Some(c) = d.codes {
+                crate::lock_pool(&codes_pool).push(c);
             }
         }
         next = decoded_next;
@@ -434,6 +448,9 @@ struct Decoded {
     /// and longer).
     rows_of: Option<Vec<Vec<u32>>>,
     rows_len: Vec<usize>,
+    /// With a single partition: the rows' [`Ctx::code_of`] codes, with the
+    /// filter applied (see [`count_rows`]).
+    codes: Option<Vec<u8>>,
     /// Rows at or before the `at` cutoff.
     rows: usize,
     kinds: Box<[u64; 256]>,
@@ -442,6 +459,9 @@ struct Decoded {
 /// Row lists of spent [`Decoded`]s, for reuse.
 type RowsPool = std::sync::Mutex<Vec<Vec<Vec<u32>>>>;
 
+/// Code lists of spent [`Decoded`]s, for reuse.
+type CodesPool = std::sync::Mutex<Vec<Vec<u8>>>;
+
 impl Decoded {
     fn read(
         decoder: &Decoder<'_>,
@@ -449,6 +469,7 @@ impl Decoded {
         at: Option<u64>,
         ctx: &Ctx<'_>,
         pool: &RowsPool,
+        codes_pool: &CodesPool,
         allocated: &Mutex<Vec<Allocated>>,
     ) -> memleak_trace::Result<Decoded> {
         let cols = decoder.read(unit)?;
@@ -461,7 +482,18 @@ impl Decoded {
         let mut acc = crate::lock_pool(allocated)
             .pop()
             .unwrap_or_else(|| Allocated::new(0));
-        count_allocations(cols.slices(rows), ctx, &mut kinds, &mut acc);
+        let mut codes = (ctx.nparts == 1).then(|| {
+            let mut c = crate::lock_pool(codes_pool).pop().unwrap_or_default();
+            c.resize(rows, 0);
+            c
+        });
+        count_allocations(
+            cols.slices(rows),
+            ctx,
+            &mut kinds,
+            &mut acc,
+            codes.as_deref_mut(),
+        );
         crate::lock_pool(allocated).push(acc);
         let mut rows_len = vec![0; ctx.nparts];
         let rows_of = (ctx.nparts > 1).then(|| {
@@ -473,6 +505,7 @@ impl Decoded {
             cols,
             rows_of,
             rows_len,
+            codes,
             rows,
             kinds,
         })
@@ -518,29 +551,48 @@ impl Allocated {
 /// size is not 0 either, an mremap if its new address is not 0 (exactly
 /// the rows whose replay allocates); its stack's totals count it if the
 /// filter selects it.
-fn count_allocations(b: Slices<'_>, ctx: &Ctx<'_>, kinds: &mut [u64; 256], acc: &mut Allocated) {
+fn count_allocations(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+    codes: Option<&mut [u8]>,
+) {
     let f = ctx.filter;
     let n = b.kind.len();
     // Rows are in time order: when the filter selects every size and the
     // whole time span of these rows, the timestamps need not be read.
     let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
-    match (f.has_pids(), every) {
-        (false, true) => count_rows::<false, false>(b, ctx, kinds, acc),
-        (false, false) => count_rows::<false, true>(b, ctx, kinds, acc),
-        (true, true) => count_rows::<true, false>(b, ctx, kinds, acc),
-        (true, false) => count_rows::<true, true>(b, ctx, kinds, acc),
+    match (codes, f.has_pids(), every) {
+        (None, false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, &mut []),
+        (None, false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, &mut []),
+        (None, true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, &mut []),
+        (None, true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, &mut []),
+        (Some(c), false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, c),
+        (Some(c), false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, c),
+        (Some(c), true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, c),
+        (Some(c), true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, c),
     }
 }
 
 /// [`count_allocations`], which also counts the rows of each kind,
 /// for a filter with (`BY_PID`) or without a process filter, and with
-/// (`BY_SIZE_TIME`) or without a size or time range to apply.
+/// (`BY_SIZE_TIME`) or without a size or time range to apply. With
+/// `CODES` it also writes each row's code for a single-partition replay
+/// to `codes`: [`Ctx::code_of`] its kind, and [`C_SKIP`] for an
+/// allocation or a free replay would skip (address 0, or a process the
+/// filter drops) and a realloc of a process the filter drops. The byte is written while the row's kind, address and
+/// pid are at hand, so replay dispatches on it without looking at the
+/// filter.
 #[inline(always)]
-fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool>(
+// `codes` is empty without CODES: every column is indexed by row.
+#[allow(clippy::needless_range_loop)]
+fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const CODES: bool>(
     b: Slices<'_>,
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
     acc: &mut Allocated,
+    codes: &mut [u8],
 ) {
     let f = ctx.filter;
     for i in 0..b.kind.len() {
@@ -560,6 +612,13 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool>(
             yes
         };
         acc.totals.add_if(b.stack_id[i], size, counted);
+        if CODES {
+            let c = ctx.code_of[kind];
+            let sel = !BY_PID || f.pid_selected(b.pid[i]);
+            // A realloc to address 0 may still free its old address.
+            let skip = (c >= C_ALLOC_USER) & (((addr == 0) & (c != C_REALLOC)) | !sel);
+            codes[i] = if skip { C_SKIP } else { c };
+        }
     }
 }
 
@@ -679,11 +738,28 @@ struct Ctx<'a> {
     by_addr: [bool; 256],
     /// How [`count_allocations`] counts rows of a kind.
     alloc_class: [u8; 256],
+    /// The code of a kind for a single-partition replay: one of
+    /// [`C_SKIP`], [`C_ALLOC_USER`] … [`C_REALLOC`] for allocations, frees
+    /// and reallocs (and kinds that do nothing), the kind itself for the
+    /// rest.
+    code_of: [u8; 256],
     filter: &'a ResolvedFilter,
 }
 
 /// In [`Ctx::table_of`]: the event's process's table.
 const USER_TABLE: usize = 255;
+
+/// Codes of [`Ctx::code_of`], above every kind's: rows that do nothing,
+/// allocations and frees of a process's, the kernel's or the pages'
+/// table that replay makes, and reallocs.
+const C_SKIP: u8 = 0x80;
+const C_ALLOC_USER: u8 = 0x81;
+const C_ALLOC_KERNEL: u8 = 0x82;
+const C_ALLOC_PAGE: u8 = 0x83;
+const C_FREE_USER: u8 = 0x84;
+const C_FREE_KERNEL: u8 = 0x85;
+const C_FREE_PAGE: u8 = 0x86;
+const C_REALLOC: u8 = 0x87;
 
 impl<'a> Ctx<'a> {
     fn new(nparts: usize, filter: &'a ResolvedFilter) -> Self {
@@ -692,7 +768,26 @@ impl<'a> Ctx<'a> {
         let mut table_of = [KERNEL_SLOT as u8; 256];
         let mut by_addr = [false; 256];
         let mut alloc_class = [NOT_ALLOC; 256];
+        let mut code_of = [C_SKIP; 256];
+        table_of[C_ALLOC_PAGE as usize] = PAGE_SLOT as u8;
+        table_of[C_FREE_PAGE as usize] = PAGE_SLOT as u8;
+        table_of[C_ALLOC_USER as usize] = USER_TABLE as u8;
+        table_of[C_FREE_USER as usize] = USER_TABLE as u8;
+        table_of[C_REALLOC as usize] = USER_TABLE as u8;
         for &k in EventKind::ALL {
+            assert!((k as u8) < C_SKIP, "kind codes below the replay codes");
+            code_of[k as usize] = match op_of(k) {
+                _ if !filter.kind_selected(k) => C_SKIP,
+                Op::Alloc => C_ALLOC_USER,
+                Op::KernelAlloc => C_ALLOC_KERNEL,
+                Op::PageAlloc => C_ALLOC_PAGE,
+                Op::Free => C_FREE_USER,
+                Op::KernelFree => C_FREE_KERNEL,
+                Op::PageFree => C_FREE_PAGE,
+                Op::Realloc => C_REALLOC,
+                Op::Nothing => C_SKIP,
+                _ => k as u8,
+            };
             alloc_class[k as usize] = match op_of(k) {
                 _ if !filter.kind_selected(k) => NOT_ALLOC,
                 Op::Alloc | Op::KernelAlloc | Op::PageAlloc | Op::Realloc | Op::Remap => ADDR_ALLOC,
@@ -723,6 +818,7 @@ impl<'a> Ctx<'a> {
             table_of,
             by_addr,
             alloc_class,
+            code_of,
             filter,
         }
     }
@@ -1013,6 +1109,82 @@ impl Partition {
         }
     }
 
+    /// Replays all the rows of a row group, as their `codes` say (single
+    /// partition only): allocations and frees the filter selects here,
+    /// the rest with [`Partition::replay_row`].
+    fn replay_coded(&mut self, b: Slices<'_>, codes: &[u8], ctx: &Ctx<'_>) {
+        let count = codes.len();
+        let coded = Slices { kind: codes, ..b };
+        let (addrs, sizes, ts, pids, stacks) = (b.addr, b.size, b.ts, b.pid, b.stack_id);
+        for k in 0..AHEAD.min(count) {
+            self.prefetch_row(&coded, k, ctx);
+        }
+        // Outstanding bytes and their peak, as emit::<true> follows them,
+        // in locals: the table calls would otherwise make the compiler
+        // load and store them for every row.
+        let (mut outstanding, mut peak, mut peak_ts) = (self.outstanding, self.peak, self.peak_ts);
+        macro_rules! emit {
+            ($d:expr, $ts:expr) => {{
+                outstanding += $d;
+                if outstanding > peak {
+                    peak = outstanding;
+                    peak_ts = $ts;
+                }
+            }};
+        }
+        for i in 0..count {
+            if i + AHEAD < count {
+                self.prefetch_row(&coded, i + AHEAD, ctx);
+            }
+            let c = codes[i];
+            match c {
+                C_SKIP => {}
+                C_ALLOC_USER | C_ALLOC_KERNEL | C_ALLOC_PAGE => {
+                    let slot = match c {
+                        C_ALLOC_USER => self.slot(pids[i]),
+                        C_ALLOC_KERNEL => KERNEL_SLOT,
+                        _ => PAGE_SLOT,
+                    };
+                    let d = self.alloc(slot, addrs[i], sizes[i], ts[i], stacks[i]);
+                    emit!(d, ts[i]);
+                }
+                C_FREE_USER | C_FREE_KERNEL | C_FREE_PAGE => {
+                    let slot = match c {
+                        C_FREE_USER => self.slot(pids[i]),
+                        C_FREE_KERNEL => KERNEL_SLOT,
+                        _ => PAGE_SLOT,
+                    };
+                    // A free never raises the total: no new peak.
+                    outstanding += self.free(slot, addrs[i]);
+                }
+                C_REALLOC => {
+                    let (old, new, size) = (b.old_addr[i], addrs[i], sizes[i]);
+                    // As replay_row with a single partition, which owns
+                    // both addresses.
+                    let frees_old = old != 0 && !(new == 0 && size > 0);
+                    if !frees_old && new == 0 {
+                        continue;
+                    }
+                    let slot = self.slot(pids[i]);
+                    let mut d = 0;
+                    if frees_old {
+                        d += self.free(slot, old);
+                    }
+                    if new != 0 {
+                        d += self.alloc(slot, new, size, ts[i], stacks[i]);
+                    }
+                    emit!(d, ts[i]);
+                }
+                _ => {
+                    (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
+                    self.replay_row::<true>(&b, i, ctx);
+                    (outstanding, peak, peak_ts) = (self.outstanding, self.peak, self.peak_ts);
+                }
+            }
+        }
+        (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
+    }
+
     /// Replays the rows of a row group this partition takes part in: all
     /// of them (`rows` is `None`, only with a single partition) or the
     /// ones `split_rows` listed for it, in order.
@@ -1031,9 +1203,6 @@ impl Partition {
         row: impl Fn(usize) -> usize,
         ctx: &Ctx<'_>,
     ) {
-        let p = self.index;
-        let (kinds, addrs, sizes) = (b.kind, b.addr, b.size);
-        let (ts, pids, stacks, olds) = (b.ts, b.pid, b.stack_id, b.old_addr);
         for k in 0..AHEAD.min(count) {
             self.prefetch_row(&b, row(k), ctx);
         }
@@ -1041,97 +1210,102 @@ impl Partition {
             if k + AHEAD < count {
                 self.prefetch_row(&b, row(k + AHEAD), ctx);
             }
-            let i = row(k);
-            let kind = kinds[i];
-            match ctx.ops[kind as usize] {
-                // `split_rows` gave this partition only the allocations and
-                // frees of addresses it owns.
-                op @ (Op::Alloc | Op::KernelAlloc | Op::PageAlloc) => {
-                    let a = addrs[i];
-                    if a == 0 || !ctx.selected(kind, pids[i]) {
-                        continue;
-                    }
-                    let slot = match op {
-                        Op::Alloc => self.slot(pids[i]),
-                        Op::KernelAlloc => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
-                    let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
-                    self.emit::<ALONE>(i, d, ts[i]);
+            self.replay_row::<ALONE>(&b, row(k), ctx);
+        }
+    }
+
+    /// Replays row `i` of a row group.
+    #[inline(always)]
+    fn replay_row<const ALONE: bool>(&mut self, b: &Slices<'_>, i: usize, ctx: &Ctx<'_>) {
+        let p = self.index;
+        let (kinds, addrs, sizes) = (b.kind, b.addr, b.size);
+        let (ts, pids, stacks, olds) = (b.ts, b.pid, b.stack_id, b.old_addr);
+        let kind = kinds[i];
+        match ctx.ops[kind as usize] {
+            // `split_rows` gave this partition only the allocations and
+            // frees of addresses it owns.
+            op @ (Op::Alloc | Op::KernelAlloc | Op::PageAlloc) => {
+                let a = addrs[i];
+                if a == 0 || !ctx.selected(kind, pids[i]) {
+                    return;
                 }
-                op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
-                    let a = addrs[i];
-                    if a == 0 || !ctx.selected(kind, pids[i]) {
-                        continue;
-                    }
-                    let slot = match op {
-                        Op::Free => self.slot(pids[i]),
-                        Op::KernelFree => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
-                    let d = self.free(slot, a);
-                    self.emit::<ALONE>(i, d, ts[i]);
-                }
-                Op::Realloc => {
-                    let (old, new, size) = (olds[i], addrs[i], sizes[i]);
-                    // realloc(p, n > 0) returning NULL failed and left p alone.
-                    let frees_old = old != 0 && !(new == 0 && size > 0);
-                    let own_old = frees_old && ctx.owner(old) == p;
-                    let own_new = new != 0 && ctx.owner(new) == p;
-                    if !(own_old || own_new) || !ctx.selected(kind, pids[i]) {
-                        continue;
-                    }
-                    let slot = self.slot(pids[i]);
-                    // The free comes first: realloc in place reuses the address.
-                    let mut d = 0;
-                    if own_old {
-                        d += self.free(slot, old);
-                    }
-                    if own_new {
-                        d += self.alloc(slot, new, size, ts[i], stacks[i]);
-                    }
-                    self.emit::<ALONE>(i, d, ts[i]);
-                }
-                op @ (Op::Map | Op::Unmap | Op::Remap) => {
-                    if p != 0 || !ctx.selected(kind, pids[i]) {
-                        continue;
-                    }
-                    let slot = self.slot(pids[i]);
-                    let d = self.replay_range(op, slot, b, i);
-                    self.emit::<ALONE>(i, d, ts[i]);
-                }
-                Op::Exec => {
-                    if !ctx.selected(kind, pids[i]) {
-                        continue;
-                    }
-                    // Everything the old program image allocated is gone.
-                    let slot = self.slot(pids[i]);
-                    let st = &mut self.pids[slot];
-                    let d = -(st.bytes() as i64);
-                    st.blocks = BlockTable::default();
-                    st.ranges = RangeSet::default();
-                    self.emit::<ALONE>(i, d, ts[i]);
-                }
-                Op::Fork => {
-                    let child = addrs[i] as u32;
-                    if !ctx.selected(kind, pids[i])
-                        || !ctx.selected(kind, child)
-                        || child == pids[i]
-                    {
-                        continue;
-                    }
-                    // The child starts with a copy of the parent's heap.
-                    let parent = self.slot(pids[i]);
-                    let copy = self.pids[parent].clone();
-                    let slot = self.slot(child);
-                    let st = &mut self.pids[slot];
-                    let d = copy.bytes() as i64 - st.bytes() as i64;
-                    st.blocks = copy.blocks;
-                    st.ranges = copy.ranges;
-                    self.emit::<ALONE>(i, d, ts[i]);
-                }
-                Op::Nothing => {}
+                let slot = match op {
+                    Op::Alloc => self.slot(pids[i]),
+                    Op::KernelAlloc => KERNEL_SLOT,
+                    _ => PAGE_SLOT,
+                };
+                let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
+                self.emit::<ALONE>(i, d, ts[i]);
             }
+            op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
+                let a = addrs[i];
+                if a == 0 || !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                let slot = match op {
+                    Op::Free => self.slot(pids[i]),
+                    Op::KernelFree => KERNEL_SLOT,
+                    _ => PAGE_SLOT,
+                };
+                let d = self.free(slot, a);
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            Op::Realloc => {
+                let (old, new, size) = (olds[i], addrs[i], sizes[i]);
+                // realloc(p, n > 0) returning NULL failed and left p alone.
+                let frees_old = old != 0 && !(new == 0 && size > 0);
+                let own_old = frees_old && ctx.owner(old) == p;
+                let own_new = new != 0 && ctx.owner(new) == p;
+                if !(own_old || own_new) || !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                let slot = self.slot(pids[i]);
+                // The free comes first: realloc in place reuses the address.
+                let mut d = 0;
+                if own_old {
+                    d += self.free(slot, old);
+                }
+                if own_new {
+                    d += self.alloc(slot, new, size, ts[i], stacks[i]);
+                }
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            op @ (Op::Map | Op::Unmap | Op::Remap) => {
+                if p != 0 || !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                let slot = self.slot(pids[i]);
+                let d = self.replay_range(op, slot, *b, i);
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            Op::Exec => {
+                if !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                // Everything the old program image allocated is gone.
+                let slot = self.slot(pids[i]);
+                let st = &mut self.pids[slot];
+                let d = -(st.bytes() as i64);
+                st.blocks = BlockTable::default();
+                st.ranges = RangeSet::default();
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            Op::Fork => {
+                let child = addrs[i] as u32;
+                if !ctx.selected(kind, pids[i]) || !ctx.selected(kind, child) || child == pids[i] {
+                    return;
+                }
+                // The child starts with a copy of the parent's heap.
+                let parent = self.slot(pids[i]);
+                let copy = self.pids[parent].clone();
+                let slot = self.slot(child);
+                let st = &mut self.pids[slot];
+                let d = copy.bytes() as i64 - st.bytes() as i64;
+                st.blocks = copy.blocks;
+                st.ranges = copy.ranges;
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            Op::Nothing => {}
         }
     }
 
