@@ -21,10 +21,13 @@
 //!   ones with RLE/bit-packed definition levels (a chunk with no value has
 //!   no dictionary and PLAIN pages of levels only).
 //!
-//! Pages are version 1, of 64Ki rows, compressed like the rest of the
-//! file, so readers (DuckDB, pyarrow, the analyzer) see the same columns
-//! as before. Settings other than the writer's own (the `write_speed`
-//! example tries some) go through Parquet's column writers.
+//! Pages are version 1, of the properties' row count (64Ki rows),
+//! compressed like the rest of the file, so readers (DuckDB, pyarrow, the
+//! analyzer) see the same columns as before. Settings only Parquet's
+//! writers implement (version 2 pages, page statistics, bloom filters,
+//! chunk statistics beyond `ts_ns`'s, other encodings; the `write_speed`
+//! example and the analyzer's decoder tests ask for some) send a column
+//! through them instead.
 //!
 //! The `write_speed` example (4M events of a two-thread workload, CPU per
 //! event): 86.3 ns through the Arrow writer, 70.5 with `kind` encoded
@@ -34,7 +37,7 @@
 use std::fs::File;
 
 use arrow_array::types::Int8Type;
-use arrow_array::{Array, DictionaryArray, RecordBatch, UInt32Array, UInt64Array};
+use arrow_array::{Array, DictionaryArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field};
 use bytes::Bytes;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnWriter, ArrowRowGroupWriterFactory};
@@ -44,7 +47,7 @@ use parquet::column::page::{CompressedPage, Page, PageWriteSpec, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ColumnChunkMetaData;
-use parquet::file::properties::{EnabledStatistics, WriterProperties};
+use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::statistics::Statistics;
 use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
 use parquet::schema::types::ColumnPath;
@@ -81,8 +84,24 @@ impl Custom {
     /// ask for other settings, which Parquet's writers then follow).
     fn for_field(field: &Field, props: &WriterProperties) -> Option<Custom> {
         let path = ColumnPath::from(field.name().as_str());
+        // What only Parquet's writers do: version 2 pages, statistics in
+        // pages (in chunks: `ts_ns`'s min/max only), bloom filters, and
+        // dictionaries that could outgrow their page limit.
+        let stats = props.statistics_enabled(&path);
+        if props.writer_version() != WriterVersion::PARQUET_1_0
+            || stats == EnabledStatistics::Page
+            || props.bloom_filter_properties(&path).is_some()
+            || props.dictionary_page_size_limit()
+                < props
+                    .max_row_group_row_count()
+                    .unwrap_or(usize::MAX)
+                    .saturating_mul(8)
+        {
+            return None;
+        }
+        let chunk_stats = stats == EnabledStatistics::Chunk;
         if field.name() == "kind" {
-            return Some(Custom::Kind(Vec::new()));
+            return (!chunk_stats).then(|| Custom::Kind(Vec::new()));
         }
         let int32 = match field.data_type() {
             DataType::UInt32 => true,
@@ -91,16 +110,16 @@ impl Custom {
         };
         let nullable = field.is_nullable();
         match (props.dictionary_enabled(&path), props.encoding(&path)) {
-            (true, _) if !int32 => Some(Custom::Dict {
+            (true, _) if !int32 && !chunk_stats => Some(Custom::Dict {
                 values: Vec::new(),
                 levels: nullable.then(Vec::new),
             }),
             (false, Some(Encoding::DELTA_BINARY_PACKED)) if !nullable => Some(Custom::Delta {
                 values: Vec::new(),
                 int32,
-                stats: props.statistics_enabled(&path) != EnabledStatistics::None,
+                stats: chunk_stats,
             }),
-            (false, Some(Encoding::BYTE_STREAM_SPLIT)) if !nullable && !int32 => {
+            (false, Some(Encoding::BYTE_STREAM_SPLIT)) if !nullable && !int32 && !chunk_stats => {
                 Some(Custom::Split(Vec::new()))
             }
             _ => None,
@@ -126,7 +145,14 @@ impl Custom {
                     .as_any()
                     .downcast_ref::<DictionaryArray<Int8Type>>()
                     .ok_or_else(wrong)?;
-                if dict.values().len() != EventKind::ALL.len() {
+                let names = dict.values().as_any().downcast_ref::<StringArray>();
+                let same = names.is_some_and(|n| {
+                    n.len() == EventKind::ALL.len()
+                        && n.iter()
+                            .zip(EventKind::ALL)
+                            .all(|(a, k)| a == Some(k.name()))
+                });
+                if !same {
                     return Err(ParquetError::General(
                         "kind dictionary is not the kinds".into(),
                     ));
@@ -275,9 +301,14 @@ pub(crate) struct EventsFile {
 }
 
 impl EventsFile {
-    /// `page_rows`: rows per data page of the columns encoded here, as
+    /// Pages hold `props`' row count limit (and no more than its byte
+    /// limit of 8-byte values), as those of the other columns.
     /// for the others.
-    pub(crate) fn try_new(file: File, props: WriterProperties, page_rows: usize) -> Result<Self> {
+    pub(crate) fn try_new(file: File, props: WriterProperties) -> Result<Self> {
+        let page_rows = props
+            .data_page_row_count_limit()
+            .min(props.data_page_size_limit() / 8)
+            .max(8);
         let row_group_rows = props.max_row_group_row_count().unwrap_or(1 << 20).max(1);
         let compression = props.compression(&ColumnPath::from("kind"));
         let level = match compression {
@@ -307,7 +338,7 @@ impl EventsFile {
             factory,
             custom,
             row_group_rows,
-            page_rows: page_rows.max(8),
+            page_rows,
             compression,
             zstd,
             writers: None,
@@ -366,10 +397,10 @@ impl EventsFile {
             let chunk = match self.custom[i].take() {
                 Some(mut custom) => {
                     debug_assert_eq!(custom.len(), self.rows);
-                    let chunk = self.custom_chunk(i, &custom)?;
+                    let chunk = self.custom_chunk(i, &custom);
                     custom.clear();
                     self.custom[i] = Some(custom);
-                    Some(chunk)
+                    Some(chunk?)
                 }
                 None => None,
             };
@@ -468,7 +499,12 @@ impl EventsFile {
                 }
             }
             Custom::Dict { values, levels } => {
-                encodings = vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY];
+                encodings = if values.is_empty() {
+                    // No value in the chunk, so no dictionary.
+                    vec![Encoding::PLAIN, Encoding::RLE]
+                } else {
+                    vec![Encoding::PLAIN, Encoding::RLE, Encoding::RLE_DICTIONARY]
+                };
                 let mut dict = std::mem::take(&mut self.dict);
                 dict.start(values.len());
                 indices.extend(values.iter().map(|&v| dict.index(v) as u64));

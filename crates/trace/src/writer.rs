@@ -106,11 +106,7 @@ enum SegmentFile {
 impl SegmentFile {
     fn create(table: Table, file: File, props: WriterProperties) -> parquet::errors::Result<Self> {
         Ok(match table {
-            Table::Events => SegmentFile::Events(Box::new(EventsFile::try_new(
-                file,
-                props,
-                EVENTS_PAGE_ROWS,
-            )?)),
+            Table::Events => SegmentFile::Events(Box::new(EventsFile::try_new(file, props)?)),
             _ => SegmentFile::Arrow(Box::new(ArrowWriter::try_new(
                 file,
                 table.schema(),

@@ -8,7 +8,9 @@ use std::os::unix::fs::PermissionsExt;
 use std::sync::Arc;
 
 use arrow_array::types::Int8Type;
-use arrow_array::{Array, ArrayRef, DictionaryArray, RecordBatch, StringArray, UInt32Array};
+use arrow_array::{
+    Array, ArrayRef, DictionaryArray, RecordBatch, StringArray, UInt32Array, UInt64Array,
+};
 use arrow_schema::{DataType, Field, Schema};
 use common::*;
 use memleak_trace::schema::{Table, TABLE_KEY};
@@ -189,6 +191,7 @@ fn custom_encoded_columns_survive_across_pages_and_row_groups() {
     }
 
     let mut names = Vec::new();
+    let mut optional: [Vec<Option<u64>>; 3] = Default::default();
     for seg in segments(&root, "events") {
         let reader = ParquetRecordBatchReaderBuilder::try_new(File::open(seg).unwrap())
             .unwrap()
@@ -211,8 +214,20 @@ fn custom_encoded_columns_survive_across_pages_and_row_groups() {
                     .iter()
                     .map(|k| values.value(k.unwrap() as usize).to_string()),
             );
+            // Nulls as nulls (the `Trace` reader maps them to 0).
+            for (col, out) in ["old_addr", "old_size", "stack_id"]
+                .iter()
+                .zip(&mut optional)
+            {
+                let a = batch.column_by_name(col).unwrap();
+                let a = a.as_any().downcast_ref::<UInt64Array>().unwrap();
+                out.extend(a.iter());
+            }
         }
     }
+    assert!(optional[0].iter().eq(events.iter().map(|e| &e.old_addr)));
+    assert!(optional[1].iter().eq(events.iter().map(|e| &e.old_size)));
+    assert!(optional[2].iter().eq(events.iter().map(|e| &e.stack_id)));
     let want: Vec<String> = events.iter().map(|e| e.kind.name().to_string()).collect();
     assert_eq!(names.len(), want.len());
     assert!(
