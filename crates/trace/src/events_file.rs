@@ -22,7 +22,8 @@
 //!   no dictionary and PLAIN pages of levels only).
 //!
 //! Pages are version 1, of the properties' row count (64Ki rows),
-//! compressed like the rest of the file, so readers (DuckDB, pyarrow, the
+//! compressed like the rest of the file where that pays (see
+//! [`EventsFile::write_pages`]), so readers (DuckDB, pyarrow, the
 //! analyzer) see the same columns as before. Settings only Parquet's
 //! writers implement (version 2 pages, page statistics, bloom filters,
 //! chunk statistics beyond `ts_ns`'s, other encodings; the `write_speed`
@@ -295,8 +296,8 @@ pub(crate) struct EventsFile {
     rows: usize,
     row_groups: usize,
     dict: U64Dict,
-    /// A page before compression, and dictionary indices: reused.
-    page_buf: Vec<u8>,
+    /// Pages before compression, and dictionary indices: reused.
+    pages: ChunkPages,
     index_buf: Vec<u64>,
 }
 
@@ -345,7 +346,7 @@ impl EventsFile {
             rows: 0,
             row_groups: 0,
             dict: U64Dict::default(),
-            page_buf: Vec::new(),
+            pages: ChunkPages::default(),
             index_buf: Vec::new(),
         })
     }
@@ -422,13 +423,10 @@ impl EventsFile {
     /// Encodes column `col` of the row group as a column chunk.
     fn custom_chunk(&mut self, col: usize, custom: &Custom) -> Result<(Bytes, ColumnCloseResult)> {
         let descr = self.file.schema_descr().column(col);
-        let mut sink = TrackedWrite::new(Vec::new());
-        let mut pages = SerializedPageWriter::new(&mut sink);
-        let mut chunk = ChunkSizes::default();
         let mut stats = None;
         let encodings;
         // Buffers reused from chunk to chunk.
-        let mut raw = std::mem::take(&mut self.page_buf);
+        let mut out = std::mem::take(&mut self.pages);
         let mut indices = std::mem::take(&mut self.index_buf);
         indices.clear();
         match custom {
@@ -448,29 +446,18 @@ impl EventsFile {
                     }
                     indices.push(*slot as u64);
                 }
-                let mut dict = Vec::new();
+                let mut dict = out.buf();
                 for name in &names {
                     dict.extend_from_slice(&(name.len() as u32).to_le_bytes());
                     dict.extend_from_slice(name.as_bytes());
                 }
-                let dict_len = dict.len();
-                let page = Page::DictionaryPage {
-                    buf: self.compress(&dict)?,
-                    num_values: names.len() as u32,
-                    encoding: Encoding::PLAIN,
-                    is_sorted: false,
-                };
-                chunk.add(
-                    pages.write_page(CompressedPage::new(page, dict_len))?,
-                    false,
-                );
+                out.dictionary(dict, names.len());
                 let width = bit_width(names.len());
                 for part in indices.chunks(self.page_rows) {
-                    raw.clear();
+                    let mut raw = out.buf();
                     raw.push(width);
                     bit_packed_run(&mut raw, part, width);
-                    let page = self.data_page(&raw, part.len(), Encoding::RLE_DICTIONARY)?;
-                    chunk.add(pages.write_page(page)?, true);
+                    out.data(raw, part.len(), Encoding::RLE_DICTIONARY);
                 }
             }
             Custom::Delta {
@@ -480,10 +467,9 @@ impl EventsFile {
             } => {
                 encodings = vec![Encoding::RLE, Encoding::DELTA_BINARY_PACKED];
                 for part in values.chunks(self.page_rows) {
-                    raw.clear();
+                    let mut raw = out.buf();
                     delta_page(&mut raw, part, *int32);
-                    let page = self.data_page(&raw, part.len(), Encoding::DELTA_BINARY_PACKED)?;
-                    chunk.add(pages.write_page(page)?, true);
+                    out.data(raw, part.len(), Encoding::DELTA_BINARY_PACKED);
                 }
                 if *want_stats {
                     stats = Some(min_max(values, *int32));
@@ -492,10 +478,9 @@ impl EventsFile {
             Custom::Split(values) => {
                 encodings = vec![Encoding::RLE, Encoding::BYTE_STREAM_SPLIT];
                 for part in values.chunks(self.page_rows) {
-                    raw.clear();
+                    let mut raw = out.buf();
                     byte_stream_split(&mut raw, part);
-                    let page = self.data_page(&raw, part.len(), Encoding::BYTE_STREAM_SPLIT)?;
-                    chunk.add(pages.write_page(page)?, true);
+                    out.data(raw, part.len(), Encoding::BYTE_STREAM_SPLIT);
                 }
             }
             Custom::Dict { values, levels } => {
@@ -510,23 +495,16 @@ impl EventsFile {
                 indices.extend(values.iter().map(|&v| dict.index(v) as u64));
                 let width = bit_width(dict.entries.len());
                 if !dict.entries.is_empty() {
-                    raw.clear();
+                    let mut raw = out.buf();
                     raw.extend(dict.entries.iter().flat_map(|v| v.to_le_bytes()));
-                    let raw_len = raw.len();
-                    let page = Page::DictionaryPage {
-                        buf: self.compress(&raw)?,
-                        num_values: dict.entries.len() as u32,
-                        encoding: Encoding::PLAIN,
-                        is_sorted: false,
-                    };
-                    chunk.add(pages.write_page(CompressedPage::new(page, raw_len))?, false);
+                    out.dictionary(raw, dict.entries.len());
                 }
                 self.dict = dict;
                 // Pages of `page_rows` rows, and the values present in each.
                 let mut next = 0;
                 for first in (0..custom.len()).step_by(self.page_rows) {
                     let rows = self.page_rows.min(custom.len() - first);
-                    raw.clear();
+                    let mut raw = out.buf();
                     let present = match levels {
                         Some(levels) => {
                             let page_levels = &levels[first..first + rows];
@@ -547,18 +525,18 @@ impl EventsFile {
                         }
                         Encoding::RLE_DICTIONARY
                     };
-                    let page = self.data_page(&raw, rows, encoding)?;
-                    chunk.add(pages.write_page(page)?, true);
+                    out.data(raw, rows, encoding);
                 }
             }
         }
-        pages.close()?;
-        self.page_buf = raw;
         self.index_buf = indices;
-        let bytes = Bytes::from(sink.into_inner()?);
+        let written = self.write_pages(&mut out);
+        out.recycle();
+        self.pages = out;
+        let (bytes, chunk, codec) = written?;
         let rows = custom.len();
         let mut metadata = ColumnChunkMetaData::builder(descr)
-            .set_compression(self.compression)
+            .set_compression(codec)
             .set_encodings(encodings)
             .set_num_values(rows as i64)
             .set_total_compressed_size(chunk.compressed as i64)
@@ -579,40 +557,117 @@ impl EventsFile {
         Ok((bytes, close))
     }
 
-    /// A version 1 data page of a required column (no levels).
-    fn data_page(
-        &mut self,
-        raw: &[u8],
-        values: usize,
-        encoding: Encoding,
-    ) -> Result<CompressedPage> {
-        let raw_len = raw.len();
-        let page = Page::DataPage {
-            buf: self.compress(raw)?,
-            num_values: values as u32,
-            encoding,
-            def_level_encoding: Encoding::RLE,
-            rep_level_encoding: Encoding::RLE,
-            statistics: None,
-        };
-        Ok(CompressedPage::new(page, raw_len))
-    }
-
-    fn compress(&mut self, raw: &[u8]) -> Result<Bytes> {
-        if self.compression == Compression::UNCOMPRESSED {
-            return Ok(Bytes::copy_from_slice(raw));
+    /// Compresses a chunk's pages and writes them with their headers.
+    /// zstd is kept only where it saves at least 1/32 of the chunk's
+    /// bytes: below that (`ts_ns` with nanosecond jitter, which zstd
+    /// makes larger) readers would pay for decompression for nothing, and
+    /// Parquet lets every column chunk have its own codec.
+    fn write_pages(&mut self, out: &mut ChunkPages) -> Result<(Bytes, ChunkSizes, Compression)> {
+        let mut codec = self.compression;
+        let mut packed = Vec::with_capacity(out.pages.len());
+        if codec != Compression::UNCOMPRESSED {
+            let (mut raw_bytes, mut packed_bytes) = (0, 0);
+            for page in &out.pages {
+                let z = self
+                    .zstd
+                    .compress(&page.raw)
+                    .map_err(|e| ParquetError::External(Box::new(e)))?;
+                raw_bytes += page.raw.len();
+                packed_bytes += z.len();
+                packed.push(Bytes::from(z));
+            }
+            if packed_bytes > raw_bytes - raw_bytes / 32 {
+                codec = Compression::UNCOMPRESSED;
+                packed.clear();
+            }
         }
-        let out = self
-            .zstd
-            .compress(raw)
-            .map_err(|e| ParquetError::External(Box::new(e)))?;
-        Ok(Bytes::from(out))
+        let mut sink = TrackedWrite::new(Vec::new());
+        let mut writer = SerializedPageWriter::new(&mut sink);
+        let mut chunk = ChunkSizes::default();
+        for (i, page) in out.pages.iter().enumerate() {
+            let buf = match packed.get(i) {
+                Some(z) => z.clone(),
+                None => Bytes::copy_from_slice(&page.raw),
+            };
+            let num_values = page.values as u32;
+            let encoding = page.encoding;
+            let p = if page.dictionary {
+                Page::DictionaryPage {
+                    buf,
+                    num_values,
+                    encoding,
+                    is_sorted: false,
+                }
+            } else {
+                // Version 1, of a required column or with its levels
+                // in `raw`.
+                Page::DataPage {
+                    buf,
+                    num_values,
+                    encoding,
+                    def_level_encoding: Encoding::RLE,
+                    rep_level_encoding: Encoding::RLE,
+                    statistics: None,
+                }
+            };
+            let spec = writer.write_page(CompressedPage::new(p, page.raw.len()))?;
+            chunk.add(spec, !page.dictionary);
+        }
+        writer.close()?;
+        Ok((Bytes::from(sink.into_inner()?), chunk, codec))
     }
 
     /// Writes the last row group and the footer, and returns the file.
     pub(crate) fn into_inner(mut self) -> Result<File> {
         self.flush_row_group()?;
         self.file.into_inner()
+    }
+}
+
+/// A page of a column chunk, before compression.
+struct RawPage {
+    raw: Vec<u8>,
+    values: usize,
+    encoding: Encoding,
+    dictionary: bool,
+}
+
+/// The pages of the column chunk being encoded, and spare buffers.
+#[derive(Default)]
+struct ChunkPages {
+    pages: Vec<RawPage>,
+    spare: Vec<Vec<u8>>,
+}
+
+impl ChunkPages {
+    /// An empty buffer for a page.
+    fn buf(&mut self) -> Vec<u8> {
+        let mut b = self.spare.pop().unwrap_or_default();
+        b.clear();
+        b
+    }
+
+    fn dictionary(&mut self, raw: Vec<u8>, entries: usize) {
+        self.pages.push(RawPage {
+            raw,
+            values: entries,
+            encoding: Encoding::PLAIN,
+            dictionary: true,
+        });
+    }
+
+    fn data(&mut self, raw: Vec<u8>, values: usize, encoding: Encoding) {
+        self.pages.push(RawPage {
+            raw,
+            values,
+            encoding,
+            dictionary: false,
+        });
+    }
+
+    /// Keeps the pages' buffers for the next chunk.
+    fn recycle(&mut self) {
+        self.spare.extend(self.pages.drain(..).map(|p| p.raw));
     }
 }
 

@@ -17,6 +17,7 @@ use memleak_trace::schema::{Table, TABLE_KEY};
 use memleak_trace::{Event, EventColumns, EventKind, Trace, TraceWriter, WriterOptions};
 use parquet::arrow::arrow_reader::ParquetRecordBatchReaderBuilder;
 use parquet::arrow::ArrowWriter;
+use parquet::basic::Compression;
 use parquet::file::metadata::KeyValue;
 use parquet::file::properties::WriterProperties;
 
@@ -225,6 +226,17 @@ fn custom_encoded_columns_survive_across_pages_and_row_groups() {
             }
         }
     }
+    // zstd is kept where it pays (the regular row groups' times) and
+    // dropped where it does not (the arbitrary ones).
+    let seg = File::open(&segments(&root, "events")[0]).unwrap();
+    let md = ParquetRecordBatchReaderBuilder::try_new(seg)
+        .unwrap()
+        .metadata()
+        .clone();
+    let codec = |rg: usize| md.row_group(rg).column(0).compression();
+    assert_eq!(md.row_group(0).column(0).column_path().string(), "ts_ns");
+    assert!(matches!(codec(0), Compression::ZSTD(_)), "{:?}", codec(0));
+    assert_eq!(codec(2), Compression::UNCOMPRESSED);
     assert!(optional[0].iter().eq(events.iter().map(|e| &e.old_addr)));
     assert!(optional[1].iter().eq(events.iter().map(|e| &e.old_size)));
     assert!(optional[2].iter().eq(events.iter().map(|e| &e.stack_id)));
