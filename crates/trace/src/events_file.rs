@@ -290,9 +290,10 @@ pub(crate) struct EventsFile {
     page_rows: usize,
     compression: Compression,
     zstd: zstd::bulk::Compressor<'static>,
-    /// Parquet's writers for the row group being filled (those of the
-    /// columns encoded here stay unused), and its rows.
-    writers: Option<Vec<ArrowColumnWriter>>,
+    /// Parquet's writers of the columns not encoded here, by column, for
+    /// the row group being filled (none while every column is encoded
+    /// here), and its rows.
+    arrow: Vec<Option<ArrowColumnWriter>>,
     rows: usize,
     row_groups: usize,
     dict: U64Dict,
@@ -304,7 +305,6 @@ pub(crate) struct EventsFile {
 impl EventsFile {
     /// Pages hold `props`' row count limit (and no more than its byte
     /// limit of 8-byte values), as those of the other columns.
-    /// for the others.
     pub(crate) fn try_new(file: File, props: WriterProperties) -> Result<Self> {
         let page_rows = props
             .data_page_row_count_limit()
@@ -342,7 +342,7 @@ impl EventsFile {
             page_rows,
             compression,
             zstd,
-            writers: None,
+            arrow: Vec::new(),
             rows: 0,
             row_groups: 0,
             dict: U64Dict::default(),
@@ -355,8 +355,14 @@ impl EventsFile {
     pub(crate) fn write(&mut self, batch: &RecordBatch) -> Result<()> {
         let mut offset = 0;
         while offset < batch.num_rows() {
-            if self.writers.is_none() {
-                self.writers = Some(self.factory.create_column_writers(self.row_groups)?);
+            if self.rows == 0 && self.custom.iter().any(Option::is_none) {
+                // A new row group: writers for the columns Parquet encodes.
+                let writers = self.factory.create_column_writers(self.row_groups)?;
+                self.arrow = writers
+                    .into_iter()
+                    .zip(&self.custom)
+                    .map(|(w, c)| c.is_none().then_some(w))
+                    .collect();
             }
             let room = self.row_group_rows - self.rows;
             let n = room.min(batch.num_rows() - offset);
@@ -371,15 +377,15 @@ impl EventsFile {
     }
 
     fn write_rows(&mut self, batch: &RecordBatch) -> Result<()> {
-        let writers = self.writers.as_mut().expect("row group open");
         let schema = batch.schema();
         for (i, (field, col)) in schema.fields().iter().zip(batch.columns()).enumerate() {
             if let Some(custom) = &mut self.custom[i] {
                 custom.append(col.as_ref())?;
                 continue;
             }
+            let writer = self.arrow[i].as_mut().expect("a writer where no encoder");
             for leaf in compute_leaves(field, col)? {
-                writers[i].write(&leaf)?;
+                writer.write(&leaf)?;
             }
         }
         Ok(())
@@ -387,14 +393,12 @@ impl EventsFile {
 
     /// Writes the row group being filled, if any.
     fn flush_row_group(&mut self) -> Result<()> {
-        let Some(writers) = self.writers.take() else {
-            return Ok(());
-        };
         if self.rows == 0 {
             return Ok(());
         }
-        let mut chunks = Vec::with_capacity(writers.len());
-        for i in 0..writers.len() {
+        let mut arrow = std::mem::take(&mut self.arrow);
+        let mut chunks = Vec::with_capacity(self.custom.len());
+        for i in 0..self.custom.len() {
             let chunk = match self.custom[i].take() {
                 Some(mut custom) => {
                     debug_assert_eq!(custom.len(), self.rows);
@@ -408,10 +412,13 @@ impl EventsFile {
             chunks.push(chunk);
         }
         let mut rg = self.file.next_row_group()?;
-        for (w, chunk) in writers.into_iter().zip(chunks) {
+        for (i, chunk) in chunks.into_iter().enumerate() {
             match chunk {
                 Some((bytes, close)) => rg.append_column(&bytes, close)?,
-                None => w.close()?.append_to_row_group(&mut rg)?,
+                None => {
+                    let w = arrow[i].take().expect("a writer where no encoder");
+                    w.close()?.append_to_row_group(&mut rg)?;
+                }
             }
         }
         rg.close()?;
