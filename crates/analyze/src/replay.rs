@@ -262,7 +262,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                         let t = std::time::Instant::now();
                         match &d.codes {
                             Some(codes) => p.replay_coded(cols, codes, &ctx),
-                            None => p.replay_batch(cols, d.rows_of(p.index), &ctx),
+                            None => {
+                                let rows = d.rows_of(p.index).expect("row lists or codes");
+                                p.replay_batch(cols, rows, &ctx)
+                            }
                         }
                         timed(&t_replay, t);
                     });
@@ -749,6 +752,13 @@ struct Ctx<'a> {
 /// In [`Ctx::table_of`]: the event's process's table.
 const USER_TABLE: usize = 255;
 
+/// Whether a realloc row frees its old address: it has one, and the call
+/// did not fail (realloc(p, n > 0) returning NULL leaves p alone).
+#[inline(always)]
+fn realloc_frees(old: u64, new: u64, size: u64) -> bool {
+    old != 0 && !(new == 0 && size > 0)
+}
+
 /// Codes of [`Ctx::code_of`], above every kind's: rows that do nothing,
 /// allocations and frees of a process's, the kernel's or the pages'
 /// table that replay makes, and reallocs.
@@ -1161,7 +1171,7 @@ impl Partition {
                     let (old, new, size) = (b.old_addr[i], addrs[i], sizes[i]);
                     // As replay_row with a single partition, which owns
                     // both addresses.
-                    let frees_old = old != 0 && !(new == 0 && size > 0);
+                    let frees_old = realloc_frees(old, new, size);
                     if !frees_old && new == 0 {
                         continue;
                     }
@@ -1185,32 +1195,19 @@ impl Partition {
         (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
     }
 
-    /// Replays the rows of a row group this partition takes part in: all
-    /// of them (`rows` is `None`, only with a single partition) or the
-    /// ones `split_rows` listed for it, in order.
-    fn replay_batch(&mut self, b: Slices<'_>, rows: Option<&[u32]>, ctx: &Ctx<'_>) {
-        match rows {
-            None => self.replay_rows::<true>(b, b.kind.len(), |k| k, ctx),
-            Some(r) => self.replay_rows::<false>(b, r.len(), |k| r[k] as usize, ctx),
-        }
-    }
-
-    #[inline(always)]
-    fn replay_rows<const ALONE: bool>(
-        &mut self,
-        b: Slices<'_>,
-        count: usize,
-        row: impl Fn(usize) -> usize,
-        ctx: &Ctx<'_>,
-    ) {
-        for k in 0..AHEAD.min(count) {
-            self.prefetch_row(&b, row(k), ctx);
+    /// Replays the rows of a row group that `split_rows` listed for this
+    /// partition, in order (with several partitions; a single one replays
+    /// by [`Partition::replay_coded`]).
+    fn replay_batch(&mut self, b: Slices<'_>, rows: &[u32], ctx: &Ctx<'_>) {
+        let count = rows.len();
+        for &r in &rows[..AHEAD.min(count)] {
+            self.prefetch_row(&b, r as usize, ctx);
         }
         for k in 0..count {
             if k + AHEAD < count {
-                self.prefetch_row(&b, row(k + AHEAD), ctx);
+                self.prefetch_row(&b, rows[k + AHEAD] as usize, ctx);
             }
-            self.replay_row::<ALONE>(&b, row(k), ctx);
+            self.replay_row::<false>(&b, rows[k] as usize, ctx);
         }
     }
 
@@ -1252,8 +1249,7 @@ impl Partition {
             }
             Op::Realloc => {
                 let (old, new, size) = (olds[i], addrs[i], sizes[i]);
-                // realloc(p, n > 0) returning NULL failed and left p alone.
-                let frees_old = old != 0 && !(new == 0 && size > 0);
+                let frees_old = realloc_frees(old, new, size);
                 let own_old = frees_old && ctx.owner(old) == p;
                 let own_new = new != 0 && ctx.owner(new) == p;
                 if !(own_old || own_new) || !ctx.selected(kind, pids[i]) {
