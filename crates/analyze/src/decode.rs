@@ -68,6 +68,22 @@ pub struct Slices<'a> {
     pub old_size: &'a [u64],
 }
 
+impl<'a> Slices<'a> {
+    /// Rows `start..end`.
+    pub fn range(&self, start: usize, end: usize) -> Slices<'a> {
+        Slices {
+            ts: &self.ts[start..end],
+            pid: &self.pid[start..end],
+            kind: &self.kind[start..end],
+            addr: &self.addr[start..end],
+            size: &self.size[start..end],
+            old_addr: &self.old_addr[start..end],
+            stack_id: &self.stack_id[start..end],
+            old_size: self.old_size.get(start..end).unwrap_or(&[]),
+        }
+    }
+}
+
 impl Columns {
     /// Number of rows.
     pub fn len(&self) -> usize {
@@ -128,7 +144,7 @@ pub struct Decoder<'t> {
     bufs: Mutex<Vec<Vec<u8>>>,
 }
 
-/// Spare [`Columns`] kept: the decode window plus the row groups being
+/// Spare [`Columns`] kept: the row groups decoded ahead plus those being
 /// replayed.
 const SPARE: usize = 8;
 
@@ -228,20 +244,31 @@ impl Decoder<'_> {
     fn read_pages(&self, seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         let md = seg.meta.metadata().row_group(unit.row_group);
         let rows = usize::try_from(md.num_rows()).ok()?;
-        let mut leaves = [0usize; 8];
-        for (l, s) in leaves.iter_mut().zip(seg.leaves) {
-            *l = s?;
-        }
-        // Only the optional columns may hold nulls (which become 0); a
-        // nullable `addr` or `kind` is not ours, so the reference path decides.
-        for (i, name) in NAMES.iter().enumerate() {
-            let nullable = md.column(leaves[i]).column_descr().max_def_level() > 0;
-            if nullable && !matches!(*name, "old_addr" | "stack_id" | "old_size") {
-                return None;
+        let leaves = page_leaves(seg, md)?;
+        let chunk = self.read_chunk(seg, md, &leaves)?;
+        let mut c = crate::lock_pool(&self.spare).pop().unwrap_or_default();
+        c.rows = rows;
+        let ok =
+            SCRATCH.with(|s| decode_into(&chunk, md, &leaves, rows, &mut s.borrow_mut(), &mut c));
+        self.give_back(chunk);
+        match ok {
+            Some(()) => Some(c),
+            None => {
+                self.recycle(c);
+                None
             }
         }
-        // One read for the byte range of the columns needed (the unneeded
-        // `tid` between them is cheaper to read than to skip).
+    }
+
+    /// Reads the byte range of a row group's columns the page decoder
+    /// reads, in one read (the unneeded `tid` between them is cheaper to
+    /// read than to skip).
+    fn read_chunk(
+        &self,
+        seg: &Segment,
+        md: &parquet::file::metadata::RowGroupMetaData,
+        leaves: &[usize; 8],
+    ) -> Option<Arc<pages::Chunk>> {
         let ranges = leaves.map(|l| md.column(l).byte_range());
         let start = ranges.iter().map(|r| r.0).min()?;
         let end = ranges.iter().map(|r| r.0.checked_add(r.1)).max()??;
@@ -254,28 +281,180 @@ impl Decoder<'_> {
         data.truncate(len);
         let file = File::open(&seg.path).ok()?;
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, start).ok()?;
-        let chunk = Arc::new(pages::Chunk {
+        Some(Arc::new(pages::Chunk {
             base: start,
             data: data.into(),
-        });
-        let mut c = crate::lock_pool(&self.spare).pop().unwrap_or_default();
-        c.rows = rows;
-        let ok =
-            SCRATCH.with(|s| decode_into(&chunk, md, &leaves, rows, &mut s.borrow_mut(), &mut c));
-        // Take the read buffer back once the pages referring to it are gone.
+        }))
+    }
+
+    /// Takes the read buffer back once the pages referring to it are gone.
+    fn give_back(&self, chunk: Arc<pages::Chunk>) {
         if let Ok(chunk) = Arc::try_unwrap(chunk) {
             if let Ok(b) = chunk.data.try_into_mut() {
                 crate::lock_pool(&self.bufs).push(b.into());
             }
         }
-        match ok {
-            Some(()) => Some(c),
-            None => {
-                self.recycle(c);
-                None
+    }
+
+    /// Hands the rows of one row group to `sink` in order, a piece at a
+    /// time, until it returns false. Pieces are as long as the pages
+    /// allow: the page decoder decodes a page of every column, then
+    /// hands them over while they are still in the cache (a row group's
+    /// columns, decoded whole, are several times the caches' size). In a
+    /// piece without mremap rows `old_size` may be empty. Anything the
+    /// page decoder does not expect sends the rest of the row group
+    /// through [`Decoder::read`].
+    pub fn stream(
+        &self,
+        unit: &RowGroupUnit,
+        sink: &mut dyn FnMut(Slices<'_>) -> bool,
+    ) -> memleak_trace::Result<()> {
+        let mut done = 0;
+        if let Some(seg) = self.segments.as_ref().and_then(|s| s.get(unit.segment)) {
+            if self.stream_pages(seg, unit, &mut done, sink).is_some() {
+                return Ok(());
             }
         }
+        let cols = self.read(unit)?;
+        let n = cols.len();
+        if done < n {
+            sink(cols.slices(n).range(done, n));
+        }
+        self.recycle(cols);
+        Ok(())
     }
+
+    /// [`Decoder::stream`] by the page decoder; `None` when it stopped at
+    /// something unexpected, after `done` rows went to `sink`.
+    fn stream_pages(
+        &self,
+        seg: &Segment,
+        unit: &RowGroupUnit,
+        done: &mut usize,
+        sink: &mut dyn FnMut(Slices<'_>) -> bool,
+    ) -> Option<()> {
+        let md = seg.meta.metadata().row_group(unit.row_group);
+        let rows = usize::try_from(md.num_rows()).ok()?;
+        let leaves = page_leaves(seg, md)?;
+        let chunk = self.read_chunk(seg, md, &leaves)?;
+        let r = SCRATCH
+            .with(|s| stream_chunk(&chunk, md, &leaves, rows, &mut s.borrow_mut(), done, sink));
+        self.give_back(chunk);
+        r
+    }
+}
+
+/// The leaf columns of [`NAMES`] in a segment, if the page decoder can
+/// read them: only the optional columns may hold nulls (which become 0);
+/// a nullable `addr` or `kind` is not ours, so the reference path decides.
+fn page_leaves(
+    seg: &Segment,
+    md: &parquet::file::metadata::RowGroupMetaData,
+) -> Option<[usize; 8]> {
+    let mut leaves = [0usize; 8];
+    for (l, s) in leaves.iter_mut().zip(seg.leaves) {
+        *l = s?;
+    }
+    for (i, name) in NAMES.iter().enumerate() {
+        let nullable = md.column(leaves[i]).column_descr().max_def_level() > 0;
+        if nullable && !matches!(*name, "old_addr" | "stack_id" | "old_size") {
+            return None;
+        }
+    }
+    Some(leaves)
+}
+
+/// The page loop of [`Decoder::stream_pages`].
+fn stream_chunk(
+    chunk: &Arc<pages::Chunk>,
+    md: &parquet::file::metadata::RowGroupMetaData,
+    leaves: &[usize; 8],
+    rows: usize,
+    scratch: &mut pages::Scratch,
+    done: &mut usize,
+    sink: &mut dyn FnMut(Slices<'_>) -> bool,
+) -> Option<()> {
+    use pages::{Cursor, Values};
+    let meta = |i: usize| md.column(leaves[i]);
+    let mut ts = Cursor::<u64>::new(chunk, meta(0), rows, Values::Int)?;
+    let mut pid = Cursor::<u32>::new(chunk, meta(1), rows, Values::Int)?;
+    let mut kind = Cursor::<u8>::new(chunk, meta(2), rows, Values::Codes)?;
+    let mut addr = Cursor::<u64>::new(chunk, meta(3), rows, Values::Int)?;
+    let mut size = Cursor::<u64>::new(chunk, meta(4), rows, Values::Int)?;
+    let mut old_addr = Cursor::<u64>::new(chunk, meta(5), rows, Values::Int)?;
+    let mut stack = Cursor::<u64>::new(chunk, meta(6), rows, Values::Int)?;
+    // Only mremap rows have an old size: the column is decoded whole, and
+    // only for row groups that have some.
+    let mut old_size: Option<Vec<u64>> = None;
+    let same = |v: u64| v;
+    // INT32 values come zero-extended: the cast is exact.
+    let narrow = |v: u64| v as u32;
+    let code = |v: u64| v as u8;
+    while *done < rows {
+        if ts.values().is_empty() {
+            ts.next_page(&kind_code, same, scratch)?;
+        }
+        if pid.values().is_empty() {
+            pid.next_page(&kind_code, narrow, scratch)?;
+        }
+        if kind.values().is_empty() {
+            kind.next_page(&kind_code, code, scratch)?;
+        }
+        for c in [&mut addr, &mut size, &mut old_addr, &mut stack] {
+            if c.values().is_empty() {
+                c.next_page(&kind_code, same, scratch)?;
+            }
+        }
+        let n = [
+            ts.values().len(),
+            pid.values().len(),
+            kind.values().len(),
+            addr.values().len(),
+            size.values().len(),
+            old_addr.values().len(),
+            stack.values().len(),
+        ]
+        .into_iter()
+        .min()?
+        .min(rows - *done);
+        let kinds = &kind.values()[..n];
+        if old_size.is_none() && kinds.contains(&(EventKind::Mremap as u8)) {
+            let mut v = Vec::new();
+            pages::read_column(
+                chunk,
+                meta(7),
+                rows,
+                Values::Int,
+                &kind_code,
+                same,
+                scratch,
+                &mut v,
+            )?;
+            old_size = Some(v);
+        }
+        let b = Slices {
+            ts: &ts.values()[..n],
+            pid: &pid.values()[..n],
+            kind: kinds,
+            addr: &addr.values()[..n],
+            size: &size.values()[..n],
+            old_addr: &old_addr.values()[..n],
+            stack_id: &stack.values()[..n],
+            old_size: old_size.as_deref().map_or(&[], |v| &v[*done..*done + n]),
+        };
+        let more = sink(b);
+        *done += n;
+        if !more {
+            return Some(());
+        }
+        ts.consume(n);
+        pid.consume(n);
+        kind.consume(n);
+        for c in [&mut addr, &mut size, &mut old_addr, &mut stack] {
+            c.consume(n);
+        }
+    }
+    Some(())
 }
 
 fn decode_into(
@@ -521,6 +700,50 @@ mod tests {
         }
     }
 
+    /// The rows [`Decoder::stream`] hands out, gathered, against the
+    /// reference reader; and a sink that stops after the first piece.
+    fn streams_as_the_reference(trace: &Trace, dec: &Decoder<'_>, t: usize) {
+        let segs = dec.segments.as_ref().expect("segments match the units");
+        for u in trace.event_units() {
+            let slow = Columns::from_batch(trace.read_unit(&u, EventColumns::REPLAY).unwrap());
+            let b = slow.slices(slow.len());
+            let mut at = 0usize;
+            let mut pieces = 0;
+            let mut sink = |p: Slices<'_>| {
+                let n = p.ts.len();
+                let want = b.range(at, at + n);
+                assert_eq!(p.ts, want.ts);
+                assert_eq!(p.pid, want.pid);
+                assert_eq!(p.kind, want.kind);
+                assert_eq!(p.addr, want.addr);
+                assert_eq!(p.size, want.size);
+                assert_eq!(p.old_addr, want.old_addr);
+                assert_eq!(p.stack_id, want.stack_id);
+                for (i, &k) in p.kind.iter().enumerate() {
+                    if k == EventKind::Mremap as u8 {
+                        assert_eq!(p.old_size[i], want.old_size[i], "row {}", at + i);
+                    }
+                }
+                at += n;
+                pieces += 1;
+                true
+            };
+            let mut done = 0;
+            let r = dec.stream_pages(&segs[u.segment], &u, &mut done, &mut sink);
+            assert!(r.is_some(), "tuning {t}: streaming declined");
+            assert_eq!((done, at), (slow.len(), slow.len()));
+            assert!(pieces >= 1);
+            let mut first = 0;
+            dec.stream(&u, &mut |p| {
+                assert_eq!(first, 0, "a piece after the sink said stop");
+                first = p.ts.len();
+                false
+            })
+            .unwrap();
+            assert!(first > 0);
+        }
+    }
+
     #[test]
     fn page_decoder_matches_the_reference_reader() {
         use parquet::basic::{Compression, Encoding};
@@ -582,6 +805,7 @@ mod tests {
             same_as_reference(&trace, &dec);
             // Twice, on recycled buffers.
             same_as_reference(&trace, &dec);
+            streams_as_the_reference(&trace, &dec, t);
         }
     }
 }

@@ -537,8 +537,45 @@ fn read_pages<T: Copy + Default>(
 ) -> Option<()> {
     let rows = out.len();
     let mut at = 0usize;
-    let mut dict: Option<&[u64]> = None;
+    let mut has_dict = false;
     while let Some(page) = pages.next_page()? {
+        let Some(data) = DataPage::of(page, nullable, kind, ty, code_of, dict_buf, &mut has_dict)?
+        else {
+            continue;
+        };
+        let dst = out.get_mut(at..at.checked_add(data.n)?)?;
+        at += data.n;
+        let dict = has_dict.then_some(&dict_buf[..]);
+        data.decode(nullable, kind, ty, dict, code_of, scratch, dst, conv)?;
+    }
+    (at == rows).then_some(())
+}
+
+/// A data page, split into its parts.
+struct DataPage<'a> {
+    /// Rows (values and nulls).
+    n: usize,
+    encoding: Encoding,
+    /// Definition levels (RLE), empty if the column is required.
+    levels: &'a [u8],
+    values: &'a [u8],
+}
+
+impl<'a> DataPage<'a> {
+    /// The data page `page` is, or `None` inside for a dictionary page,
+    /// which is decoded into `dict` (`has_dict` set). `None` on anything
+    /// unexpected.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn of(
+        page: RawPage<'a>,
+        nullable: bool,
+        kind: Values,
+        ty: PhysicalType,
+        code_of: &dyn Fn(&[u8]) -> u64,
+        dict: &mut Vec<u64>,
+        has_dict: &mut bool,
+    ) -> Option<Option<DataPage<'a>>> {
         let (n, encoding, levels, values) = match page {
             RawPage::Dictionary {
                 buf,
@@ -548,13 +585,14 @@ fn read_pages<T: Copy + Default>(
                 if !matches!(encoding, Encoding::PLAIN | Encoding::PLAIN_DICTIONARY) {
                     return None;
                 }
-                let d = sized(dict_buf, num_values);
+                let d = sized(dict, num_values);
                 match kind {
                     Values::Int => plain(buf, ty, d, |v| v)?,
                     Values::Codes => plain_strings(buf, code_of, d, |v| v)?,
                 }
-                dict = Some(&dict_buf[..num_values]);
-                continue;
+                dict.truncate(num_values);
+                *has_dict = true;
+                return Some(None);
             }
             RawPage::Data {
                 body,
@@ -575,17 +613,40 @@ fn read_pages<T: Copy + Default>(
                 None => (num_values, encoding, &body[..0], body),
             },
         };
-        let dst = out.get_mut(at..at.checked_add(n)?)?;
-        at += n;
+        Some(Some(DataPage {
+            n,
+            encoding,
+            levels,
+            values,
+        }))
+    }
+
+    /// Decodes the page's `n` rows into `dst`, nulls as 0.
+    #[allow(clippy::too_many_arguments)]
+    #[inline(always)]
+    fn decode<T: Copy>(
+        &self,
+        nullable: bool,
+        kind: Values,
+        ty: PhysicalType,
+        dict: Option<&[u64]>,
+        code_of: &dyn Fn(&[u8]) -> u64,
+        scratch: &mut Scratch,
+        dst: &mut [T],
+        conv: impl Fn(u64) -> T + Copy,
+    ) -> Option<()> {
+        let n = self.n;
+        debug_assert_eq!(dst.len(), n);
         // Which rows of the page have a value.
         let present = if nullable {
             let lv = sized(&mut scratch.levels, n);
-            hybrid(levels, 1, lv, |v| v as u8)?;
+            hybrid(self.levels, 1, lv, |v| v as u8)?;
             // Width 1: every level is 0 or 1.
             lv.iter().map(|&l| l as usize).sum::<usize>()
         } else {
             n
         };
+        let (encoding, values) = (self.encoding, self.values);
         if present < n {
             // Decode the present values into scratch, then spread them.
             let mut vals = std::mem::take(&mut scratch.vals);
@@ -593,14 +654,161 @@ fn read_pages<T: Copy + Default>(
             let ok = decode_values(encoding, kind, ty, values, dict, code_of, scratch, v, |v| v);
             let ok = ok.map(|()| spread(&scratch.levels[..n], v, dst, conv));
             scratch.vals = vals;
-            ok?;
+            ok
         } else {
             decode_values(
                 encoding, kind, ty, values, dict, code_of, scratch, dst, conv,
-            )?;
+            )
         }
     }
-    (at == rows).then_some(())
+}
+
+/// Decodes a column chunk one data page at a time, for callers that
+/// consume the columns of a row group together in row order: a page's
+/// values are used while they are still in the cache, instead of a whole
+/// column chunk being written out and read back. Uncompressed and zstd
+/// chunks only ([`Cursor::new`] says `None` to anything else).
+pub struct Cursor<T> {
+    /// The column chunk's bytes.
+    data: Bytes,
+    /// Offset in `data` of the next page header.
+    at: usize,
+    zstd: bool,
+    nullable: bool,
+    ty: PhysicalType,
+    kind: Values,
+    dict: Vec<u64>,
+    has_dict: bool,
+    /// The current page's values; `vals[pos..]` are not consumed yet.
+    vals: Vec<T>,
+    pos: usize,
+    /// Rows of the chunk in pages not decoded yet.
+    rows_left: usize,
+}
+
+impl<T: Copy + Default> Cursor<T> {
+    /// A cursor over the `rows` rows of the column chunk `meta` in
+    /// `chunk`, its values read as `kind`; `None` for what
+    /// [`read_column`] would not decode or for a codec other than zstd.
+    pub fn new(
+        chunk: &Chunk,
+        meta: &ColumnChunkMetaData,
+        rows: usize,
+        kind: Values,
+    ) -> Option<Self> {
+        let descr = meta.column_descr();
+        if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
+            return None;
+        }
+        let ty = meta.column_type();
+        match (kind, ty) {
+            (Values::Int, PhysicalType::INT64 | PhysicalType::INT32) => {}
+            (Values::Codes, PhysicalType::BYTE_ARRAY) => {}
+            _ => return None,
+        }
+        let zstd = match meta.compression() {
+            Compression::UNCOMPRESSED => false,
+            Compression::ZSTD(_) => true,
+            _ => return None,
+        };
+        let (start, len) = meta.byte_range();
+        Some(Cursor {
+            data: chunk.range(start, usize::try_from(len).ok()?).ok()?,
+            at: 0,
+            zstd,
+            nullable: descr.max_def_level() == 1,
+            ty,
+            kind,
+            dict: Vec::new(),
+            has_dict: false,
+            vals: Vec::new(),
+            pos: 0,
+            rows_left: rows,
+        })
+    }
+
+    /// The decoded values not consumed yet.
+    #[inline(always)]
+    pub fn values(&self) -> &[T] {
+        &self.vals[self.pos..]
+    }
+
+    /// Marks the first `n` of [`Cursor::values`] consumed.
+    #[inline(always)]
+    pub fn consume(&mut self, n: usize) {
+        debug_assert!(self.pos + n <= self.vals.len());
+        self.pos += n;
+    }
+
+    /// Rows not decoded yet, and decoded but not consumed.
+    pub fn rows_left(&self) -> usize {
+        self.rows_left + self.vals.len() - self.pos
+    }
+
+    /// Decodes the next data page (after a dictionary page, if one comes
+    /// first), each value through `conv` as in [`read_column`], dropping
+    /// what is left of the current page. `None` on anything unexpected,
+    /// including a page past the chunk's rows or the end of the chunk
+    /// before them.
+    pub fn next_page(
+        &mut self,
+        code_of: &dyn Fn(&[u8]) -> u64,
+        conv: impl Fn(u64) -> T + Copy,
+        scratch: &mut Scratch,
+    ) -> Option<()> {
+        let mut buf = std::mem::take(&mut scratch.page);
+        let mut dctx = scratch.zstd.take();
+        let r = self.decode_next(code_of, conv, scratch, &mut buf, &mut dctx);
+        scratch.page = buf;
+        scratch.zstd = dctx;
+        r
+    }
+
+    fn decode_next(
+        &mut self,
+        code_of: &dyn Fn(&[u8]) -> u64,
+        conv: impl Fn(u64) -> T + Copy,
+        scratch: &mut Scratch,
+        buf: &mut Vec<u8>,
+        dctx: &mut Option<zstd::bulk::Decompressor<'static>>,
+    ) -> Option<()> {
+        if self.zstd && dctx.is_none() {
+            *dctx = Some(zstd::bulk::Decompressor::new().ok()?);
+        }
+        let (nullable, kind, ty) = (self.nullable, self.kind, self.ty);
+        loop {
+            let mut src = OwnPages {
+                data: self.data.get(self.at..)?,
+                dctx: dctx.as_mut().filter(|_| self.zstd),
+                buf,
+            };
+            let page = src.next_page()??;
+            let data = DataPage::of(
+                page,
+                nullable,
+                kind,
+                ty,
+                code_of,
+                &mut self.dict,
+                &mut self.has_dict,
+            )?;
+            let Some(data) = data else {
+                self.at = self.data.len() - src.data.len();
+                continue;
+            };
+            if data.n > self.rows_left {
+                return None;
+            }
+            let dst = sized(&mut self.vals, data.n);
+            let dict = self.has_dict.then_some(&self.dict[..]);
+            data.decode(nullable, kind, ty, dict, code_of, scratch, dst, conv)?;
+            self.vals.truncate(data.n);
+            self.pos = 0;
+            self.rows_left -= data.n;
+            self.at = self.data.len() - src.data.len();
+            return Some(());
+        }
+    }
 }
 
 /// Decodes `out.len()` present values of one page.

@@ -10,6 +10,9 @@
 //! The row groups of the trace are decoded in parallel, a window at a time,
 //! while the previous window is being replayed: decoding and replay share
 //! the rayon pool, and work stealing balances them.
+//! With a single partition (the default on one or two threads) the decode
+//! workers turn each row group into a list of packed operations
+//! ([`Packed`]) that replay streams.
 //!
 //! A few things do not belong to one address:
 //! * realloc frees the old address and allocates the new one, which may
@@ -201,7 +204,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         .collect();
     let decoder = Decoder::new(trace);
     let rows_pool = RowsPool::default();
-    let codes_pool = CodesPool::default();
+    let packed_pool = PackedPool::default();
     let allocated_pool: Mutex<Vec<Allocated>> = Mutex::new(Vec::new());
     // Where the time goes, for MEMLEAK_ANALYZE_TIMING=1 (ns of CPU in
     // decoding, replaying partitions, and the sequential peak pass).
@@ -221,7 +224,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     opts.at_ts,
                     &ctx,
                     &rows_pool,
-                    &codes_pool,
+                    &packed_pool,
                     &allocated_pool,
                 );
                 timed(&t_decode, t);
@@ -243,7 +246,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         let cur = cur?;
         // Row groups are in time order: once one is cut by `at`, the rest
         // are entirely after it.
-        let cut = cur.iter().any(|d| d.rows < d.cols.len());
+        let cut = cur.iter().any(|d| d.rows < d.total);
         let following = if cut {
             None
         } else {
@@ -255,28 +258,29 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 for d in &cur {
                     let n = d.rows;
                     if n == 0 {
+                        if let Some(f) = opts.progress {
+                            f(d.total as u64);
+                        }
                         continue;
                     }
-                    let cols = d.cols.slices(n);
-                    partitions.par_iter_mut().for_each(|p| {
+                    if let (Some(packed), [p]) = (&d.packed, partitions.as_mut_slice()) {
                         let t = std::time::Instant::now();
-                        match &d.codes {
-                            Some(codes) => p.replay_coded(cols, codes, &ctx),
-                            None => {
-                                let rows = d.rows_of(p.index).expect("row lists or codes");
-                                p.replay_batch(cols, rows, &ctx)
-                            }
-                        }
+                        p.replay_packed(packed, &ctx);
                         timed(&t_replay, t);
-                    });
-                    let t = std::time::Instant::now();
-                    let ts = cols.ts;
-                    if let [p] = partitions.as_slice() {
                         // One partition tracked the peak as it replayed.
                         (outstanding, peak, peak_ts) = (p.outstanding, p.peak, p.peak_ts);
                     } else {
+                        let cols = d.cols.as_ref().expect("columns or operations");
+                        let cols = cols.slices(n);
+                        partitions.par_iter_mut().for_each(|p| {
+                            let t = std::time::Instant::now();
+                            let rows = d.rows_of(p.index).expect("row lists");
+                            p.replay_batch(cols, rows, &ctx);
+                            timed(&t_replay, t);
+                        });
                         // Sum the partitions' changes per row, then walk the
                         // rows in time order for the peak.
+                        let t = std::time::Instant::now();
                         totals.clear();
                         totals.resize(n, 0);
                         for p in &mut partitions {
@@ -288,13 +292,13 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                             outstanding += x;
                             if outstanding > peak {
                                 peak = outstanding;
-                                peak_ts = ts[i];
+                                peak_ts = cols.ts[i];
                             }
                         }
+                        timed(&t_peak, t);
                     }
-                    timed(&t_peak, t);
                     if let Some(f) = opts.progress {
-                        f(d.cols.len() as u64);
+                        f(d.total as u64);
                     }
                 }
             },
@@ -304,18 +308,19 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 *k += c;
             }
             if d.rows > 0 {
-                let ts = d.cols.slices(d.rows).ts;
-                stats.first_ts.get_or_insert(ts[0]);
-                stats.last_ts = Some(ts[d.rows - 1]);
+                stats.first_ts.get_or_insert(d.first_ts);
+                stats.last_ts = Some(d.last_ts);
             }
         }
         for d in cur {
-            decoder.recycle(d.cols);
+            if let Some(c) = d.cols {
+                decoder.recycle(c);
+            }
             if let Some(r) = d.rows_of {
                 crate::lock_pool(&rows_pool).push(r);
             }
-            if let Some(c) = d.codes {
-                crate::lock_pool(&codes_pool).push(c);
+            if let Some(p) = d.packed {
+                crate::lock_pool(&packed_pool).push(p);
             }
         }
         next = decoded_next;
@@ -445,25 +450,29 @@ impl Replay {
 
 /// One decoded row group and what was counted while decoding it.
 struct Decoded {
-    cols: Columns,
-    /// With several partitions: the rows each takes part in (the first
-    /// `rows_len[p]` entries of `rows_of[p]`; the vectors are recycled
-    /// and longer).
+    /// With several partitions: the columns, and the rows each partition
+    /// takes part in (the first `rows_len[p]` entries of `rows_of[p]`;
+    /// the vectors are recycled and longer).
+    cols: Option<Columns>,
     rows_of: Option<Vec<Vec<u32>>>,
     rows_len: Vec<usize>,
-    /// With a single partition: the rows' [`Ctx::code_of`] codes, with the
-    /// filter applied (see [`count_rows`]).
-    codes: Option<Vec<u8>>,
-    /// Rows at or before the `at` cutoff.
+    /// With a single partition: the row group as [`Packed`] operations,
+    /// the filter applied.
+    packed: Option<Packed>,
+    /// Rows at or before the `at` cutoff, and all the rows.
     rows: usize,
+    total: usize,
+    /// Times of the first and last of `rows`.
+    first_ts: u64,
+    last_ts: u64,
     kinds: Box<[u64; 256]>,
 }
 
 /// Row lists of spent [`Decoded`]s, for reuse.
 type RowsPool = std::sync::Mutex<Vec<Vec<Vec<u32>>>>;
 
-/// Code lists of spent [`Decoded`]s, for reuse.
-type CodesPool = std::sync::Mutex<Vec<Vec<u8>>>;
+/// Operation lists of spent [`Decoded`]s, for reuse.
+type PackedPool = std::sync::Mutex<Vec<Packed>>;
 
 impl Decoded {
     fn read(
@@ -472,46 +481,85 @@ impl Decoded {
         at: Option<u64>,
         ctx: &Ctx<'_>,
         pool: &RowsPool,
-        codes_pool: &CodesPool,
+        packed_pool: &PackedPool,
         allocated: &Mutex<Vec<Allocated>>,
     ) -> memleak_trace::Result<Decoded> {
-        let cols = decoder.read(unit)?;
-        let all = cols.slices(cols.len());
-        let rows = match at {
-            Some(at) => all.ts.partition_point(|&t| t <= at),
-            None => cols.len(),
-        };
         let mut kinds = Box::new([0u64; 256]);
         let mut acc = crate::lock_pool(allocated)
             .pop()
             .unwrap_or_else(|| Allocated::new(0));
-        let mut codes = (ctx.nparts == 1).then(|| {
-            let mut c = crate::lock_pool(codes_pool).pop().unwrap_or_default();
-            c.resize(rows, 0);
-            c
-        });
-        count_allocations(
-            cols.slices(rows),
-            ctx,
-            &mut kinds,
-            &mut acc,
-            codes.as_deref_mut(),
-        );
-        crate::lock_pool(allocated).push(acc);
-        let mut rows_len = vec![0; ctx.nparts];
-        let rows_of = (ctx.nparts > 1).then(|| {
+        let total = unit.rows as usize;
+        let mut d = if ctx.nparts == 1 {
+            let mut packed = crate::lock_pool(packed_pool).pop().unwrap_or_default();
+            packed.ops.clear();
+            packed.rows.clear();
+            let (mut rows, mut first_ts, mut last_ts) = (0usize, None, 0u64);
+            let r = decoder.stream(unit, &mut |b: Slices<'_>| {
+                let all = b.ts.len();
+                let n = match at {
+                    Some(at) => b.ts.partition_point(|&t| t <= at),
+                    None => all,
+                };
+                if n > 0 {
+                    first_ts.get_or_insert(b.ts[0]);
+                    last_ts = b.ts[n - 1];
+                    pack(b.range(0, n), ctx, &mut kinds, &mut acc, &mut packed);
+                }
+                rows += n;
+                n == all
+            });
+            if let Err(e) = r {
+                crate::lock_pool(allocated).push(acc);
+                return Err(e);
+            }
+            Decoded {
+                cols: None,
+                rows_of: None,
+                rows_len: Vec::new(),
+                packed: Some(packed),
+                rows,
+                total,
+                first_ts: first_ts.unwrap_or(0),
+                last_ts,
+                kinds,
+            }
+        } else {
+            let cols = match decoder.read(unit) {
+                Ok(c) => c,
+                Err(e) => {
+                    crate::lock_pool(allocated).push(acc);
+                    return Err(e);
+                }
+            };
+            let all = cols.slices(cols.len());
+            let rows = match at {
+                Some(at) => all.ts.partition_point(|&t| t <= at),
+                None => cols.len(),
+            };
+            let b = cols.slices(rows);
+            count_allocations(b, ctx, &mut kinds, &mut acc);
+            let mut rows_len = vec![0; ctx.nparts];
             let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
-            split_rows(cols.slices(rows), ctx, &mut out, &mut rows_len);
-            out
-        });
-        Ok(Decoded {
-            cols,
-            rows_of,
-            rows_len,
-            codes,
-            rows,
-            kinds,
-        })
+            split_rows(b, ctx, &mut out, &mut rows_len);
+            let (first_ts, last_ts) = match rows {
+                0 => (0, 0),
+                _ => (b.ts[0], b.ts[rows - 1]),
+            };
+            Decoded {
+                total: cols.len(),
+                cols: Some(cols),
+                rows_of: Some(out),
+                rows_len,
+                packed: None,
+                rows,
+                first_ts,
+                last_ts,
+                kinds,
+            }
+        };
+        crate::lock_pool(allocated).push(acc);
+        d.total = d.total.max(d.rows);
+        Ok(d)
     }
 
     /// The rows partition `p` takes part in; `None` with one partition.
@@ -519,6 +567,70 @@ impl Decoded {
         self.rows_of.as_ref().map(|r| &r[p][..self.rows_len[p]])
     }
 }
+
+/// A row group as the single-partition replay reads it: one 32-byte
+/// [`PackedOp`] per allocation or free to make, written by the decode
+/// workers while the rows' pages are in the cache. Replay then streams
+/// one array instead of seven columns and a code per row (which cost it
+/// about a fifth of its time in memory traffic), and skips rows that do
+/// nothing without reading them. A realloc becomes the free of its old
+/// address then the allocation of its new one; what does not fit an
+/// operation (mappings, exec, fork, a size of 2^56 or more, a stack id
+/// of 2^32 or more) is kept whole in `rows` and replayed from there.
+#[derive(Default)]
+struct Packed {
+    ops: Vec<PackedOp>,
+    rows: Vec<Row>,
+}
+
+/// One operation of [`Packed`]: `size_code` holds the size in its low 56
+/// bits and the operation in its top byte (one of [`C_ALLOC_USER`] …
+/// [`C_FREE_PAGE`], or [`C_ROW`], for which `addr` is the index of the
+/// row in [`Packed::rows`]).
+#[derive(Clone, Copy)]
+#[repr(C)]
+struct PackedOp {
+    addr: u64,
+    ts: u64,
+    size_code: u64,
+    stack: u32,
+    pid: u32,
+}
+
+/// A row replayed as it is.
+#[derive(Clone, Copy)]
+struct Row {
+    ts: u64,
+    pid: u32,
+    kind: u8,
+    addr: u64,
+    size: u64,
+    old_addr: u64,
+    stack_id: u64,
+    old_size: u64,
+}
+
+impl Row {
+    fn slices(&self) -> Slices<'_> {
+        use std::slice::from_ref;
+        Slices {
+            ts: from_ref(&self.ts),
+            pid: from_ref(&self.pid),
+            kind: from_ref(&self.kind),
+            addr: from_ref(&self.addr),
+            size: from_ref(&self.size),
+            old_addr: from_ref(&self.old_addr),
+            stack_id: from_ref(&self.stack_id),
+            old_size: from_ref(&self.old_size),
+        }
+    }
+}
+
+/// [`PackedOp::size_code`]: the size bits, and the shift of the code.
+const SIZE_BITS: u64 = (1 << 56) - 1;
+const CODE_SHIFT: u32 = 56;
+/// The code of an operation that is a whole [`Row`].
+const C_ROW: u8 = 0x88;
 
 /// Allocations and their bytes, in all and by stack (those the filter
 /// selects), counted while decoding.
@@ -554,51 +666,64 @@ impl Allocated {
 /// size is not 0 either, an mremap if its new address is not 0 (exactly
 /// the rows whose replay allocates); its stack's totals count it if the
 /// filter selects it.
-fn count_allocations(
-    b: Slices<'_>,
-    ctx: &Ctx<'_>,
-    kinds: &mut [u64; 256],
-    acc: &mut Allocated,
-    codes: Option<&mut [u8]>,
-) {
+fn count_allocations(b: Slices<'_>, ctx: &Ctx<'_>, kinds: &mut [u64; 256], acc: &mut Allocated) {
     let f = ctx.filter;
     let n = b.kind.len();
     // Rows are in time order: when the filter selects every size and the
     // whole time span of these rows, the timestamps need not be read.
     let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
-    match (codes, f.has_pids(), every) {
-        (None, false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, &mut []),
-        (None, false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, &mut []),
-        (None, true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, &mut []),
-        (None, true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, &mut []),
-        (Some(c), false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, c),
-        (Some(c), false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, c),
-        (Some(c), true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, c),
-        (Some(c), true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, c),
+    let none = &mut Packed::default();
+    match (f.has_pids(), every) {
+        (false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, none),
+        (false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, none),
+        (true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, none),
+        (true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, none),
+    }
+}
+
+/// [`count_allocations`], which also appends the rows' operations for a
+/// single-partition replay to `out`.
+fn pack(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+    out: &mut Packed,
+) {
+    let f = ctx.filter;
+    let n = b.kind.len();
+    let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
+    // A realloc makes two operations.
+    out.ops.reserve(2 * n);
+    match (f.has_pids(), every) {
+        (false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, out),
+        (false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, out),
+        (true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, out),
+        (true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, out),
     }
 }
 
 /// [`count_allocations`], which also counts the rows of each kind,
 /// for a filter with (`BY_PID`) or without a process filter, and with
 /// (`BY_SIZE_TIME`) or without a size or time range to apply. With
-/// `CODES` it also writes each row's code for a single-partition replay
-/// to `codes`: [`Ctx::code_of`] its kind, and [`C_SKIP`] for an
-/// allocation or a free replay would skip (address 0, or a process the
-/// filter drops) and a realloc of a process the filter drops. The byte is written while the row's kind, address and
-/// pid are at hand, so replay dispatches on it without looking at the
-/// filter.
+/// `PACK` it also appends to `out` the operations a single-partition
+/// replay makes for the rows (see [`Packed`]): none for a row of a kind
+/// or process the filter drops, or an allocation or free of address 0.
+/// `out.ops` must have room for two operations a row.
 #[inline(always)]
-// `codes` is empty without CODES: every column is indexed by row.
-#[allow(clippy::needless_range_loop)]
-fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const CODES: bool>(
+fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     b: Slices<'_>,
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
     acc: &mut Allocated,
-    codes: &mut [u8],
+    out: &mut Packed,
 ) {
     let f = ctx.filter;
-    for i in 0..b.kind.len() {
+    let n = b.kind.len();
+    let base = out.ops.len();
+    let spare = &mut out.ops.spare_capacity_mut()[..if PACK { 2 * n } else { 0 }];
+    let mut len = 0usize;
+    for i in 0..n {
         let kind = b.kind[i] as usize;
         kinds[kind] += 1;
         let class = ctx.alloc_class[kind];
@@ -614,14 +739,63 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const CODES: bool>(
         } else {
             yes
         };
-        acc.totals.add_if(b.stack_id[i], size, counted);
-        if CODES {
+        let stack = b.stack_id[i];
+        acc.totals.add_if(stack, size, counted);
+        if PACK {
             let c = ctx.code_of[kind];
-            let sel = !BY_PID || f.pid_selected(b.pid[i]);
-            // A realloc to address 0 may still free its old address.
-            let skip = (c >= C_ALLOC_USER) & (((addr == 0) & (c != C_REALLOC)) | !sel);
-            codes[i] = if skip { C_SKIP } else { c };
+            let (pid, ts) = (b.pid[i], b.ts[i]);
+            let fits = (size <= SIZE_BITS) & (stack <= u32::MAX as u64);
+            if (C_ALLOC_USER..=C_FREE_PAGE).contains(&c) & fits {
+                // Written whatever happens, kept if the row does something:
+                // no branch on the address or the process.
+                spare[len].write(PackedOp {
+                    addr,
+                    ts,
+                    size_code: size | (c as u64) << CODE_SHIFT,
+                    stack: stack as u32,
+                    pid,
+                });
+                let sel = !BY_PID || f.pid_selected(pid);
+                len += ((addr != 0) & sel) as usize;
+            } else if c != C_SKIP && (!BY_PID || c < C_SKIP || f.pid_selected(pid)) {
+                let mut op = |addr: u64, code: u8| {
+                    spare[len].write(PackedOp {
+                        addr,
+                        ts,
+                        size_code: size | (code as u64) << CODE_SHIFT,
+                        stack: stack as u32,
+                        pid,
+                    });
+                    len += 1;
+                };
+                if c == C_REALLOC && fits {
+                    let old = b.old_addr[i];
+                    // The free first: realloc in place reuses the address.
+                    if realloc_frees(old, addr, size) {
+                        op(old, C_FREE_USER);
+                    }
+                    if addr != 0 {
+                        op(addr, C_ALLOC_USER);
+                    }
+                } else {
+                    op(out.rows.len() as u64, C_ROW);
+                    out.rows.push(Row {
+                        ts,
+                        pid,
+                        kind: kind as u8,
+                        addr,
+                        size,
+                        old_addr: b.old_addr[i],
+                        stack_id: stack,
+                        old_size: b.old_size.get(i).copied().unwrap_or(0),
+                    });
+                }
+            }
         }
+    }
+    if PACK {
+        // SAFETY: the first `len` spare slots were written above.
+        unsafe { out.ops.set_len(base + len) };
     }
 }
 
@@ -1104,90 +1278,75 @@ impl Partition {
     /// slower, the prefetches queueing behind the table's misses.
     #[inline(always)]
     fn prefetch_row(&self, b: &Slices<'_>, j: usize, ctx: &Ctx<'_>) {
-        let kind = b.kind[j] as usize;
-        let fixed = ctx.table_of[kind] as usize;
-        let pid = b.pid[j];
-        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
-        let user = if p == pid { s as usize } else { KERNEL_SLOT };
-        let slot = if fixed == USER_TABLE { user } else { fixed };
-        let table = &self.pids[slot].blocks;
-        let h = mix(b.addr[j]);
-        table.prefetch_hash(h);
+        let table = self.table_for(b.kind[j], b.pid[j], ctx);
+        table.prefetch(b.addr[j]);
         let old = b.old_addr[j];
         if old != 0 {
             table.prefetch(old);
         }
     }
 
-    /// Replays all the rows of a row group, as their `codes` say (single
-    /// partition only): allocations and frees the filter selects here,
-    /// the rest with [`Partition::replay_row`].
-    fn replay_coded(&mut self, b: Slices<'_>, codes: &[u8], ctx: &Ctx<'_>) {
-        let count = codes.len();
-        let coded = Slices { kind: codes, ..b };
-        let (addrs, sizes, ts, pids, stacks) = (b.addr, b.size, b.ts, b.pid, b.stack_id);
-        for k in 0..AHEAD.min(count) {
-            self.prefetch_row(&coded, k, ctx);
+    /// The table a row of `kind` (or an operation of that code) of `pid`
+    /// uses, as far as the pid cache knows it without a miss (else the
+    /// kernel's: only for prefetching).
+    #[inline(always)]
+    fn table_for(&self, kind: u8, pid: u32, ctx: &Ctx<'_>) -> &BlockTable {
+        let fixed = ctx.table_of[kind as usize] as usize;
+        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
+        let user = if p == pid { s as usize } else { KERNEL_SLOT };
+        let slot = if fixed == USER_TABLE { user } else { fixed };
+        &self.pids[slot].blocks
+    }
+
+    /// Replays a row group's [`Packed`] operations (single partition
+    /// only).
+    fn replay_packed(&mut self, packed: &Packed, ctx: &Ctx<'_>) {
+        let ops = &packed.ops[..];
+        let count = ops.len();
+        let prefetch = |p: &Self, o: &PackedOp| {
+            let code = (o.size_code >> CODE_SHIFT) as u8;
+            p.table_for(code, o.pid, ctx).prefetch(o.addr);
+        };
+        for o in &ops[..AHEAD.min(count)] {
+            prefetch(self, o);
         }
         // Outstanding bytes and their peak, as emit::<true> follows them,
         // in locals: the table calls would otherwise make the compiler
-        // load and store them for every row.
+        // load and store them for every operation.
         let (mut outstanding, mut peak, mut peak_ts) = (self.outstanding, self.peak, self.peak_ts);
-        macro_rules! emit {
-            ($d:expr, $ts:expr) => {{
-                outstanding += $d;
-                if outstanding > peak {
-                    peak = outstanding;
-                    peak_ts = $ts;
-                }
-            }};
-        }
         for i in 0..count {
             if i + AHEAD < count {
-                self.prefetch_row(&coded, i + AHEAD, ctx);
+                prefetch(self, &ops[i + AHEAD]);
             }
-            let c = codes[i];
+            let o = ops[i];
+            let c = (o.size_code >> CODE_SHIFT) as u8;
             match c {
-                C_SKIP => {}
                 C_ALLOC_USER | C_ALLOC_KERNEL | C_ALLOC_PAGE => {
                     let slot = match c {
-                        C_ALLOC_USER => self.slot(pids[i]),
+                        C_ALLOC_USER => self.slot(o.pid),
                         C_ALLOC_KERNEL => KERNEL_SLOT,
                         _ => PAGE_SLOT,
                     };
-                    let d = self.alloc(slot, addrs[i], sizes[i], ts[i], stacks[i]);
-                    emit!(d, ts[i]);
+                    let size = o.size_code & SIZE_BITS;
+                    outstanding += self.alloc(slot, o.addr, size, o.ts, o.stack as u64);
+                    if outstanding > peak {
+                        peak = outstanding;
+                        peak_ts = o.ts;
+                    }
                 }
                 C_FREE_USER | C_FREE_KERNEL | C_FREE_PAGE => {
                     let slot = match c {
-                        C_FREE_USER => self.slot(pids[i]),
+                        C_FREE_USER => self.slot(o.pid),
                         C_FREE_KERNEL => KERNEL_SLOT,
                         _ => PAGE_SLOT,
                     };
                     // A free never raises the total: no new peak.
-                    outstanding += self.free(slot, addrs[i]);
-                }
-                C_REALLOC => {
-                    let (old, new, size) = (b.old_addr[i], addrs[i], sizes[i]);
-                    // As replay_row with a single partition, which owns
-                    // both addresses.
-                    let frees_old = realloc_frees(old, new, size);
-                    if !frees_old && new == 0 {
-                        continue;
-                    }
-                    let slot = self.slot(pids[i]);
-                    let mut d = 0;
-                    if frees_old {
-                        d += self.free(slot, old);
-                    }
-                    if new != 0 {
-                        d += self.alloc(slot, new, size, ts[i], stacks[i]);
-                    }
-                    emit!(d, ts[i]);
+                    outstanding += self.free(slot, o.addr);
                 }
                 _ => {
                     (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);
-                    self.replay_row::<true>(&b, i, ctx);
+                    let row = &packed.rows[o.addr as usize];
+                    self.replay_row::<true>(&row.slices(), 0, ctx);
                     (outstanding, peak, peak_ts) = (self.outstanding, self.peak, self.peak_ts);
                 }
             }

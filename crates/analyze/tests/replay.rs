@@ -105,6 +105,58 @@ fn realloc_chains() {
     assert_eq!(s.peak_ns, 8 * MS);
 }
 
+/// Sizes of 2^56 and more and stack ids of 2^32 and more do not fit the
+/// single-partition replay's packed operations: those rows are replayed
+/// whole, in order with the rest, and give what several partitions give.
+#[test]
+fn sizes_and_stacks_too_wide_to_pack() {
+    let big = 1u64 << 56;
+    let far = 1u64 << 32;
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0xa000, big + 5, 1)
+        .malloc(2, 0xb000, 10, far + 7)
+        .realloc(3, 0xb000, 0xc000, big, 2) // moves to a huge block
+        .realloc(4, 0xa000, 0xa000, 3, far) // shrinks in place, wide stack
+        .malloc(5, 0xd000, 4, 3)
+        .realloc(6, 0xd000, 0, big, 3) // fails: d stays
+        .free(7, 0xc000)
+        .malloc(8, 0xe000, big - 1, far + 1);
+    tb.ev(9, 101, EventKind::Malloc, 0xf000, big, far + 2);
+    let r = run(&tb);
+    assert_eq!(
+        outstanding(&r),
+        vec![
+            (3, 4, 1),
+            (far, 3, 1),
+            (far + 1, big - 1, 1),
+            (far + 2, big, 1)
+        ]
+    );
+    let s = &r.summary;
+    assert_eq!(s.allocations, 7);
+    assert_eq!(s.frees, 3); // a in place, b, c
+    assert_eq!(s.freed_bytes, big + 5 + 10 + big);
+    assert_eq!(s.anomalies.total(), 0);
+    // 2 big + 5 after the move at 3 ms, then 2 big + 6 at 9 ms.
+    assert_eq!(s.peak_bytes, 2 * big + 6);
+    assert_eq!(s.peak_ns, 9 * MS);
+    // The same with a process filter, which drops pid 101's block.
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                pids: vec![100],
+                ..Filter::default()
+            },
+            ..AnalyzeOptions::default()
+        },
+    );
+    assert_eq!(
+        outstanding(&r),
+        vec![(3, 4, 1), (far, 3, 1), (far + 1, big - 1, 1)]
+    );
+}
+
 #[test]
 fn address_reuse_and_missed_frees() {
     let mut tb = TraceBuilder::new();
