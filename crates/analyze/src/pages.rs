@@ -120,17 +120,7 @@ pub fn read_column<T: Copy + Default>(
     scratch: &mut Scratch,
     out: &mut Vec<T>,
 ) -> Option<()> {
-    let descr = meta.column_descr();
-    if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
-        return None;
-    }
-    let nullable = descr.max_def_level() == 1;
-    let ty = meta.column_type();
-    match (kind, ty) {
-        (Values::Int, PhysicalType::INT64 | PhysicalType::INT32) => {}
-        (Values::Codes, PhysicalType::BYTE_ARRAY) => {}
-        _ => return None,
-    }
+    let (nullable, ty) = column_shape(meta, kind)?;
     out.resize(rows, T::default());
     let mut dict = std::mem::take(&mut scratch.dict);
     let zstd = match meta.compression() {
@@ -170,6 +160,22 @@ pub fn read_column<T: Copy + Default>(
     scratch.dict = dict;
     r?;
     Some(())
+}
+
+/// Whether the column is nullable, and its physical type; `None` if it
+/// is not a flat column of a type `kind` reads.
+fn column_shape(meta: &ColumnChunkMetaData, kind: Values) -> Option<(bool, PhysicalType)> {
+    let descr = meta.column_descr();
+    if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
+        return None;
+    }
+    let ty = meta.column_type();
+    match (kind, ty) {
+        (Values::Int, PhysicalType::INT64 | PhysicalType::INT32) => {}
+        (Values::Codes, PhysicalType::BYTE_ARRAY) => {}
+        _ => return None,
+    }
+    Some((descr.max_def_level() == 1, ty))
 }
 
 /// A page as [`read_pages`] decodes it.
@@ -696,16 +702,7 @@ impl<T: Copy + Default> Cursor<T> {
         rows: usize,
         kind: Values,
     ) -> Option<Self> {
-        let descr = meta.column_descr();
-        if descr.max_rep_level() != 0 || descr.max_def_level() > 1 {
-            return None;
-        }
-        let ty = meta.column_type();
-        match (kind, ty) {
-            (Values::Int, PhysicalType::INT64 | PhysicalType::INT32) => {}
-            (Values::Codes, PhysicalType::BYTE_ARRAY) => {}
-            _ => return None,
-        }
+        let (nullable, ty) = column_shape(meta, kind)?;
         let zstd = match meta.compression() {
             Compression::UNCOMPRESSED => false,
             Compression::ZSTD(_) => true,
@@ -716,7 +713,7 @@ impl<T: Copy + Default> Cursor<T> {
             data: chunk.range(start, usize::try_from(len).ok()?).ok()?,
             at: 0,
             zstd,
-            nullable: descr.max_def_level() == 1,
+            nullable,
             ty,
             kind,
             dict: Vec::new(),

@@ -7,9 +7,9 @@
 //! partitions the rows of each row group are split into one list per
 //! partition while it is decoded, so each partition reads only its rows.
 //!
-//! The row groups of the trace are decoded in parallel, a window at a time,
-//! while the previous window is being replayed: decoding and replay share
-//! the rayon pool, and work stealing balances them.
+//! The row groups of the trace are decoded in parallel, a few ahead of the
+//! one being replayed: decoding and replay share the rayon pool, and the
+//! replaying thread decodes too whenever the next row group is not ready.
 //! With a single partition (the default on one or two threads) the decode
 //! workers turn each row group into a list of packed operations
 //! ([`Packed`]) that replay streams.
@@ -193,15 +193,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut partitions: Vec<Partition> = (0..nparts).map(Partition::new).collect();
 
     let units = trace.event_units();
-    let window = rayon::current_num_threads().max(1);
-    // The first window is one row group, so replay starts as soon as it
-    // is decoded rather than after a whole window: at the start the other
-    // threads are busy reading the stacks and frames tables.
-    let first = units.len().min(1);
-    let chunks: Vec<&[RowGroupUnit]> = std::iter::once(&units[..first])
-        .filter(|c| !c.is_empty())
-        .chain(units[first..].chunks(window))
-        .collect();
+    // Row groups decoded ahead of the one being replayed: enough for the
+    // decoding threads never to wait for replay to take one, and few
+    // enough to keep memory small (a decoded row group is about 8 MB).
+    let ahead = (2 * rayon::current_num_threads()).clamp(2, 64);
     let decoder = Decoder::new(trace);
     let rows_pool = RowsPool::default();
     let packed_pool = PackedPool::default();
@@ -213,24 +208,28 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let timed = |acc: &AtomicI64, t: std::time::Instant| {
         acc.fetch_add(t.elapsed().as_nanos() as i64, Relaxed);
     };
-    let decode = |chunk: &[RowGroupUnit]| -> memleak_trace::Result<Vec<Decoded>> {
-        chunk
-            .par_iter()
-            .map(|u| {
-                let t = std::time::Instant::now();
-                let d = Decoded::read(
-                    &decoder,
-                    u,
-                    opts.at_ts,
-                    &ctx,
-                    &rows_pool,
-                    &packed_pool,
-                    &allocated_pool,
-                );
-                timed(&t_decode, t);
-                d
-            })
-            .collect()
+    // Decoded row groups, by unit, as the decoding tasks finish them.
+    let done: Vec<Mutex<Option<memleak_trace::Result<Decoded>>>> =
+        units.iter().map(|_| Mutex::new(None)).collect();
+    // Set once replay stops early (an error, or the `at` cutoff), so
+    // tasks not started yet skip their work.
+    let stop = std::sync::atomic::AtomicBool::new(false);
+    let decode = |i: usize| {
+        if stop.load(Relaxed) {
+            return;
+        }
+        let t = std::time::Instant::now();
+        let d = Decoded::read(
+            &decoder,
+            &units[i],
+            opts.at_ts,
+            &ctx,
+            &rows_pool,
+            &packed_pool,
+            &allocated_pool,
+        );
+        timed(&t_decode, t);
+        *crate::lock_pool(&done[i]) = Some(d);
     };
 
     let mut stats = ReplayStats::default();
@@ -240,79 +239,93 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut peak_ts = 0u64;
     let mut totals: Vec<i64> = Vec::new();
 
-    let mut next = chunks.first().map(|c| decode(c));
-    let mut k = 0;
-    while let Some(cur) = next.take() {
-        let cur = cur?;
-        // Row groups are in time order: once one is cut by `at`, the rest
-        // are entirely after it.
-        let cut = cur.iter().any(|d| d.rows < d.total);
-        let following = if cut {
-            None
-        } else {
-            chunks.get(k + 1).copied()
-        };
-        let (decoded_next, ()) = rayon::join(
-            || following.map(decode),
-            || {
-                for d in &cur {
-                    let n = d.rows;
-                    if n == 0 {
-                        if let Some(f) = opts.progress {
-                            f(d.total as u64);
-                        }
-                        continue;
-                    }
-                    if let (Some(packed), [p]) = (&d.packed, partitions.as_mut_slice()) {
-                        let t = std::time::Instant::now();
-                        p.replay_packed(packed, &ctx);
-                        timed(&t_replay, t);
-                        // One partition tracked the peak as it replayed.
-                        (outstanding, peak, peak_ts) = (p.outstanding, p.peak, p.peak_ts);
-                    } else {
-                        let cols = d.cols.as_ref().expect("columns or operations");
-                        let cols = cols.slices(n);
-                        partitions.par_iter_mut().for_each(|p| {
-                            let t = std::time::Instant::now();
-                            let rows = d.rows_of(p.index).expect("row lists");
-                            p.replay_batch(cols, rows, &ctx);
-                            timed(&t_replay, t);
-                        });
-                        // Sum the partitions' changes per row, then walk the
-                        // rows in time order for the peak.
-                        let t = std::time::Instant::now();
-                        totals.clear();
-                        totals.resize(n, 0);
-                        for p in &mut partitions {
-                            for (i, v) in p.deltas.drain(..) {
-                                totals[i as usize] += v;
-                            }
-                        }
-                        for (i, x) in totals.iter().enumerate() {
-                            outstanding += x;
-                            if outstanding > peak {
-                                peak = outstanding;
-                                peak_ts = cols.ts[i];
-                            }
-                        }
-                        timed(&t_peak, t);
-                    }
-                    if let Some(f) = opts.progress {
-                        f(d.total as u64);
-                    }
-                }
-            },
-        );
-        for d in &cur {
-            for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
-                *k += c;
+    // Replay takes the row groups in order on this thread while the other
+    // threads decode the next ones; waiting for one, this thread decodes
+    // too (rayon's `yield_now` runs queued tasks). Decoding goes on
+    // during replay and across row groups, without a barrier per window
+    // of row groups that left a thread idle whenever the window's decoding
+    // and replay took unequal times.
+    let result = rayon::in_place_scope(|scope| -> memleak_trace::Result<()> {
+        let decode = &decode;
+        let mut spawned = 0;
+        let spawn_upto = |n: usize, spawned: &mut usize| {
+            while *spawned < n.min(units.len()) {
+                let i = *spawned;
+                scope.spawn(move |_| decode(i));
+                *spawned += 1;
             }
-            if d.rows > 0 {
+        };
+        spawn_upto(ahead, &mut spawned);
+        for (i, slot) in done.iter().enumerate() {
+            let d = loop {
+                if let Some(d) = crate::lock_pool(slot).take() {
+                    break d;
+                }
+                match rayon::yield_now() {
+                    Some(rayon::Yield::Executed) => {}
+                    _ => std::thread::yield_now(),
+                }
+            };
+            let d = match d {
+                Ok(d) => d,
+                Err(e) => {
+                    stop.store(true, Relaxed);
+                    return Err(e);
+                }
+            };
+            // Row groups are in time order: once one is cut by `at`, the
+            // rest are entirely after it.
+            let cut = d.rows < d.total;
+            if cut {
+                stop.store(true, Relaxed);
+            } else {
+                spawn_upto(i + 1 + ahead, &mut spawned);
+            }
+            let n = d.rows;
+            if n > 0 {
+                if let (Some(packed), [p]) = (&d.packed, partitions.as_mut_slice()) {
+                    let t = std::time::Instant::now();
+                    p.replay_packed(packed, &ctx);
+                    timed(&t_replay, t);
+                    // One partition tracked the peak as it replayed.
+                    (outstanding, peak, peak_ts) = (p.outstanding, p.peak, p.peak_ts);
+                } else {
+                    let cols = d.cols.as_ref().expect("columns or operations");
+                    let cols = cols.slices(n);
+                    partitions.par_iter_mut().for_each(|p| {
+                        let t = std::time::Instant::now();
+                        let rows = d.rows_of(p.index).expect("row lists");
+                        p.replay_batch(cols, rows, &ctx);
+                        timed(&t_replay, t);
+                    });
+                    // Sum the partitions' changes per row, then walk the
+                    // rows in time order for the peak.
+                    let t = std::time::Instant::now();
+                    totals.clear();
+                    totals.resize(n, 0);
+                    for p in &mut partitions {
+                        for (i, v) in p.deltas.drain(..) {
+                            totals[i as usize] += v;
+                        }
+                    }
+                    for (i, x) in totals.iter().enumerate() {
+                        outstanding += x;
+                        if outstanding > peak {
+                            peak = outstanding;
+                            peak_ts = cols.ts[i];
+                        }
+                    }
+                    timed(&t_peak, t);
+                }
                 stats.first_ts.get_or_insert(d.first_ts);
                 stats.last_ts = Some(d.last_ts);
             }
-        }
-        for d in cur {
+            if let Some(f) = opts.progress {
+                f(d.total as u64);
+            }
+            for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
+                *k += c;
+            }
             if let Some(c) = d.cols {
                 decoder.recycle(c);
             }
@@ -322,10 +335,13 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             if let Some(p) = d.packed {
                 crate::lock_pool(&packed_pool).push(p);
             }
+            if cut {
+                break;
+            }
         }
-        next = decoded_next;
-        k += 1;
-    }
+        Ok(())
+    });
+    result?;
 
     if timing {
         let s = |a: &AtomicI64| a.load(Relaxed) as f64 / 1e9;
@@ -745,27 +761,22 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
             let c = ctx.code_of[kind];
             let (pid, ts) = (b.pid[i], b.ts[i]);
             let fits = (size <= SIZE_BITS) & (stack <= u32::MAX as u64);
+            let op = |addr: u64, code: u8| PackedOp {
+                addr,
+                ts,
+                size_code: size | (code as u64) << CODE_SHIFT,
+                stack: stack as u32,
+                pid,
+            };
             if (C_ALLOC_USER..=C_FREE_PAGE).contains(&c) & fits {
                 // Written whatever happens, kept if the row does something:
                 // no branch on the address or the process.
-                spare[len].write(PackedOp {
-                    addr,
-                    ts,
-                    size_code: size | (c as u64) << CODE_SHIFT,
-                    stack: stack as u32,
-                    pid,
-                });
+                spare[len].write(op(addr, c));
                 let sel = !BY_PID || f.pid_selected(pid);
                 len += ((addr != 0) & sel) as usize;
             } else if c != C_SKIP && (!BY_PID || c < C_SKIP || f.pid_selected(pid)) {
                 let mut op = |addr: u64, code: u8| {
-                    spare[len].write(PackedOp {
-                        addr,
-                        ts,
-                        size_code: size | (code as u64) << CODE_SHIFT,
-                        stack: stack as u32,
-                        pid,
-                    });
+                    spare[len].write(op(addr, code));
                     len += 1;
                 };
                 if c == C_REALLOC && fits {
@@ -1533,8 +1544,8 @@ const FOLD_SLOTS: usize = 1 << 16;
 
 /// Partitions for `threads` worker threads: half of them. Decoding a row
 /// group costs about as much CPU as replaying it, and decoding runs on
-/// whichever threads are free while the partitions replay the previous
-/// window, so half the threads replaying and the rest decoding keeps both
+/// whichever threads are free while the partitions replay earlier row
+/// groups, so half the threads replaying and the rest decoding keeps both
 /// busy. Every extra partition also costs: rows are split among the
 /// partitions while decoding, and each partition reads the columns of
 /// every row it is given. With two threads one partition (replay on one

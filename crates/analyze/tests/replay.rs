@@ -575,3 +575,52 @@ fn pid_filter_keeps_what_a_child_inherited() {
     );
     assert_eq!(outstanding(&r), vec![(2, 222, 1)]);
 }
+
+/// Damaged pages behind an intact footer: the page decoders stop, and the
+/// reference reader, which the analyzer falls back on, reports the
+/// segment as corrupt, at every partition count and wherever in the row
+/// group the damage starts.
+#[test]
+fn damaged_pages_are_a_corrupt_segment() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let mut tb = TraceBuilder::new();
+    tb.row_group_rows = 2000;
+    tb.segment_rows = 100_000;
+    for i in 0..6000u64 {
+        tb.malloc(i, 0x1000 + (i % 500) * 16, 1 + i % 50, 1 + i % 7);
+    }
+    for (column, from_half) in [("addr", false), ("addr", true), ("ts_ns", false)] {
+        let dir = tempfile::tempdir().unwrap();
+        let path = tb.write(dir.path());
+        let seg = path.join("events/part-00000.parquet");
+        let (start, len) = {
+            let r = SerializedFileReader::new(std::fs::File::open(&seg).unwrap()).unwrap();
+            let rg = r.metadata().row_group(1);
+            let c = (0..rg.num_columns())
+                .find(|&i| rg.column(i).column_path().string() == column)
+                .unwrap();
+            rg.column(c).byte_range()
+        };
+        let mut bytes = std::fs::read(&seg).unwrap();
+        let from = if from_half { len / 2 } else { 0 };
+        for b in &mut bytes[(start + from) as usize..(start + len) as usize] {
+            *b = 0xA5;
+        }
+        std::fs::write(&seg, bytes).unwrap();
+        for parts in [1, 2] {
+            let e = analyze(
+                &path,
+                &AnalyzeOptions {
+                    partitions: parts,
+                    ..AnalyzeOptions::default()
+                },
+            )
+            .expect_err("a damaged segment");
+            let msg = e.to_string();
+            assert!(
+                msg.contains("part-00000.parquet") && msg.contains("corrupt"),
+                "{column}, {parts} partitions: {msg}"
+            );
+        }
+    }
+}
