@@ -205,6 +205,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     // decoding, replaying partitions, and the sequential peak pass).
     let timing = std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some();
     let (t_decode, t_replay, t_peak) = (AtomicI64::new(0), AtomicI64::new(0), AtomicI64::new(0));
+    // Time the replaying thread spent on the next row group's decoding
+    // (waiting for it, or decoding row groups itself).
+    let t_wait = AtomicI64::new(0);
     let timed = |acc: &AtomicI64, t: std::time::Instant| {
         acc.fetch_add(t.elapsed().as_nanos() as i64, Relaxed);
     };
@@ -257,15 +260,20 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         };
         spawn_upto(ahead, &mut spawned);
         for (i, slot) in done.iter().enumerate() {
+            let mut waited: Option<std::time::Instant> = None;
             let d = loop {
                 if let Some(d) = crate::lock_pool(slot).take() {
                     break d;
                 }
+                waited.get_or_insert_with(std::time::Instant::now);
                 match rayon::yield_now() {
                     Some(rayon::Yield::Executed) => {}
                     _ => std::thread::yield_now(),
                 }
             };
+            if let Some(t) = waited {
+                timed(&t_wait, t);
+            }
             let d = match d {
                 Ok(d) => d,
                 Err(e) => {
@@ -346,10 +354,11 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     if timing {
         let s = |a: &AtomicI64| a.load(Relaxed) as f64 / 1e9;
         eprintln!(
-            "memleak: timing: decode {:.3}s, replay {:.3}s ({nparts} partitions), peak pass {:.3}s (CPU seconds)",
+            "memleak: timing: decode {:.3}s, replay {:.3}s ({nparts} partitions), peak pass {:.3}s (CPU seconds); replay waited for decoding {:.3}s",
             s(&t_decode),
             s(&t_replay),
-            s(&t_peak)
+            s(&t_peak),
+            s(&t_wait)
         );
     }
     for &kind in EventKind::ALL {
@@ -1367,7 +1376,7 @@ impl Partition {
 
     /// Replays the rows of a row group that `split_rows` listed for this
     /// partition, in order (with several partitions; a single one replays
-    /// by [`Partition::replay_coded`]).
+    /// by [`Partition::replay_packed`]).
     fn replay_batch(&mut self, b: Slices<'_>, rows: &[u32], ctx: &Ctx<'_>) {
         let count = rows.len();
         for &r in &rows[..AHEAD.min(count)] {

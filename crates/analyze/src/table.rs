@@ -139,8 +139,9 @@ impl BlockTable {
     }
 
     /// Inserts or replaces the block at `addr` (non-zero); returns the
-    /// replaced block.
-    #[inline]
+    /// replaced block. Always inlined: replay passed the block through
+    /// memory and got the replaced one back the same way.
+    #[inline(always)]
     pub fn insert(&mut self, addr: u64, b: Block) -> Option<Block> {
         debug_assert!(addr != 0);
         if b.size & TOMB != 0 || !self.huge.is_empty() {
