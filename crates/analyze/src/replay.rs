@@ -1167,6 +1167,9 @@ const PID_CACHE: usize = 64;
 /// How many rows ahead replay prefetches table slots: enough to cover a
 /// memory latency with the work of the rows in between.
 const AHEAD: usize = 12;
+/// The ring of hashes of the operations between replay and its
+/// prefetches (a power of two above [`AHEAD`]).
+const HASHES: usize = 16;
 
 struct Partition {
     index: usize,
@@ -1237,10 +1240,14 @@ impl Partition {
 
     #[inline(always)]
     fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
-        match self.pids[slot]
-            .blocks
-            .insert(addr, Block { size, ts, stack })
-        {
+        self.alloc_hashed(slot, addr, mix(addr), Block { size, ts, stack })
+    }
+
+    /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known.
+    #[inline(always)]
+    fn alloc_hashed(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
+        let size = b.size;
+        match self.pids[slot].blocks.insert_hashed(addr, h, b) {
             None => size as i64,
             Some(old) => {
                 self.counts.anomalies.missed_frees += 1;
@@ -1251,12 +1258,17 @@ impl Partition {
 
     #[inline(always)]
     fn free(&mut self, slot: usize, addr: u64) -> i64 {
-        let h = mix(addr);
+        self.free_hashed(slot, addr, mix(addr))
+    }
+
+    /// [`Partition::free`] with `h` = [`mix`]`(addr)` already known.
+    #[inline(always)]
+    fn free_hashed(&mut self, slot: usize, addr: u64, h: u64) -> i64 {
         let fp = (h ^ ((self.pids[slot].pid as u64) << 32)) | 1;
         let cached = &mut self.recent_frees[h as usize & (RECENT_FREES - 1)];
         let hit = *cached == fp;
         *cached = fp;
-        match self.pids[slot].blocks.remove(addr) {
+        match self.pids[slot].blocks.remove_hashed(addr, h) {
             Some(b) => {
                 self.counts.frees += 1;
                 self.counts.freed_bytes += b.size;
@@ -1323,12 +1335,17 @@ impl Partition {
     fn replay_packed(&mut self, packed: &Packed, ctx: &Ctx<'_>) {
         let ops = &packed.ops[..];
         let count = ops.len();
-        let prefetch = |p: &Self, o: &PackedOp| {
+        // The hash of each address, computed once when its operation is
+        // prefetched and kept until it is replayed.
+        let mut hashes = [0u64; HASHES];
+        let prefetch = |p: &Self, o: &PackedOp| -> u64 {
             let code = (o.size_code >> CODE_SHIFT) as u8;
-            p.table_for(code, o.pid, ctx).prefetch(o.addr);
+            let h = mix(o.addr);
+            p.table_for(code, o.pid, ctx).prefetch_hash(h);
+            h
         };
-        for o in &ops[..AHEAD.min(count)] {
-            prefetch(self, o);
+        for (k, o) in ops[..AHEAD.min(count)].iter().enumerate() {
+            hashes[k] = prefetch(self, o);
         }
         // Outstanding bytes and their peak, as emit::<true> follows them,
         // in locals: the table calls would otherwise make the compiler
@@ -1336,9 +1353,10 @@ impl Partition {
         let (mut outstanding, mut peak, mut peak_ts) = (self.outstanding, self.peak, self.peak_ts);
         for i in 0..count {
             if i + AHEAD < count {
-                prefetch(self, &ops[i + AHEAD]);
+                hashes[(i + AHEAD) % HASHES] = prefetch(self, &ops[i + AHEAD]);
             }
             let o = ops[i];
+            let h = hashes[i % HASHES];
             let c = (o.size_code >> CODE_SHIFT) as u8;
             match c {
                 C_ALLOC_USER | C_ALLOC_KERNEL | C_ALLOC_PAGE => {
@@ -1347,8 +1365,12 @@ impl Partition {
                         C_ALLOC_KERNEL => KERNEL_SLOT,
                         _ => PAGE_SLOT,
                     };
-                    let size = o.size_code & SIZE_BITS;
-                    outstanding += self.alloc(slot, o.addr, size, o.ts, o.stack as u64);
+                    let b = Block {
+                        size: o.size_code & SIZE_BITS,
+                        ts: o.ts,
+                        stack: o.stack as u64,
+                    };
+                    outstanding += self.alloc_hashed(slot, o.addr, h, b);
                     if outstanding > peak {
                         peak = outstanding;
                         peak_ts = o.ts;
@@ -1361,7 +1383,7 @@ impl Partition {
                         _ => PAGE_SLOT,
                     };
                     // A free never raises the total: no new peak.
-                    outstanding += self.free(slot, o.addr);
+                    outstanding += self.free_hashed(slot, o.addr, h);
                 }
                 _ => {
                     (self.outstanding, self.peak, self.peak_ts) = (outstanding, peak, peak_ts);

@@ -104,9 +104,10 @@ impl BlockTable {
         self.len() == 0
     }
 
+    /// The home slot of the address whose [`mix`] is `h`.
     #[inline(always)]
-    fn home(&self, addr: u64) -> usize {
-        (mix(addr) >> self.shift) as usize
+    fn home(&self, h: u64) -> usize {
+        (h >> self.shift) as usize
     }
 
     /// Hints the CPU to fetch the home slot of `addr`.
@@ -126,9 +127,9 @@ impl BlockTable {
     /// The first slot along `addr`'s probe sequence that holds `addr`
     /// (live or tombstone) or is empty.
     #[inline(always)]
-    fn find(&self, addr: u64) -> usize {
+    fn find(&self, addr: u64, h: u64) -> usize {
         let mask = self.slots.len() - 1;
-        let mut i = self.home(addr);
+        let mut i = self.home(h);
         loop {
             let a = self.slots[i].addr;
             if a == addr || a == 0 {
@@ -143,7 +144,13 @@ impl BlockTable {
     /// memory and got the replaced one back the same way.
     #[inline(always)]
     pub fn insert(&mut self, addr: u64, b: Block) -> Option<Block> {
-        debug_assert!(addr != 0);
+        self.insert_hashed(addr, mix(addr), b)
+    }
+
+    /// [`BlockTable::insert`] with `h` = [`mix`]`(addr)` already known.
+    #[inline(always)]
+    pub fn insert_hashed(&mut self, addr: u64, h: u64, b: Block) -> Option<Block> {
+        debug_assert!(addr != 0 && h == mix(addr));
         if b.size & TOMB != 0 || !self.huge.is_empty() {
             return self.insert_cold(addr, b);
         }
@@ -151,7 +158,7 @@ impl BlockTable {
             self.rebuild();
         }
         let mask = self.slots.len() - 1;
-        let mut i = self.home(addr);
+        let mut i = self.home(h);
         let mut first_tomb = usize::MAX;
         let new = Slot {
             addr,
@@ -193,7 +200,7 @@ impl BlockTable {
     #[cold]
     fn insert_cold(&mut self, addr: u64, b: Block) -> Option<Block> {
         if b.size & TOMB != 0 {
-            let main = self.remove_main(addr);
+            let main = self.remove_main(addr, mix(addr));
             let prev = self.huge.insert(addr, b);
             return main.or(prev);
         }
@@ -217,6 +224,13 @@ impl BlockTable {
     /// Removes and returns the block at `addr`.
     #[inline]
     pub fn remove(&mut self, addr: u64) -> Option<Block> {
+        self.remove_hashed(addr, mix(addr))
+    }
+
+    /// [`BlockTable::remove`] with `h` = [`mix`]`(addr)` already known.
+    #[inline(always)]
+    pub fn remove_hashed(&mut self, addr: u64, h: u64) -> Option<Block> {
+        debug_assert!(h == mix(addr));
         if addr == 0 {
             return None;
         }
@@ -225,12 +239,12 @@ impl BlockTable {
                 return Some(b);
             }
         }
-        self.remove_main(addr)
+        self.remove_main(addr, h)
     }
 
     #[inline(always)]
-    fn remove_main(&mut self, addr: u64) -> Option<Block> {
-        let i = self.find(addr);
+    fn remove_main(&mut self, addr: u64, h: u64) -> Option<Block> {
+        let i = self.find(addr, h);
         let s = &mut self.slots[i];
         if !s.live() {
             return None;
@@ -250,7 +264,7 @@ impl BlockTable {
         if let Some(b) = self.huge.get(&addr) {
             return Some(*b);
         }
-        let s = self.slots[self.find(addr)];
+        let s = self.slots[self.find(addr, mix(addr))];
         s.live().then(|| s.block())
     }
 
@@ -285,7 +299,7 @@ impl BlockTable {
         let old = std::mem::replace(self, Self::with_slots(n));
         let mask = self.slots.len() - 1;
         for s in old.slots.iter().filter(|s| s.live()) {
-            let mut i = self.home(s.addr);
+            let mut i = self.home(mix(s.addr));
             while self.slots[i].addr != 0 {
                 i = (i + 1) & mask;
             }
