@@ -144,8 +144,11 @@ pub struct Decoder<'t> {
     bufs: Mutex<Vec<Vec<u8>>>,
 }
 
-/// Spare [`Columns`] kept: the row groups decoded ahead plus those being
-/// replayed.
+/// Spare [`Columns`] kept for reuse. With several replay partitions the
+/// columns are what replay reads, and the row groups decoded ahead plus
+/// the one being replayed are in use at once (up to 2 × threads + 1); a
+/// single partition reads packed operations and uses `Columns` only when
+/// the page decoder falls back.
 const SPARE: usize = 8;
 
 thread_local! {

@@ -211,26 +211,38 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let timed = |acc: &AtomicI64, t: std::time::Instant| {
         acc.fetch_add(t.elapsed().as_nanos() as i64, Relaxed);
     };
-    // Decoded row groups, by unit, as the decoding tasks finish them.
-    let done: Vec<Mutex<Option<memleak_trace::Result<Decoded>>>> =
-        units.iter().map(|_| Mutex::new(None)).collect();
+    // Decoded row groups, by unit, as the decoding tasks finish them; a
+    // task's panic is kept there too, for the replaying thread to raise
+    // (in the scope it would only be raised once replay stopped waiting).
+    type Slot = Option<std::thread::Result<memleak_trace::Result<Decoded>>>;
+    let done: Vec<Mutex<Slot>> = units.iter().map(|_| Mutex::new(None)).collect();
+    // Whether a row group's decoding has been taken, by a task or by the
+    // replaying thread itself when it needs one nobody has started.
+    let claimed: Vec<std::sync::atomic::AtomicBool> = units
+        .iter()
+        .map(|_| std::sync::atomic::AtomicBool::new(false))
+        .collect();
     // Set once replay stops early (an error, or the `at` cutoff), so
     // tasks not started yet skip their work.
     let stop = std::sync::atomic::AtomicBool::new(false);
     let decode = |i: usize| {
-        if stop.load(Relaxed) {
+        if stop.load(Relaxed) || claimed[i].swap(true, Relaxed) {
             return;
         }
         let t = std::time::Instant::now();
-        let d = Decoded::read(
-            &decoder,
-            &units[i],
-            opts.at_ts,
-            &ctx,
-            &rows_pool,
-            &packed_pool,
-            &allocated_pool,
-        );
+        let d = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            #[cfg(test)]
+            tests::maybe_panic(trace, i);
+            Decoded::read(
+                &decoder,
+                &units[i],
+                opts.at_ts,
+                &ctx,
+                &rows_pool,
+                &packed_pool,
+                &allocated_pool,
+            )
+        }));
         timed(&t_decode, t);
         *crate::lock_pool(&done[i]) = Some(d);
     };
@@ -243,11 +255,12 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut totals: Vec<i64> = Vec::new();
 
     // Replay takes the row groups in order on this thread while the other
-    // threads decode the next ones; waiting for one, this thread decodes
-    // too (rayon's `yield_now` runs queued tasks). Decoding goes on
-    // during replay and across row groups, without a barrier per window
-    // of row groups that left a thread idle whenever the window's decoding
-    // and replay took unequal times.
+    // threads decode the next ones. Waiting for one, this thread decodes
+    // it itself if no task has started it, else other queued row groups
+    // (rayon's `yield_now`). Decoding goes on during replay and across
+    // row groups, without a barrier per window of row groups that left a
+    // thread idle whenever the window's decoding and replay took unequal
+    // times.
     let result = rayon::in_place_scope(|scope| -> memleak_trace::Result<()> {
         let decode = &decode;
         let mut spawned = 0;
@@ -266,6 +279,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     break d;
                 }
                 waited.get_or_insert_with(std::time::Instant::now);
+                if !claimed[i].load(Relaxed) {
+                    decode(i);
+                    continue;
+                }
                 match rayon::yield_now() {
                     Some(rayon::Yield::Executed) => {}
                     _ => std::thread::yield_now(),
@@ -275,10 +292,14 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 timed(&t_wait, t);
             }
             let d = match d {
-                Ok(d) => d,
-                Err(e) => {
+                Ok(Ok(d)) => d,
+                Ok(Err(e)) => {
                     stop.store(true, Relaxed);
                     return Err(e);
+                }
+                Err(panic) => {
+                    stop.store(true, Relaxed);
+                    std::panic::resume_unwind(panic);
                 }
             };
             // Row groups are in time order: once one is cut by `at`, the
@@ -327,9 +348,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                 }
                 stats.first_ts.get_or_insert(d.first_ts);
                 stats.last_ts = Some(d.last_ts);
-            }
-            if let Some(f) = opts.progress {
-                f(d.total as u64);
+                if let Some(f) = opts.progress {
+                    f(d.total as u64);
+                }
             }
             for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
                 *k += c;
@@ -773,7 +794,9 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
             let op = |addr: u64, code: u8| PackedOp {
                 addr,
                 ts,
-                size_code: size | (code as u64) << CODE_SHIFT,
+                // Masked for rows, whose sizes may not fit (they are
+                // replayed from the row); the rest fit.
+                size_code: (size & SIZE_BITS) | (code as u64) << CODE_SHIFT,
                 stack: stack as u32,
                 pid,
             };
@@ -1164,8 +1187,9 @@ impl PidState {
 const RECENT_FREES: usize = 1 << 12;
 /// Slots of the direct-mapped pid → state cache.
 const PID_CACHE: usize = 64;
-/// How many rows ahead replay prefetches table slots: enough to cover a
-/// memory latency with the work of the rows in between.
+/// How many rows (or packed operations) ahead replay prefetches table
+/// slots: enough to cover a memory latency with the work of the rows in
+/// between.
 const AHEAD: usize = 12;
 /// The ring of hashes of the operations between replay and its
 /// prefetches (a power of two above [`AHEAD`]).
@@ -1593,4 +1617,74 @@ pub fn set_threads(threads: usize) -> Result<(), String> {
         .num_threads(threads.max(1))
         .build_global()
         .map_err(|e| e.to_string())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use memleak_trace::{Event, Meta, TraceWriter, WriterOptions};
+    use std::path::PathBuf;
+
+    /// The trace whose third row group's decoding panics.
+    static PANICKING: Mutex<Option<PathBuf>> = Mutex::new(None);
+
+    pub(super) fn maybe_panic(trace: &Trace, unit: usize) {
+        let p = PANICKING.lock().unwrap().clone();
+        if unit == 2 && p.as_deref() == Some(trace.path()) {
+            panic!("decoding failed on purpose");
+        }
+    }
+
+    /// A panic while decoding a row group reaches the caller, at one and
+    /// two partitions, instead of leaving replay waiting for the row group
+    /// for ever.
+    #[test]
+    fn a_panic_while_decoding_reaches_the_caller() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("t.parquet");
+        let opts = WriterOptions {
+            row_group_rows: 10,
+            ..WriterOptions::default()
+        };
+        let mut w = TraceWriter::create(&path, Meta::default(), opts).unwrap();
+        for i in 0..100u64 {
+            w.push_event(&Event {
+                ts_ns: 1000 + i,
+                pid: 7,
+                tid: 7,
+                kind: EventKind::Malloc,
+                addr: 0x1000 + i * 16,
+                size: 16,
+                old_addr: None,
+                old_size: None,
+                stack_id: Some(1),
+            })
+            .unwrap();
+        }
+        w.finish().unwrap();
+        let trace = Trace::open(&path).unwrap();
+        *PANICKING.lock().unwrap() = Some(trace.path().to_path_buf());
+        for partitions in [1, 2] {
+            let (tx, rx) = std::sync::mpsc::channel();
+            let path = path.clone();
+            std::thread::spawn(move || {
+                let trace = Trace::open(&path).unwrap();
+                let opts = ReplayOptions {
+                    partitions,
+                    ..ReplayOptions::default()
+                };
+                let r = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                    rayon::scope(|_| replay(&trace, &opts).map(|r| r.stats().events()))
+                }));
+                tx.send(r.is_err()).unwrap();
+            });
+            let panicked = rx
+                .recv_timeout(std::time::Duration::from_secs(30))
+                .expect("replay returned within 30 s");
+            assert!(
+                panicked,
+                "{partitions} partitions: the panic reached the caller"
+            );
+        }
+    }
 }
