@@ -4,11 +4,17 @@
 //! reference decoder; it filters every value through a dynamic call (to
 //! drop rows of unknown kinds), which makes it several times slower than
 //! the Parquet decoder underneath. This module decodes the same row groups
-//! with the Parquet reader directly and borrows the Arrow buffers as they
-//! are, falling back to `read_unit` for anything it does not expect
-//! (segments it cannot match to the trace's units, kinds stored as plain
-//! strings). Rows of kinds this version does not know are kept, with a
-//! kind code replay ignores.
+//! page by page itself ([`crate::pages`]), falling back to the Parquet
+//! reader's Arrow buffers, and then to `read_unit`, for anything it does
+//! not expect (encodings or codecs it does not decode, segments it cannot
+//! match to the trace's units). Rows of kinds this version does not know
+//! are kept, with a kind code replay ignores.
+//!
+//! [`Decoder::read`] decodes a whole row group into [`Columns`] (what the
+//! replay of several partitions reads); [`Decoder::stream`] hands a row
+//! group over a page of every column at a time, for the single-partition
+//! replay, which packs the rows into operations while they are in the
+//! cache.
 
 use std::cell::RefCell;
 use std::fs::File;

@@ -131,7 +131,7 @@ fn stack(s: &StackReport) -> StackJson<'_> {
 }
 
 /// Renders the JSON report, pretty-printed, with a final newline: what
-/// [`write`] writes.
+/// [`write()`] writes.
 pub fn render(report: &Report) -> String {
     let mut out = Vec::new();
     write(report, &mut out).expect("writing to memory");

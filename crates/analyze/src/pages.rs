@@ -17,6 +17,10 @@
 //! Anything else (another encoding or physical type, repeated columns, a
 //! malformed page) makes [`read_column`] return `None`, and the caller
 //! takes the Arrow path, which reports real errors properly.
+//!
+//! [`read_column`] decodes a whole column chunk; a [`Cursor`] decodes one
+//! a page at a time, so that a caller can take the columns of a row group
+//! together while each page's values are still in the cache.
 
 use std::sync::Arc;
 

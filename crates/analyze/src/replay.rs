@@ -12,7 +12,7 @@
 //! replaying thread decodes too whenever the next row group is not ready.
 //! With a single partition (the default on one or two threads) the decode
 //! workers turn each row group into a list of packed operations
-//! ([`Packed`]) that replay streams.
+//! that replay streams (`Packed`).
 //!
 //! A few things do not belong to one address:
 //! * realloc frees the old address and allocates the new one, which may
@@ -418,7 +418,7 @@ impl Replay {
     }
 
     /// Folds every outstanding allocation, in parallel: the blocks of
-    /// each table in pieces of [`FOLD_SLOTS`] slots, one accumulator per
+    /// each table in pieces of `FOLD_SLOTS` slots, one accumulator per
     /// piece, and the pieces of mappings of each partition into one
     /// accumulator (with its mapping id, a piece of a mapping split by
     /// munmap can be told from another piece of the same mapping).
