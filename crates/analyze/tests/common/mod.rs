@@ -22,6 +22,12 @@ pub struct TraceBuilder {
     pub meta: Meta,
     pub row_group_rows: usize,
     pub segment_rows: usize,
+    /// Writer settings of the events table (`WriterOptions::events_tuning`).
+    pub events_tuning: Option<
+        fn(
+            parquet::file::properties::WriterPropertiesBuilder,
+        ) -> parquet::file::properties::WriterPropertiesBuilder,
+    >,
 }
 
 impl Default for TraceBuilder {
@@ -47,6 +53,7 @@ impl TraceBuilder {
             meta,
             row_group_rows: 3,
             segment_rows: 7,
+            events_tuning: None,
         }
     }
 
@@ -158,6 +165,7 @@ impl TraceBuilder {
         let opts = WriterOptions {
             row_group_rows: self.row_group_rows,
             segment_rows: self.segment_rows,
+            events_tuning: self.events_tuning,
             force: true,
             ..WriterOptions::default()
         };
