@@ -203,8 +203,12 @@ fn wait_bounded(child: &mut std::process::Child, what: &str) -> std::process::Ex
 /// target keeps running: a complete trace with the target's allocations.
 #[test]
 fn attach_to_a_running_process() {
+    // Blocks past pymalloc's 512-byte limit, so every iteration calls
+    // malloc: with 100 + i bytes the first ~400 did not, and on a loaded
+    // machine the recorded second held exactly 100 calls once. Now about
+    // 900 a second here.
     let mut target = Command::new("python3")
-        .args(["-c", "import time\nfor i in range(3000):\n    b = bytearray(100 + i)\n    time.sleep(0.002)\n"])
+        .args(["-c", "import time\nfor i in range(6000):\n    b = bytearray(1000 + i)\n    time.sleep(0.001)\n"])
         .spawn()
         .unwrap();
     std::thread::sleep(std::time::Duration::from_millis(300));
