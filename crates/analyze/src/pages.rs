@@ -741,11 +741,6 @@ impl<T: Copy + Default> Cursor<T> {
         self.pos += n;
     }
 
-    /// Rows not decoded yet, and decoded but not consumed.
-    pub fn rows_left(&self) -> usize {
-        self.rows_left + self.vals.len() - self.pos
-    }
-
     /// Decodes the next data page (after a dictionary page, if one comes
     /// first), each value through `conv` as in [`read_column`], dropping
     /// what is left of the current page. `None` on anything unexpected,

@@ -775,9 +775,10 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
         let class = ctx.alloc_class[kind];
         let (addr, size) = (b.addr[i], b.size[i]);
         let mut yes = (class != NOT_ALLOC) & (addr != 0) & ((class != MAP_ALLOC) | (size != 0));
-        if BY_PID && yes {
-            yes = f.pid_selected(b.pid[i]);
-        }
+        // Whether the process filter selects the row: looked up once, for
+        // every row when packing, else for allocations alone.
+        let sel = !(BY_PID && (PACK || yes)) || f.pid_selected(b.pid[i]);
+        yes &= sel;
         acc.allocations += yes as u64;
         acc.bytes += size & 0u64.wrapping_sub(yes as u64);
         let counted = if BY_SIZE_TIME {
@@ -804,9 +805,8 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
                 // Written whatever happens, kept if the row does something:
                 // no branch on the address or the process.
                 spare[len].write(op(addr, c));
-                let sel = !BY_PID || f.pid_selected(pid);
                 len += ((addr != 0) & sel) as usize;
-            } else if c != C_SKIP && (!BY_PID || c < C_SKIP || f.pid_selected(pid)) {
+            } else if c != C_SKIP && (c < C_SKIP || sel) {
                 let mut op = |addr: u64, code: u8| {
                     spare[len].write(op(addr, code));
                     len += 1;
