@@ -144,6 +144,10 @@ fn main() {
     };
     let opts = WriterOptions {
         force: true,
+        // A synthetic trace written at full speed: no checkpoints, so its
+        // layout (and the benchmarks on it) does not depend on how fast
+        // this machine writes it.
+        segment_duration: std::time::Duration::from_secs(1 << 20),
         ..WriterOptions::default()
     };
     let mut w = TraceWriter::create(&a.out, meta, opts).expect("create trace");

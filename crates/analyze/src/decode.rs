@@ -647,6 +647,7 @@ mod tests {
         let opts = WriterOptions {
             row_group_rows: 300,
             segment_rows: 700,
+            merge_segments: 0,
             events_tuning: tuning,
             ..WriterOptions::default()
         };

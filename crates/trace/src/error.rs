@@ -49,6 +49,14 @@ pub enum Error {
     /// The output already exists and overwriting was not requested.
     #[error("{}: already exists (use --force to overwrite)", .0.display())]
     Exists(PathBuf),
+    /// `--force` was asked to replace something that is not a trace.
+    #[error("{}: not replacing it: {reason}", path.display())]
+    NotReplaced {
+        /// The output path.
+        path: PathBuf,
+        /// What it is.
+        reason: String,
+    },
     /// The disk filled up; closed segments stay valid.
     #[error("{}: no space left on device; segments closed before this point are intact", .0.display())]
     DiskFull(PathBuf),

@@ -35,7 +35,7 @@
 //! here, 64.5 with the delta columns too, 61-65 with every column. The
 //! overhead benchmark's recorder: 108 ns per event before, 87 after.
 
-use std::fs::File;
+use crate::writer::SegmentSink;
 
 use arrow_array::types::Int8Type;
 use arrow_array::{Array, DictionaryArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
@@ -282,7 +282,7 @@ impl U64Dict {
 
 /// An open `events` segment.
 pub(crate) struct EventsFile {
-    file: SerializedFileWriter<File>,
+    file: SerializedFileWriter<SegmentSink>,
     factory: ArrowRowGroupWriterFactory,
     /// By column: the columns encoded here.
     custom: Vec<Option<Custom>>,
@@ -305,7 +305,7 @@ pub(crate) struct EventsFile {
 impl EventsFile {
     /// Pages hold `props`' row count limit (and no more than its byte
     /// limit of 8-byte values), as those of the other columns.
-    pub(crate) fn try_new(file: File, props: WriterProperties) -> Result<Self> {
+    pub(crate) fn try_new(file: SegmentSink, props: WriterProperties) -> Result<Self> {
         let page_rows = props
             .data_page_row_count_limit()
             .min(props.data_page_size_limit() / 8)
@@ -625,7 +625,7 @@ impl EventsFile {
     }
 
     /// Writes the last row group and the footer, and returns the file.
-    pub(crate) fn into_inner(mut self) -> Result<File> {
+    pub(crate) fn into_inner(mut self) -> Result<SegmentSink> {
         self.flush_row_group()?;
         self.file.into_inner()
     }

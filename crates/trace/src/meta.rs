@@ -63,6 +63,24 @@ impl Counters {
     }
 }
 
+/// A closed segment as `meta.json` lists it: the file, how many rows it
+/// holds, and its length and CRC-32 (of the whole file, as in zlib), so a
+/// reader can tell a missing, truncated or altered segment from a good one.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentEntry {
+    /// File name within the table's directory (`part-00003.parquet`).
+    pub file: String,
+    /// Rows in the segment.
+    pub rows: u64,
+    /// Length of the file in bytes.
+    pub bytes: u64,
+    /// CRC-32 (IEEE, as zlib and Parquet compute it) of the whole file.
+    pub crc32: u32,
+}
+
+/// The closed segments of every table, in order, by table name.
+pub type Manifest = BTreeMap<String, Vec<SegmentEntry>>;
+
 /// The contents of `meta.json`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct Meta {
@@ -103,6 +121,14 @@ pub struct Meta {
     /// Event counts and losses.
     #[serde(default)]
     pub counters: Counters,
+    /// Every closed segment, by table (format 1.1 and later). A trace
+    /// without it (1.0) is read by listing the table directories.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub segments: Option<Manifest>,
+    /// CLOCK_MONOTONIC ns of the last checkpoint: every event before it is
+    /// in a segment that `segments` lists.
+    #[serde(default)]
+    pub checkpoint_ns: u64,
     /// Exit status of the traced command in `-c` mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
@@ -127,6 +153,8 @@ impl Default for Meta {
             end_ns: 0,
             complete: false,
             counters: Counters::default(),
+            segments: None,
+            checkpoint_ns: 0,
             exit_code: None,
             extra: BTreeMap::new(),
         }

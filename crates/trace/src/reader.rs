@@ -165,6 +165,55 @@ pub struct Trace {
     meta: Meta,
     segments: BTreeMap<&'static str, Vec<Segment>>,
     warnings: Vec<String>,
+    /// Segments being written when the recording stopped, and their sizes.
+    unfinished: Vec<(PathBuf, u64)>,
+}
+
+/// What a trace whose recorder did not finish is known to miss.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Incomplete {
+    /// Time from the start of the recording to its last checkpoint: every
+    /// event before it is in the trace, every event after it is missing.
+    pub since_start_ns: u64,
+    /// Segments that were being written (their rows are not readable).
+    pub unfinished_segments: usize,
+    /// Their bytes.
+    pub unfinished_bytes: u64,
+    /// Whether meta.json lists the segments (format 1.1): without it the
+    /// last checkpoint is not known.
+    pub listed: bool,
+}
+
+impl std::fmt::Display for Incomplete {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "incomplete trace: the recording did not finish (recorder killed, crashed or still running)"
+        )?;
+        if self.listed {
+            write!(
+                f,
+                "; events after its last checkpoint, {:.3} s into the recording, are missing",
+                self.since_start_ns as f64 / 1e9
+            )?;
+        } else {
+            write!(f, "; events after the last closed segment are missing")?;
+        }
+        if self.unfinished_segments > 0 {
+            write!(
+                f,
+                " ({} unfinished segment{}, {} bytes, skipped)",
+                self.unfinished_segments,
+                if self.unfinished_segments == 1 {
+                    ""
+                } else {
+                    "s"
+                },
+                self.unfinished_bytes
+            )?;
+        }
+        Ok(())
+    }
 }
 
 impl std::fmt::Debug for Trace {
@@ -211,40 +260,116 @@ impl Trace {
             meta,
             segments: BTreeMap::new(),
             warnings: Vec::new(),
+            unfinished: Vec::new(),
         };
         for table in Table::ALL {
             let segs = trace.open_table(table)?;
             trace.segments.insert(table.name(), segs);
         }
-        if !trace.meta.complete {
-            trace.warnings.push(format!(
-                "{}: recording did not finish cleanly (recorder killed or still running); reading what was closed",
-                trace.root.display()
-            ));
+        if let Some(inc) = trace.incomplete() {
+            let w = format!("{}: {}", trace.root.display(), inc);
+            trace.warnings.push(w);
         }
         Ok(trace)
     }
 
     fn open_table(&mut self, table: Table) -> Result<Vec<Segment>> {
         let dir = self.root.join(table.name());
-        let entries = match fs::read_dir(&dir) {
-            Ok(e) => e,
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(Vec::new()),
+        let listing = match fs::read_dir(&dir) {
+            Ok(entries) => entries
+                .map(|e| e.map(|e| e.path()))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| Error::io(&dir, e))?,
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Vec::new(),
             Err(e) => return Err(Error::io(&dir, e)),
         };
+        let Some(manifest) = &self.meta.segments else {
+            return self.open_unlisted(table, listing);
+        };
+        let listed = manifest.get(table.name()).cloned().unwrap_or_default();
+        let mut segs = Vec::with_capacity(listed.len());
+        let mut used = std::collections::HashSet::new();
+        for entry in &listed {
+            let path = dir.join(&entry.file);
+            let path = if path.exists() {
+                path
+            } else {
+                // Listed, then the recorder stopped before renaming it
+                // (checkpoints list a segment first): the finished file
+                // still has its temporary name, and must match the entry.
+                let tmp = dir.join(format!("{}.inprogress", entry.file));
+                if !tmp.exists() {
+                    return Err(Error::Corrupt {
+                        path,
+                        reason: "listed in meta.json but missing".into(),
+                    });
+                }
+                self.warnings.push(format!(
+                    "{}: the recorder stopped before renaming this listed segment; reading it",
+                    tmp.display()
+                ));
+                tmp
+            };
+            verify_listed(&path, entry)?;
+            let meta = load_footer(&path).map_err(|reason| Error::Corrupt {
+                path: path.clone(),
+                reason,
+            })?;
+            let rows = meta.metadata().file_metadata().num_rows();
+            if u64::try_from(rows).ok() != Some(entry.rows) {
+                return Err(Error::Corrupt {
+                    path,
+                    reason: format!("{rows} rows, meta.json lists {}", entry.rows),
+                });
+            }
+            check_schema(table, &path, &meta)?;
+            used.insert(path.clone());
+            segs.push(Segment { path, meta });
+        }
+        let mut unlisted: Vec<PathBuf> = listing
+            .into_iter()
+            .filter(|p| !used.contains(p))
+            .filter(|p| {
+                let name = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                name.ends_with(".parquet") || name.ends_with(".parquet.inprogress")
+            })
+            .collect();
+        unlisted.sort();
+        for path in unlisted {
+            let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+            if path.extension().is_some_and(|x| x == "inprogress") {
+                self.unfinished.push((path.clone(), bytes));
+                self.warnings.push(format!(
+                    "{}: skipping unfinished segment ({bytes} bytes written after the last checkpoint)",
+                    path.display()
+                ));
+            } else {
+                self.warnings.push(format!(
+                    "{}: not listed in meta.json (left over from an interrupted merge?); ignored",
+                    path.display()
+                ));
+            }
+        }
+        Ok(segs)
+    }
+
+    /// A format 1.0 trace, whose meta.json lists no segments: every
+    /// `*.parquet` file of the table, in name order; the last one may be
+    /// truncated (skipped with a warning).
+    fn open_unlisted(&mut self, table: Table, listing: Vec<PathBuf>) -> Result<Vec<Segment>> {
         let mut paths = Vec::new();
-        for entry in entries {
-            let path = entry.map_err(|e| Error::io(&dir, e))?.path();
+        for path in listing {
             let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
             if name.ends_with(".parquet") {
                 paths.push(path);
             } else if name.ends_with(".parquet.inprogress") {
+                let bytes = fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+                self.unfinished.push((path.clone(), bytes));
                 self.warnings
                     .push(format!("{}: skipping unfinished segment", path.display()));
             }
         }
         paths.sort();
-        let expected = table.schema();
         let mut segs = Vec::with_capacity(paths.len());
         let last = paths.len().saturating_sub(1);
         for (i, path) in paths.into_iter().enumerate() {
@@ -259,43 +384,34 @@ impl Trace {
                 }
                 Err(reason) => return Err(Error::Corrupt { path, reason }),
             };
-            let kv = meta.metadata().file_metadata().key_value_metadata();
-            let tag = kv
-                .and_then(|kv| kv.iter().find(|k| k.key == TABLE_KEY))
-                .and_then(|k| k.value.clone());
-            if tag.as_deref() != Some(table.name()) {
-                let reason = match tag {
-                    Some(t) => format!("a memleak {t} segment in the {} directory", table.name()),
-                    None => "not written by memleak".to_string(),
-                };
-                return Err(Error::Foreign { path, reason });
-            }
-            let schema = meta.schema();
-            for field in expected.fields() {
-                match schema.field_with_name(field.name()) {
-                    Ok(found) if compatible(found.data_type(), field.data_type()) => {}
-                    Ok(found) => {
-                        return Err(Error::Foreign {
-                            path,
-                            reason: format!(
-                                "column {} has type {}, expected {}",
-                                field.name(),
-                                found.data_type(),
-                                field.data_type()
-                            ),
-                        })
-                    }
-                    Err(_) => {
-                        return Err(Error::Foreign {
-                            path,
-                            reason: format!("missing column {}", field.name()),
-                        })
-                    }
-                }
-            }
+            check_schema(table, &path, &meta)?;
             segs.push(Segment { path, meta });
         }
         Ok(segs)
+    }
+
+    /// What is known to be missing from a trace whose recorder did not
+    /// finish; `None` for a complete trace.
+    pub fn incomplete(&self) -> Option<Incomplete> {
+        if self.meta.complete {
+            return None;
+        }
+        let checkpoint_ns = self.meta.checkpoint_ns.max(self.meta.start_ns);
+        Some(Incomplete {
+            since_start_ns: checkpoint_ns.saturating_sub(self.meta.start_ns),
+            unfinished_segments: self.unfinished.len(),
+            unfinished_bytes: self.unfinished.iter().map(|(_, b)| b).sum(),
+            listed: self.meta.segments.is_some(),
+        })
+    }
+
+    /// The segment files of a table, in order (the files the events units
+    /// number with [`RowGroupUnit::segment`]).
+    pub fn segment_paths(&self, table: Table) -> Vec<&Path> {
+        self.segments[table.name()]
+            .iter()
+            .map(|s| s.path.as_path())
+            .collect()
     }
 
     /// The trace directory.
@@ -531,6 +647,74 @@ fn compatible(found: &DataType, expected: &DataType) -> bool {
         (DataType::List(a), DataType::List(b)) => compatible(a.data_type(), b.data_type()),
         _ => false,
     }
+}
+
+/// Checks a segment's table tag and columns against the schema.
+fn check_schema(table: Table, path: &Path, meta: &ArrowReaderMetadata) -> Result<()> {
+    let kv = meta.metadata().file_metadata().key_value_metadata();
+    let tag = kv
+        .and_then(|kv| kv.iter().find(|k| k.key == TABLE_KEY))
+        .and_then(|k| k.value.clone());
+    let foreign = |reason: String| Error::Foreign {
+        path: path.to_path_buf(),
+        reason,
+    };
+    if tag.as_deref() != Some(table.name()) {
+        return Err(foreign(match tag {
+            Some(t) => format!("a memleak {t} segment in the {} directory", table.name()),
+            None => "not written by memleak".to_string(),
+        }));
+    }
+    let schema = meta.schema();
+    for field in table.schema().fields() {
+        match schema.field_with_name(field.name()) {
+            Ok(found) if compatible(found.data_type(), field.data_type()) => {}
+            Ok(found) => {
+                return Err(foreign(format!(
+                    "column {} has type {}, expected {}",
+                    field.name(),
+                    found.data_type(),
+                    field.data_type()
+                )))
+            }
+            Err(_) => return Err(foreign(format!("missing column {}", field.name()))),
+        }
+    }
+    Ok(())
+}
+
+/// Checks a listed segment's length and CRC-32 against its entry, so that
+/// a truncated or altered file is an error before any of it is used.
+fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
+    let corrupt = |reason: String| Error::Corrupt {
+        path: path.to_path_buf(),
+        reason,
+    };
+    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
+    if len != entry.bytes {
+        return Err(corrupt(format!(
+            "{len} bytes, meta.json lists {}: truncated or altered",
+            entry.bytes
+        )));
+    }
+    let mut crc = crc32fast::Hasher::new();
+    let mut buf = vec![0u8; 1 << 20];
+    loop {
+        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
+        if n == 0 {
+            break;
+        }
+        crc.update(&buf[..n]);
+    }
+    let crc = crc.finalize();
+    if crc != entry.crc32 {
+        return Err(corrupt(format!(
+            "checksum mismatch (CRC-32 {crc:08x}, meta.json lists {:08x}): the file was altered",
+            entry.crc32
+        )));
+    }
+    Ok(())
 }
 
 fn load_footer(path: &Path) -> std::result::Result<ArrowReaderMetadata, String> {

@@ -1,15 +1,23 @@
 //! The segmented writer.
 //!
 //! Each table is written as a sequence of segments. A segment is written to
-//! `part-NNNNN.parquet.inprogress` and renamed to `part-NNNNN.parquet` only
-//! after its footer is on disk, so every `*.parquet` file a reader (or a
-//! DuckDB glob) sees is complete, even while recording continues, and a
-//! killed or out-of-space recorder never damages a closed segment.
+//! `part-NNNNN.parquet.inprogress`; closing it writes the footer, fsyncs,
+//! lists it in `meta.json` (rows, length, CRC-32) and only then renames it
+//! to `part-NNNNN.parquet`. So every `*.parquet` file a reader (or a DuckDB
+//! glob) sees is complete, `meta.json` says which files make up the trace,
+//! and a killed or out-of-space recorder never damages a closed segment.
 //!
-//! All tables rotate together: when an events segment closes, the stacks,
-//! frames and maps it refers to are closed too.
+//! All tables close their segments together at a *checkpoint*, every
+//! second by default: a killed recorder loses at most the events since the
+//! last one. Stacks, frames and maps close before events, so a listed
+//! events segment never refers to a stack that is not listed too. One
+//! segment a second would make thousands of files in an hour, so every
+//! `merge_segments` closed segments of a table are merged into one
+//! (`part-AAAAA-BBBBB.parquet`) by copying their column chunks as they are,
+//! without decoding them (docs/format.md, "Segments and their lifecycle").
 
 use std::fs::{self, File, OpenOptions};
+use std::io::Write;
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
@@ -24,17 +32,20 @@ use arrow_array::{
     ArrayRef, DictionaryArray, Int8Array, PrimitiveArray, RecordBatch, StringArray, UInt32Array,
     UInt64Array,
 };
+use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding, ZstdLevel};
-use parquet::file::metadata::KeyValue;
+use parquet::column::writer::ColumnCloseResult;
+use parquet::file::metadata::{KeyValue, ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::{
     DeltaBinaryPackedEncoderOptions, EnabledStatistics, WriterProperties, WriterPropertiesBuilder,
 };
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::events_file::EventsFile;
-use crate::meta::Meta;
+use crate::meta::{Meta, SegmentEntry};
 use crate::schema::{
     inlined_fields, Event, EventKind, FrameRecord, MapRecord, StackRecord, Table, TABLE_KEY,
 };
@@ -44,9 +55,12 @@ use crate::schema::{
 pub struct WriterOptions {
     /// Close an events segment after this many rows.
     pub segment_rows: usize,
-    /// Close the segments after this much time, so a killed recorder loses
-    /// at most this much.
+    /// Close the segments (a checkpoint) after this much time, so a killed
+    /// recorder loses at most this much.
     pub segment_duration: Duration,
+    /// Merge a table's closed segments into one once this many have
+    /// closed since the last merge (0 or 1: never merge).
+    pub merge_segments: usize,
     /// Rows per Parquet row group (the unit of parallel replay).
     pub row_group_rows: usize,
     /// zstd level, for every table (default 1: on events, level 3 costs
@@ -65,7 +79,8 @@ impl Default for WriterOptions {
     fn default() -> Self {
         WriterOptions {
             segment_rows: 16 << 20,
-            segment_duration: Duration::from_secs(30),
+            segment_duration: Duration::from_secs(1),
+            merge_segments: 64,
             row_group_rows: 256 << 10,
             zstd_level: 1,
             force: false,
@@ -85,6 +100,38 @@ pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
         .open(path)
 }
 
+/// A segment file being written. Every byte goes through a CRC-32 on its
+/// way to the file (segments are written front to back), so the checksum
+/// `meta.json` lists costs no second read.
+pub(crate) struct SegmentSink {
+    file: File,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl SegmentSink {
+    fn new(file: File) -> Self {
+        SegmentSink {
+            file,
+            crc: crc32fast::Hasher::new(),
+            bytes: 0,
+        }
+    }
+}
+
+impl Write for SegmentSink {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        self.file.flush()
+    }
+}
+
 /// Buffers rows of one table and turns them into Arrow batches.
 trait Rows {
     fn len(&self) -> usize;
@@ -98,13 +145,17 @@ trait Rows {
 /// An open segment file.
 enum SegmentFile {
     /// Every table but `events`.
-    Arrow(Box<ArrowWriter<File>>),
+    Arrow(Box<ArrowWriter<SegmentSink>>),
     /// `events`, whose `kind` column is encoded by memleak.
     Events(Box<EventsFile>),
 }
 
 impl SegmentFile {
-    fn create(table: Table, file: File, props: WriterProperties) -> parquet::errors::Result<Self> {
+    fn create(
+        table: Table,
+        file: SegmentSink,
+        props: WriterProperties,
+    ) -> parquet::errors::Result<Self> {
         Ok(match table {
             Table::Events => SegmentFile::Events(Box::new(EventsFile::try_new(file, props)?)),
             _ => SegmentFile::Arrow(Box::new(ArrowWriter::try_new(
@@ -123,7 +174,7 @@ impl SegmentFile {
     }
 
     /// Writes the footer and returns the file.
-    fn into_inner(self) -> parquet::errors::Result<File> {
+    fn into_inner(self) -> parquet::errors::Result<SegmentSink> {
         match self {
             SegmentFile::Arrow(w) => w.into_inner(),
             SegmentFile::Events(w) => w.into_inner(),
@@ -141,6 +192,15 @@ struct TableSegments<R: Rows> {
     next_index: u32,
     batch_rows: usize,
     rows_in_segment: usize,
+    /// Indexes of the closed segments not merged yet, in order.
+    unmerged: Vec<u32>,
+}
+
+/// A segment whose footer is on disk, not yet renamed into place.
+struct Closed {
+    tmp: PathBuf,
+    path: PathBuf,
+    entry: SegmentEntry,
 }
 
 impl<R: Rows> TableSegments<R> {
@@ -154,11 +214,12 @@ impl<R: Rows> TableSegments<R> {
             next_index: 0,
             batch_rows,
             rows_in_segment: 0,
+            unmerged: Vec::new(),
         }
     }
 
     fn final_path(&self, index: u32) -> PathBuf {
-        self.dir.join(format!("part-{index:05}.parquet"))
+        self.dir.join(segment_name(index))
     }
 
     /// Moves buffered rows into the open segment, opening one if needed.
@@ -173,12 +234,11 @@ impl<R: Rows> TableSegments<R> {
                     .create(&self.dir)
                     .map_err(|e| Error::io(&self.dir, e))?;
             }
-            let path = self
-                .final_path(self.next_index)
-                .with_extension("parquet.inprogress");
+            let path = in_progress(&self.final_path(self.next_index));
             let file = create_private(&path).map_err(|e| Error::io(&path, e))?;
-            let writer = SegmentFile::create(self.table, file, self.props.clone())
-                .map_err(|e| Error::parquet_write(&path, e))?;
+            let writer =
+                SegmentFile::create(self.table, SegmentSink::new(file), self.props.clone())
+                    .map_err(|e| Error::parquet_write(&path, e))?;
             self.open = Some((writer, path));
             self.rows_in_segment = 0;
         }
@@ -199,21 +259,42 @@ impl<R: Rows> TableSegments<R> {
         Ok(())
     }
 
-    /// Closes the open segment: footer, fsync, rename into place.
-    fn close_segment(&mut self) -> Result<()> {
+    /// Closes the open segment: footer, fsync. The caller lists it in
+    /// `meta.json`, then renames it into place.
+    fn close_segment(&mut self) -> Result<Option<Closed>> {
         self.drain()?;
-        if let Some((writer, tmp)) = self.open.take() {
-            let file = writer
-                .into_inner()
-                .map_err(|e| Error::parquet_write(&tmp, e))?;
-            file.sync_all().map_err(|e| Error::io(&tmp, e))?;
-            let path = self.final_path(self.next_index);
-            fs::rename(&tmp, &path).map_err(|e| Error::io(&path, e))?;
-            self.next_index += 1;
-            self.rows_in_segment = 0;
-        }
-        Ok(())
+        let Some((writer, tmp)) = self.open.take() else {
+            return Ok(None);
+        };
+        let sink = writer
+            .into_inner()
+            .map_err(|e| Error::parquet_write(&tmp, e))?;
+        sink.file.sync_all().map_err(|e| Error::io(&tmp, e))?;
+        let index = self.next_index;
+        let path = self.final_path(index);
+        let entry = SegmentEntry {
+            file: segment_name(index),
+            rows: self.rows_in_segment as u64,
+            bytes: sink.bytes,
+            crc32: sink.crc.finalize(),
+        };
+        self.next_index += 1;
+        self.rows_in_segment = 0;
+        self.unmerged.push(index);
+        Ok(Some(Closed { tmp, path, entry }))
     }
+}
+
+/// `part-NNNNN.parquet`.
+fn segment_name(index: u32) -> String {
+    format!("part-{index:05}.parquet")
+}
+
+/// The name a segment has while it is written.
+fn in_progress(path: &Path) -> PathBuf {
+    let mut name = path.file_name().expect("a segment file").to_os_string();
+    name.push(".inprogress");
+    path.with_file_name(name)
 }
 
 /// Writes a trace directory.
@@ -238,24 +319,24 @@ pub struct TraceWriter {
 
 impl TraceWriter {
     /// Creates the trace directory and writes an initial `meta.json` with
-    /// `complete: false`. Refuses an existing path unless `opts.force`.
-    pub fn create(root: impl AsRef<Path>, meta: Meta, opts: WriterOptions) -> Result<Self> {
+    /// `complete: false`. Refuses an existing path unless `opts.force`,
+    /// and even then replaces only an empty directory or a memleak trace
+    /// ([`remove_trace`]).
+    pub fn create(root: impl AsRef<Path>, mut meta: Meta, opts: WriterOptions) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        if root.exists() || root.symlink_metadata().is_ok() {
+        if root.symlink_metadata().is_ok() {
             if !opts.force {
                 return Err(Error::Exists(root));
             }
-            let removed = if root.is_dir() {
-                fs::remove_dir_all(&root)
-            } else {
-                fs::remove_file(&root)
-            };
-            removed.map_err(|e| Error::io(&root, e))?;
+            remove_trace(&root)?;
         }
         fs::DirBuilder::new()
             .mode(0o700)
             .create(&root)
             .map_err(|e| Error::io(&root, e))?;
+        meta.complete = false;
+        meta.segments = Some(Default::default());
+        meta.checkpoint_ns = meta.start_ns;
         meta.store(&root)?;
         let batch = 64 * 1024;
         let mut writer = TraceWriter {
@@ -296,7 +377,6 @@ impl TraceWriter {
             events_drain_at: 1,
         };
         writer.update_drain_at();
-        writer.meta.complete = false;
         Ok(writer)
     }
 
@@ -383,7 +463,7 @@ impl TraceWriter {
         self.events_written
     }
 
-    /// Closes the segments if the segment duration has passed. Call it
+    /// Makes a checkpoint if the segment duration has passed. Call it
     /// from the recorder's timer.
     pub fn tick(&mut self) -> Result<()> {
         if self.segment_started.elapsed() >= self.opts.segment_duration {
@@ -392,25 +472,101 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Closes every open segment, making all data so far durable, and
-    /// rewrites `meta.json` with the current counters.
+    /// A checkpoint: closes every open segment, lists them in `meta.json`
+    /// with the counters so far, renames them into place, and merges a
+    /// table's segments once `merge_segments` of them have closed.
     pub fn rotate(&mut self) -> Result<()> {
-        self.sync_counters();
-        // Stacks, frames and maps first: a closed events segment must never
-        // refer to a stack that is not in a closed stacks segment.
-        self.stacks.close_segment()?;
-        self.frames.close_segment()?;
-        self.maps.close_segment()?;
-        self.events.close_segment()?;
-        self.update_drain_at();
-        self.segment_started = Instant::now();
-        self.meta.store(&self.root)
+        self.checkpoint()?;
+        let n = self.opts.merge_segments;
+        if n > 1 {
+            self.merge_if(|unmerged| unmerged >= n)?;
+        }
+        Ok(())
     }
 
-    /// Closes everything and writes the final `meta.json` with
-    /// `complete: true`.
+    fn checkpoint(&mut self) -> Result<()> {
+        self.sync_counters();
+        // Stacks, frames and maps first: a listed events segment must never
+        // refer to a stack that is not in a listed stacks segment.
+        let closed = [
+            (Table::Stacks, self.stacks.close_segment()?),
+            (Table::Frames, self.frames.close_segment()?),
+            (Table::Maps, self.maps.close_segment()?),
+            (Table::Events, self.events.close_segment()?),
+        ];
+        self.update_drain_at();
+        self.segment_started = Instant::now();
+        let manifest = self.meta.segments.get_or_insert_with(Default::default);
+        for (table, c) in &closed {
+            if let Some(c) = c {
+                manifest
+                    .entry(table.name().to_string())
+                    .or_default()
+                    .push(c.entry.clone());
+            }
+        }
+        self.meta.checkpoint_ns = crate::meta::clock_ns(libc::CLOCK_MONOTONIC);
+        // Listed first, renamed second: a crash in between leaves a listed
+        // `.inprogress` file that readers recognize by its length and CRC.
+        self.meta.store(&self.root)?;
+        for c in closed.into_iter().filter_map(|(_, c)| c) {
+            fs::rename(&c.tmp, &c.path).map_err(|e| Error::io(&c.path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Merges the unmerged segments of every table for which `due` says
+    /// so, given how many there are.
+    fn merge_if(&mut self, due: impl Fn(usize) -> bool) -> Result<()> {
+        let root = self.root.clone();
+        let manifest = self.meta.segments.get_or_insert_with(Default::default);
+        let mut changed = Vec::new();
+        for (table, unmerged) in [
+            (Table::Stacks, &mut self.stacks.unmerged),
+            (Table::Frames, &mut self.frames.unmerged),
+            (Table::Maps, &mut self.maps.unmerged),
+            (Table::Events, &mut self.events.unmerged),
+        ] {
+            if unmerged.len() < 2 || !due(unmerged.len()) {
+                continue;
+            }
+            let entries = manifest.entry(table.name().to_string()).or_default();
+            let first = entries.len() - unmerged.len();
+            let dir = root.join(table.name());
+            let (first_index, last_index) = (unmerged[0], *unmerged.last().expect("two or more"));
+            let name = format!("part-{first_index:05}-{last_index:05}.parquet");
+            let path = dir.join(&name);
+            let entry = merge_segments(&dir, &entries[first..], &in_progress(&path), name)?;
+            let parts: Vec<SegmentEntry> = entries.drain(first..).collect();
+            entries.push(entry);
+            unmerged.clear();
+            changed.push((dir, parts, path));
+        }
+        if changed.is_empty() {
+            return Ok(());
+        }
+        // The merged segments replace their parts in `meta.json` first;
+        // the parts go before the merged file takes its name, so a glob
+        // never sees a row twice. A crash in between leaves a listed
+        // `.inprogress` file, which readers recognize.
+        self.meta.store(&self.root)?;
+        for (dir, parts, path) in changed {
+            for part in parts {
+                let p = dir.join(&part.file);
+                fs::remove_file(&p).map_err(|e| Error::io(&p, e))?;
+            }
+            fs::rename(in_progress(&path), &path).map_err(|e| Error::io(&path, e))?;
+        }
+        Ok(())
+    }
+
+    /// Closes everything, merges what is left to merge, and writes the
+    /// final `meta.json` with `complete: true`.
     pub fn finish(mut self) -> Result<Meta> {
-        self.rotate()?;
+        self.checkpoint()?;
+        if self.opts.merge_segments > 1 {
+            self.merge_if(|_| true)?;
+        }
         if self.meta.end_ns == 0 {
             self.meta.end_ns = crate::meta::clock_ns(libc::CLOCK_MONOTONIC);
         }
@@ -418,6 +574,151 @@ impl TraceWriter {
         self.meta.store(&self.root)?;
         Ok(self.meta)
     }
+}
+
+/// Writes the segments `parts` of `dir` as one file at `tmp`, copying
+/// their column chunks as they are (no decoding, no encoding), and
+/// returns its entry under `name`.
+fn merge_segments(
+    dir: &Path,
+    parts: &[SegmentEntry],
+    tmp: &Path,
+    name: String,
+) -> Result<SegmentEntry> {
+    let mut sources: Vec<(PathBuf, Bytes, ParquetMetaData)> = Vec::with_capacity(parts.len());
+    for part in parts {
+        let path = dir.join(&part.file);
+        let bytes = Bytes::from(fs::read(&path).map_err(|e| Error::io(&path, e))?);
+        let md = ParquetMetaDataReader::new()
+            .parse_and_finish(&bytes)
+            .map_err(|e| Error::Corrupt {
+                path: path.clone(),
+                reason: e.to_string(),
+            })?;
+        sources.push((path, bytes, md));
+    }
+    let first = &sources[0].2;
+    let file_md = first.file_metadata();
+    let props = WriterProperties::builder()
+        .set_key_value_metadata(file_md.key_value_metadata().cloned())
+        .set_created_by(file_md.created_by().unwrap_or("memleak").to_string())
+        .build();
+    let file = create_private(tmp).map_err(|e| Error::io(tmp, e))?;
+    let werr = |e| Error::parquet_write(tmp, e);
+    let mut w = SerializedFileWriter::new(
+        SegmentSink::new(file),
+        file_md.schema_descr().root_schema_ptr(),
+        Arc::new(props),
+    )
+    .map_err(werr)?;
+    let mut rows = 0u64;
+    for (_, bytes, md) in &sources {
+        for rg in md.row_groups() {
+            let mut out = w.next_row_group().map_err(werr)?;
+            for col in rg.columns() {
+                let close = ColumnCloseResult {
+                    bytes_written: col.compressed_size() as u64,
+                    rows_written: rg.num_rows() as u64,
+                    metadata: col.clone(),
+                    bloom_filter: None,
+                    column_index: None,
+                    offset_index: None,
+                };
+                out.append_column(bytes, close).map_err(werr)?;
+            }
+            out.close().map_err(werr)?;
+            rows += rg.num_rows() as u64;
+        }
+    }
+    let sink = w.into_inner().map_err(werr)?;
+    sink.file.sync_all().map_err(|e| Error::io(tmp, e))?;
+    Ok(SegmentEntry {
+        file: name,
+        rows,
+        bytes: sink.bytes,
+        crc32: sink.crc.finalize(),
+    })
+}
+
+/// Removes the trace at `root`, and nothing else: `root` must be an empty
+/// directory or a memleak trace (its `meta.json` says so) holding only
+/// what memleak writes, and must not be `/`, the working directory or one
+/// of its parents. Anything else is left as it is and named in the error.
+pub fn remove_trace(root: &Path) -> Result<()> {
+    let refuse = |reason: &str| Error::NotReplaced {
+        path: root.to_path_buf(),
+        reason: reason.to_string(),
+    };
+    let md = root.symlink_metadata().map_err(|e| Error::io(root, e))?;
+    if md.file_type().is_symlink() {
+        return Err(refuse("a symbolic link"));
+    }
+    if !md.is_dir() {
+        return Err(refuse("a file, not a memleak trace"));
+    }
+    let real = fs::canonicalize(root).map_err(|e| Error::io(root, e))?;
+    let cwd = std::env::current_dir()
+        .ok()
+        .and_then(|d| fs::canonicalize(d).ok());
+    if real.parent().is_none() || cwd.is_some_and(|cwd| cwd.starts_with(&real)) {
+        return Err(refuse(
+            "the root, the working directory or one of its parents",
+        ));
+    }
+    let entries: Vec<PathBuf> = fs::read_dir(root)
+        .map_err(|e| Error::io(root, e))?
+        .map(|e| e.map(|e| e.path()))
+        .collect::<std::io::Result<_>>()
+        .map_err(|e| Error::io(root, e))?;
+    if entries.is_empty() {
+        return fs::remove_dir(root).map_err(|e| Error::io(root, e));
+    }
+    match Meta::load(root) {
+        Ok(_) => {}
+        Err(Error::NotATrace { .. }) => return Err(refuse("not a memleak trace")),
+        Err(Error::Corrupt { .. }) => {
+            return Err(refuse("its meta.json is not a memleak trace's"));
+        }
+        Err(e) => return Err(e),
+    }
+    // Everything must be ours before anything goes.
+    let mut files = Vec::new();
+    let mut dirs = Vec::new();
+    for path in &entries {
+        let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
+        let is_table = Table::ALL.iter().any(|t| t.name() == name);
+        if name == "meta.json" || name == ".meta.json.tmp" {
+            files.push(path.clone());
+        } else if is_table && path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
+            for e in fs::read_dir(path).map_err(|e| Error::io(path, e))? {
+                let p = e.map_err(|e| Error::io(path, e))?.path();
+                let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
+                let ours = n.starts_with("part-")
+                    && (n.ends_with(".parquet") || n.ends_with(".parquet.inprogress"))
+                    && p.symlink_metadata().is_ok_and(|m| m.is_file());
+                if !ours {
+                    return Err(Error::NotReplaced {
+                        path: root.to_path_buf(),
+                        reason: format!("{} was not written by memleak", p.display()),
+                    });
+                }
+                files.push(p);
+            }
+            dirs.push(path.clone());
+        } else {
+            return Err(Error::NotReplaced {
+                path: root.to_path_buf(),
+                reason: format!("{} was not written by memleak", path.display()),
+            });
+        }
+    }
+    for f in files {
+        fs::remove_file(&f).map_err(|e| Error::io(&f, e))?;
+    }
+    for d in dirs {
+        fs::remove_dir(&d).map_err(|e| Error::io(&d, e))?;
+    }
+    fs::remove_dir(root).map_err(|e| Error::io(root, e))
 }
 
 fn base_props(

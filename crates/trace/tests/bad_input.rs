@@ -137,6 +137,7 @@ fn garbage_middle_segment_is_corrupt() {
 fn parquet_file_written_by_someone_else_is_foreign() {
     let dir = tempfile::tempdir().unwrap();
     let root = full_trace(dir.path(), "t.parquet");
+    as_format_1_0(&root);
     let p = root.join("events/part-00001.parquet");
     write_foreign_parquet(&p, None);
     let e = open_err(&root, &p, "foreign Parquet file (not written by memleak)");
@@ -147,6 +148,7 @@ fn parquet_file_written_by_someone_else_is_foreign() {
 fn segment_of_another_table_is_foreign() {
     let dir = tempfile::tempdir().unwrap();
     let root = full_trace(dir.path(), "t.parquet");
+    as_format_1_0(&root);
     let p = root.join("events/part-00001.parquet");
     std::fs::copy(&segments(&root, "stacks")[0], &p).unwrap();
     let e = open_err(
@@ -161,6 +163,7 @@ fn segment_of_another_table_is_foreign() {
 fn segment_missing_a_column_is_foreign() {
     let dir = tempfile::tempdir().unwrap();
     let root = full_trace(dir.path(), "t.parquet");
+    as_format_1_0(&root);
     let p = root.join("maps/part-00001.parquet");
     write_foreign_parquet(&p, Some("maps"));
     let e = open_err(&root, &p, "foreign Parquet file (missing column ts_ns)");
@@ -220,4 +223,160 @@ fn output_in_a_missing_directory_is_an_io_error() {
     };
     assert!(matches!(err, Error::Io { .. }), "{err:?}");
     assert!(!err.to_string().contains('\n'));
+}
+
+fn force() -> WriterOptions {
+    WriterOptions {
+        force: true,
+        ..WriterOptions::default()
+    }
+}
+
+#[test]
+fn force_replaces_a_trace_and_an_empty_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let w = TraceWriter::create(&root, meta(), force()).expect("replaces a trace");
+    w.finish().unwrap();
+    assert_eq!(Trace::open(&root).unwrap().event_count(), 0);
+
+    let empty = dir.path().join("empty");
+    std::fs::create_dir(&empty).unwrap();
+    let w = TraceWriter::create(&empty, meta(), force()).expect("replaces an empty directory");
+    w.finish().unwrap();
+    assert!(empty.join("meta.json").exists());
+}
+
+#[test]
+fn force_never_deletes_what_memleak_did_not_write() {
+    let dir = tempfile::tempdir().unwrap();
+    let refused = |path: &Path, needle: &str| {
+        let Err(err) = TraceWriter::create(path, meta(), force()) else {
+            panic!("{} must be refused", path.display())
+        };
+        let msg = err.to_string();
+        assert!(matches!(err, Error::NotReplaced { .. }), "{err:?}");
+        assert!(!msg.contains('\n'), "{msg}");
+        assert!(msg.starts_with(&path.display().to_string()), "{msg}");
+        assert!(msg.contains(needle), "{msg:?} lacks {needle:?}");
+    };
+
+    // A directory of someone's files.
+    let precious = dir.path().join("precious");
+    std::fs::create_dir(&precious).unwrap();
+    std::fs::write(precious.join("thesis.tex"), "years of work").unwrap();
+    refused(&precious, "not a memleak trace");
+    assert!(precious.join("thesis.tex").exists());
+
+    // A plain file.
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, "x").unwrap();
+    refused(&file, "a file, not a memleak trace");
+    assert!(file.exists());
+
+    // A trace with a file of the user's inside: nothing of it goes.
+    let root = full_trace(dir.path(), "t.parquet");
+    std::fs::write(root.join("events/mine.csv"), "keep").unwrap();
+    refused(&root, "mine.csv was not written by memleak");
+    assert!(root.join("events/mine.csv").exists());
+    assert!(root.join("meta.json").exists());
+    assert_eq!(segments(&root, "events").len(), 1);
+
+    // A symbolic link to a trace.
+    let link = dir.path().join("link");
+    std::os::unix::fs::symlink(&root, &link).unwrap();
+    refused(&link, "a symbolic link");
+
+    // The root, and the working directory and its parents (a trace or
+    // not): the test's own working directory is a parent of `dir`.
+    refused(
+        Path::new("/"),
+        "the root, the working directory or one of its parents",
+    );
+    let cwd = std::env::current_dir().unwrap();
+    refused(
+        &cwd,
+        "the root, the working directory or one of its parents",
+    );
+    refused(
+        Path::new("."),
+        "the root, the working directory or one of its parents",
+    );
+    refused(
+        Path::new(".."),
+        "the root, the working directory or one of its parents",
+    );
+}
+
+#[test]
+fn deleted_listed_segment_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    for table in ["events", "stacks", "frames", "maps"] {
+        let root = full_trace(dir.path(), &format!("{table}.parquet"));
+        let seg = segments(&root, table)[0].clone();
+        std::fs::remove_file(&seg).unwrap();
+        let e = open_err(&root, &seg, "listed in meta.json but missing");
+        assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
+    }
+}
+
+#[test]
+fn altered_or_emptied_segment_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let seg = segments(&root, "events")[0].clone();
+    let good = std::fs::read(&seg).unwrap();
+
+    // One bit anywhere, in the data pages or the footer.
+    for at in [4, good.len() / 2, good.len() - 9] {
+        let mut bad = good.clone();
+        bad[at] ^= 0x10;
+        std::fs::write(&seg, &bad).unwrap();
+        open_err(&root, &seg, "checksum mismatch");
+    }
+    std::fs::write(&seg, b"").unwrap();
+    open_err(&root, &seg, "0 bytes, meta.json lists");
+    // Another table's segment in its place.
+    std::fs::copy(&segments(&root, "stacks")[0], &seg).unwrap();
+    open_err(&root, &seg, "meta.json lists");
+    std::fs::write(&seg, &good).unwrap();
+    assert_eq!(
+        read_events(&Trace::open(&root).unwrap()),
+        every_kind_events()
+    );
+}
+
+#[test]
+fn unlisted_files_are_ignored_with_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let p = root.join("events/part-00001.parquet");
+    std::fs::copy(&segments(&root, "events")[0], &p).unwrap();
+    let trace = Trace::open(&root).unwrap();
+    let w = trace.warnings().join("\n");
+    assert!(
+        w.contains("part-00001.parquet: not listed in meta.json"),
+        "{w}"
+    );
+    assert_eq!(read_events(&trace), every_kind_events(), "counted once");
+}
+
+#[test]
+fn listed_segment_left_with_its_temporary_name_is_read() {
+    // A checkpoint lists a segment before it renames it: a recorder killed
+    // in between leaves the finished file under its temporary name.
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let seg = segments(&root, "events")[0].clone();
+    let tmp = seg.with_file_name("part-00000.parquet.inprogress");
+    std::fs::rename(&seg, &tmp).unwrap();
+    let trace = Trace::open(&root).unwrap();
+    let w = trace.warnings().join("\n");
+    assert!(w.contains("stopped before renaming"), "{w}");
+    assert_eq!(read_events(&trace), every_kind_events());
+    // But only if it is the listed file, byte for byte.
+    let mut bad = std::fs::read(&tmp).unwrap();
+    bad[10] ^= 1;
+    std::fs::write(&tmp, bad).unwrap();
+    open_err(&root, &tmp, "checksum mismatch");
 }

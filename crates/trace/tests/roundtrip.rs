@@ -256,6 +256,7 @@ fn rotation_by_hand_and_by_time_keeps_everything() {
     let events = synthetic_events(300);
     let opts = WriterOptions {
         segment_duration: std::time::Duration::ZERO,
+        merge_segments: 0,
         ..WriterOptions::default()
     };
     let mut w = TraceWriter::create(&root, meta(), opts).unwrap();
@@ -270,6 +271,61 @@ fn rotation_by_hand_and_by_time_keeps_everything() {
     assert_eq!(segments(&root, "events").len(), 3);
     let trace = Trace::open(&root).unwrap();
     assert_eq!(read_events(&trace), events);
+}
+
+#[test]
+fn checkpoints_are_merged_without_changing_a_row() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("merged.parquet");
+    let events = synthetic_events(1000);
+    let opts = WriterOptions {
+        merge_segments: 3,
+        row_group_rows: 40,
+        ..WriterOptions::default()
+    };
+    let mut w = TraceWriter::create(&root, meta(), opts).unwrap();
+    for (i, e) in events.iter().enumerate() {
+        w.push_event(e).unwrap();
+        if i % 100 == 99 {
+            // A checkpoint every 100 events, with a stack each time.
+            w.push_stack(&stacks()[i / 100 % stacks().len()]).unwrap();
+            w.rotate().unwrap();
+        }
+    }
+    w.finish().unwrap();
+    // 10 checkpoints: merged as 0-2, 3-5, 6-8, and 9 alone at the end.
+    let names: Vec<String> = segments(&root, "events")
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "part-00000-00002.parquet",
+            "part-00003-00005.parquet",
+            "part-00006-00008.parquet",
+            "part-00009.parquet"
+        ]
+    );
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+    let listed: Vec<(String, u64)> = trace.meta().segments.as_ref().unwrap()["events"]
+        .iter()
+        .map(|e| (e.file.clone(), e.rows))
+        .collect();
+    assert_eq!(
+        listed,
+        [
+            ("part-00000-00002.parquet".to_string(), 300),
+            ("part-00003-00005.parquet".to_string(), 300),
+            ("part-00006-00008.parquet".to_string(), 300),
+            ("part-00009.parquet".to_string(), 100),
+        ]
+    );
+    assert_eq!(read_events(&trace), events);
+    assert_eq!(trace.stacks().unwrap().len(), 10);
+    // A merged segment keeps its parts' row groups.
+    assert_eq!(trace.table_stats(Table::Events).row_groups, 3 * 9 + 3);
 }
 
 #[test]
@@ -352,6 +408,10 @@ fn unknown_extra_column_is_ignored() {
     // this version does not know, as the next segment of each table.
     for table in [Table::Events, Table::Stacks] {
         let seg = &segments(&root, table.name())[0];
+        let rows = match table {
+            Table::Events => every_kind_events().len(),
+            _ => stacks().len(),
+        };
         let batches: Vec<RecordBatch> =
             ParquetRecordBatchReaderBuilder::try_new(File::open(seg).unwrap())
                 .unwrap()
@@ -366,6 +426,7 @@ fn unknown_extra_column_is_ignored() {
             table,
             batch,
         );
+        list_segment(&root, table.name(), "part-00001.parquet", rows as u64);
     }
     let trace = Trace::open(&root).unwrap();
     assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
@@ -422,7 +483,14 @@ fn inprogress_segment_is_skipped_with_a_warning() {
         w.contains("part-00001.parquet.inprogress: skipping unfinished segment"),
         "{w}"
     );
-    assert!(w.contains("did not finish cleanly"), "{w}");
+    assert!(
+        w.contains("incomplete trace: the recording did not finish"),
+        "{w}"
+    );
+    assert!(w.contains("are missing (1 unfinished segment"), "{w}");
+    let inc = trace.incomplete().expect("incomplete");
+    assert_eq!(inc.unfinished_segments, 1);
+    assert!(inc.listed);
     assert_eq!(read_events(&trace), events[..100]);
 }
 
@@ -432,6 +500,7 @@ fn truncated_last_segment_is_skipped_and_earlier_ones_read() {
     let root = dir.path().join("t.parquet");
     let events = synthetic_events(300);
     write_trace(&root, small_opts(100), &events, &[], &[], &[]);
+    as_format_1_0(&root);
     let segs = segments(&root, "events");
     assert_eq!(segs.len(), 3);
     truncate_half(&segs[2]);

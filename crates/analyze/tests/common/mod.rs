@@ -165,6 +165,8 @@ impl TraceBuilder {
         let opts = WriterOptions {
             row_group_rows: self.row_group_rows,
             segment_rows: self.segment_rows,
+            // Keep the segments apart: replay across segments is tested.
+            merge_segments: 0,
             events_tuning: self.events_tuning,
             force: true,
             ..WriterOptions::default()

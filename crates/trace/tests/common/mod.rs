@@ -41,6 +41,8 @@ pub fn small_opts(segment_rows: usize) -> WriterOptions {
     WriterOptions {
         segment_rows,
         row_group_rows: 7,
+        // Keep the segments apart: these tests are about several of them.
+        merge_segments: 0,
         ..WriterOptions::default()
     }
 }
@@ -303,4 +305,30 @@ pub fn edit_meta(root: &Path, f: impl FnOnce(&mut serde_json::Value)) {
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     f(&mut v);
     std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
+}
+
+/// Makes a trace look like one of format 1.0, whose meta.json lists no
+/// segments: the reader then takes every `*.parquet` file it finds.
+pub fn as_format_1_0(root: &Path) {
+    edit_meta(root, |m| {
+        let m = m.as_object_mut().unwrap();
+        m.remove("segments");
+        m.remove("checkpoint_ns");
+        m.insert("format_version".into(), "1.0".into());
+    });
+}
+
+/// Lists a segment a test wrote by hand in meta.json, as a writer of a
+/// newer minor version would.
+pub fn list_segment(root: &Path, table: &str, file: &str, rows: u64) {
+    let bytes = std::fs::read(root.join(table).join(file)).unwrap();
+    let entry = serde_json::json!({
+        "file": file,
+        "rows": rows,
+        "bytes": bytes.len(),
+        "crc32": crc32fast::hash(&bytes),
+    });
+    edit_meta(root, |m| {
+        m["segments"][table].as_array_mut().unwrap().push(entry);
+    });
 }
