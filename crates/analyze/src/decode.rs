@@ -30,7 +30,7 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 
 use memleak_trace::reader::RowGroupUnit;
-use memleak_trace::{EventBatch, EventColumns, EventKind, Trace};
+use memleak_trace::{EventBatch, EventColumns, EventKind, Table, Trace};
 
 use crate::pages;
 
@@ -201,31 +201,21 @@ impl<'t> Decoder<'t> {
     }
 }
 
-/// Lists the events segments the way the trace does (sorted, the last one
-/// skipped if its footer is unreadable) and checks that their row groups
-/// are exactly the trace's units.
+/// Loads the footers of the trace's events segments, and checks that
+/// their row groups are exactly the trace's units.
 fn match_segments(trace: &Trace) -> Option<Vec<Segment>> {
-    let dir = trace.path().join("events");
-    let mut paths: Vec<PathBuf> = std::fs::read_dir(&dir)
-        .ok()?
-        .filter_map(|e| e.ok().map(|e| e.path()))
-        .filter(|p| p.extension().is_some_and(|x| x == "parquet"))
-        .collect();
-    paths.sort();
-    let mut segments = Vec::with_capacity(paths.len());
-    let last = paths.len().saturating_sub(1);
-    for (i, path) in paths.into_iter().enumerate() {
-        match load_footer(&path) {
-            Some(meta) => {
-                let schema = meta.parquet_schema();
-                let leaves = NAMES.map(|name| {
-                    (0..schema.num_columns()).find(|&i| schema.column(i).path().string() == name)
-                });
-                segments.push(Segment { path, meta, leaves })
-            }
-            None if i == last => {}
-            None => return None,
-        }
+    let mut segments = Vec::new();
+    for path in trace.segment_paths(Table::Events) {
+        let meta = load_footer(path)?;
+        let schema = meta.parquet_schema();
+        let leaves = NAMES.map(|name| {
+            (0..schema.num_columns()).find(|&i| schema.column(i).path().string() == name)
+        });
+        segments.push(Segment {
+            path: path.to_path_buf(),
+            meta,
+            leaves,
+        });
     }
     let units = trace.event_units();
     let ok = units.iter().all(|u| {

@@ -293,6 +293,11 @@ impl PageSource for OwnPages<'_> {
             let h = PageHeader::read(&mut c)?;
             let size = usize::try_from(h.compressed).ok()?;
             let raw = self.data.get(c.at..c.at.checked_add(size)?)?;
+            // A page whose CRC does not match is not decoded here: the
+            // reference reader, which checks it too, reports the file.
+            if h.crc.is_some_and(|crc| crc != crc32fast::hash(raw)) {
+                return None;
+            }
             self.data = &self.data[c.at + size..];
             let uncompressed = usize::try_from(h.uncompressed).ok()?;
             // v2 pages keep their levels uncompressed, before the values.
@@ -365,6 +370,8 @@ struct PageHeader {
     def_levels_len: i32,
     rep_levels_len: i32,
     v2_compressed: bool,
+    /// CRC-32 of the page's bytes as stored, when the writer gave one.
+    crc: Option<u32>,
 }
 
 impl PageHeader {
@@ -383,6 +390,7 @@ impl PageHeader {
                 (1, I32) => h.page_type = c.int()?,
                 (2, I32) => h.uncompressed = c.int()?,
                 (3, I32) => h.compressed = c.int()?,
+                (4, I32) => h.crc = Some(c.int()? as u32),
                 (5 | 7 | 8, STRUCT) => {
                     let mut sub = 0i16;
                     while let Some((g, ty)) = c.field(&mut sub)? {

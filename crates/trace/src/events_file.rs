@@ -44,13 +44,12 @@ use bytes::Bytes;
 use parquet::arrow::arrow_writer::{compute_leaves, ArrowColumnWriter, ArrowRowGroupWriterFactory};
 use parquet::arrow::ArrowWriter;
 use parquet::basic::{Compression, Encoding};
-use parquet::column::page::{CompressedPage, Page, PageWriteSpec, PageWriter};
 use parquet::column::writer::ColumnCloseResult;
 use parquet::errors::{ParquetError, Result};
 use parquet::file::metadata::ColumnChunkMetaData;
 use parquet::file::properties::{EnabledStatistics, WriterProperties, WriterVersion};
 use parquet::file::statistics::Statistics;
-use parquet::file::writer::{SerializedFileWriter, SerializedPageWriter, TrackedWrite};
+use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::schema::{EventKind, Table};
@@ -588,40 +587,25 @@ impl EventsFile {
                 packed.clear();
             }
         }
-        let mut sink = TrackedWrite::new(Vec::new());
-        let mut writer = SerializedPageWriter::new(&mut sink);
+        let mut sink = Vec::new();
         let mut chunk = ChunkSizes::default();
         for (i, page) in out.pages.iter().enumerate() {
-            let buf = match packed.get(i) {
-                Some(z) => z.clone(),
-                None => Bytes::copy_from_slice(&page.raw),
+            let data: &[u8] = match packed.get(i) {
+                Some(z) => z,
+                None => &page.raw,
             };
-            let num_values = page.values as u32;
-            let encoding = page.encoding;
-            let p = if page.dictionary {
-                Page::DictionaryPage {
-                    buf,
-                    num_values,
-                    encoding,
-                    is_sorted: false,
-                }
-            } else {
-                // Version 1, of a required column or with its levels
-                // in `raw`.
-                Page::DataPage {
-                    buf,
-                    num_values,
-                    encoding,
-                    def_level_encoding: Encoding::RLE,
-                    rep_level_encoding: Encoding::RLE,
-                    statistics: None,
-                }
-            };
-            let spec = writer.write_page(CompressedPage::new(p, page.raw.len()))?;
-            chunk.add(spec, !page.dictionary);
+            let offset = sink.len();
+            page_header(&mut sink, page, data)?;
+            let header = sink.len() - offset;
+            sink.extend_from_slice(data);
+            chunk.add(
+                offset as u64,
+                header + data.len(),
+                header + page.raw.len(),
+                !page.dictionary,
+            );
         }
-        writer.close()?;
-        Ok((Bytes::from(sink.into_inner()?), chunk, codec))
+        Ok((Bytes::from(sink), chunk, codec))
     }
 
     /// Writes the last row group and the footer, and returns the file.
@@ -688,15 +672,16 @@ struct ChunkSizes {
 }
 
 impl ChunkSizes {
-    fn add(&mut self, spec: PageWriteSpec, data: bool) {
-        self.compressed += spec.compressed_size;
-        self.uncompressed += spec.uncompressed_size;
+    /// Counts a page written at `offset`, with its header.
+    fn add(&mut self, offset: u64, compressed: usize, uncompressed: usize, data: bool) {
+        self.compressed += compressed;
+        self.uncompressed += uncompressed;
         let first = if data {
             &mut self.data_offset
         } else {
             &mut self.dictionary_offset
         };
-        first.get_or_insert(spec.offset);
+        first.get_or_insert(offset);
     }
 }
 
@@ -810,6 +795,66 @@ fn pack_bits(dst: &mut [u8], values: &[u64], width: u32) {
     }
     let n = (bits as usize).div_ceil(8).min(dst.len() - pos);
     dst[pos..pos + n].copy_from_slice(&acc.to_le_bytes()[..n]);
+}
+
+/// Writes the Thrift (compact protocol) `PageHeader` of a version 1 data
+/// page or a dictionary page whose bytes on disk are `data`, with the
+/// CRC-32 of `data` that Parquet's format defines: Parquet's own page
+/// writer leaves it out, and it is what lets a reader tell a flipped bit
+/// in a page from a different value.
+fn page_header(out: &mut Vec<u8>, page: &RawPage, data: &[u8]) -> Result<()> {
+    const I32: u8 = 5;
+    const STRUCT: u8 = 12;
+    const BOOL_FALSE: u8 = 2;
+    let size = |n: usize| {
+        i32::try_from(n).map_err(|_| ParquetError::General(format!("page of {n} bytes")))
+    };
+    let field = |out: &mut Vec<u8>, delta: u8, ty: u8| out.push(delta << 4 | ty);
+    let int = |out: &mut Vec<u8>, v: i64| put_zigzag(out, v);
+    field(out, 1, I32);
+    int(out, if page.dictionary { 2 } else { 0 }); // DICTIONARY_PAGE, DATA_PAGE
+    field(out, 1, I32);
+    int(out, size(page.raw.len())? as i64);
+    field(out, 1, I32);
+    int(out, size(data.len())? as i64);
+    field(out, 1, I32);
+    int(out, crc32fast::hash(data) as i32 as i64);
+    let values = size(page.values)? as i64;
+    let encoding = encoding_code(page.encoding)?;
+    if page.dictionary {
+        field(out, 3, STRUCT); // field 7: dictionary_page_header
+        field(out, 1, I32);
+        int(out, values);
+        field(out, 1, I32);
+        int(out, encoding);
+        field(out, 1, BOOL_FALSE); // is_sorted
+    } else {
+        field(out, 1, STRUCT); // field 5: data_page_header
+        field(out, 1, I32);
+        int(out, values);
+        field(out, 1, I32);
+        int(out, encoding);
+        let rle = encoding_code(Encoding::RLE)?;
+        field(out, 1, I32); // definition levels
+        int(out, rle);
+        field(out, 1, I32); // repetition levels
+        int(out, rle);
+    }
+    out.push(0); // end of the inner struct
+    out.push(0); // end of PageHeader
+    Ok(())
+}
+
+/// The Thrift code of an encoding this module writes.
+fn encoding_code(e: Encoding) -> Result<i64> {
+    Ok(match e {
+        Encoding::PLAIN => 0,
+        Encoding::RLE => 3,
+        Encoding::DELTA_BINARY_PACKED => 5,
+        Encoding::RLE_DICTIONARY => 8,
+        Encoding::BYTE_STREAM_SPLIT => 9,
+        other => return Err(ParquetError::NYI(format!("page header for {other}"))),
+    })
 }
 
 fn put_uvarint(out: &mut Vec<u8>, mut v: u64) {
