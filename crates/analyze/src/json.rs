@@ -26,10 +26,22 @@ struct LostJson<'a> {
     by_reason: &'a BTreeMap<String, u64>,
 }
 
+/// What a trace whose recording did not finish is known to miss.
+#[derive(Serialize)]
+struct IncompleteJson {
+    /// Events after this time (ns since the start) are missing; null when
+    /// the trace (format 1.0) does not say when its last checkpoint was.
+    missing_after_ns: Option<u64>,
+    unfinished_segments: usize,
+    unfinished_bytes: u64,
+}
+
 #[derive(Serialize)]
 struct SummaryJson<'a> {
     trace: &'a str,
     complete: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    incomplete: Option<IncompleteJson>,
     start_ns: u64,
     eval_ns: u64,
     at_given: bool,
@@ -223,6 +235,11 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
         summary: SummaryJson {
             trace: &s.trace,
             complete: s.complete,
+            incomplete: s.incomplete.map(|i| IncompleteJson {
+                missing_after_ns: i.listed.then_some(i.since_start_ns),
+                unfinished_segments: i.unfinished_segments,
+                unfinished_bytes: i.unfinished_bytes,
+            }),
             start_ns: s.start_ts,
             eval_ns: s.eval_ts,
             at_given: s.at_given,

@@ -149,6 +149,8 @@ pub struct Summary {
     pub age_histogram: AgeHistogram,
     /// Whether the recording finished cleanly.
     pub complete: bool,
+    /// For a recording that did not: what is known to be missing.
+    pub incomplete: Option<memleak_trace::Incomplete>,
     /// The filters in force, as `name=value`.
     pub filters: Vec<String>,
     /// Sort order of the stacks.
@@ -330,6 +332,7 @@ pub fn analyze_trace(
         lost_by_reason: meta.counters.lost.clone(),
         age_histogram,
         complete: meta.complete,
+        incomplete: trace.incomplete(),
         filters: describe_filters(&opts.filter, opts.at_ns),
         sort: opts.sort,
     };

@@ -11,10 +11,17 @@ pub fn render(report: &Report) -> String {
     let mut out = String::new();
     let top = report.top_stacks();
     let s = &report.summary;
+    if let Some(inc) = &s.incomplete {
+        // First, where nobody can miss it: what follows is a partial view.
+        let _ = writeln!(out, "WARNING: {inc}.\n");
+    }
     if top.is_empty() {
         out.push_str("No outstanding allocations");
         if !s.filters.is_empty() {
             out.push_str(" matching the filters");
+        }
+        if s.incomplete.is_some() {
+            out.push_str(" in the part of the recording that was saved");
         }
         out.push_str(".\n\n");
     } else {
@@ -151,9 +158,16 @@ fn render_summary(out: &mut String, s: &Summary) {
     };
     row("trace", s.trace.clone());
     if !s.complete {
+        let missing = match &s.incomplete {
+            Some(i) if i.listed => format!(
+                "; events after {} are missing",
+                format_duration(i.since_start_ns)
+            ),
+            _ => String::new(),
+        };
         row(
             "recording",
-            "incomplete (recorder killed or still running)".into(),
+            format!("incomplete (recorder killed or still running){missing}"),
         );
     }
     let when = if s.at_given {

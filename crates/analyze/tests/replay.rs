@@ -858,3 +858,57 @@ fn a_flipped_bit_in_a_page_is_an_error_not_another_report() {
         relist(&path, "events", "part-00000.parquet");
     }
 }
+
+/// A recorder killed after a checkpoint: the report leads with what is
+/// missing, never a plain "No outstanding allocations", and the JSON says
+/// it too.
+#[test]
+fn a_killed_recording_is_reported_as_incomplete() {
+    use memleak_trace::{Event, TraceWriter, WriterOptions};
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("killed.parquet");
+    let meta = Meta {
+        start_ns: T0,
+        pids: vec![100],
+        ..Meta::default()
+    };
+    let mut w = TraceWriter::create(&path, meta, WriterOptions::default()).unwrap();
+    let ev = |ms: u64, kind, addr| Event {
+        ts_ns: T0 + ms * MS,
+        pid: 100,
+        tid: 100,
+        kind,
+        addr,
+        size: if kind == EventKind::Malloc { 64 } else { 0 },
+        old_addr: None,
+        old_size: None,
+        stack_id: None,
+    };
+    w.push_event(&ev(1, EventKind::Malloc, 0x1000)).unwrap();
+    w.push_event(&ev(2, EventKind::Free, 0x1000)).unwrap();
+    w.rotate().unwrap();
+    // After the checkpoint: a leak nobody will see, then the kill.
+    w.push_event(&ev(3, EventKind::Malloc, 0x2000)).unwrap();
+    std::mem::forget(w); // no finish, no drop: as after kill -9
+    let trace = memleak_trace::Trace::open(&path).unwrap();
+    let inc = trace.incomplete().expect("incomplete");
+    assert!(inc.listed);
+    let r = analyze(&path, &AnalyzeOptions::default()).unwrap();
+    let text = memleak_analyze::text::render(&r);
+    assert!(
+        text.starts_with("WARNING: incomplete trace: the recording did not finish"),
+        "{text}"
+    );
+    assert!(
+        text.contains("No outstanding allocations in the part of the recording that was saved."),
+        "{text}"
+    );
+    assert!(text.contains("are missing"), "{text}");
+    let json = memleak_analyze::json::render(&r);
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(v["summary"]["complete"], false);
+    assert!(
+        v["summary"]["incomplete"]["missing_after_ns"].is_u64(),
+        "{json}"
+    );
+}

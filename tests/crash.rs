@@ -1,0 +1,188 @@
+//! A recorder killed with SIGKILL keeps what it recorded up to its last
+//! checkpoint (about a second), and the trace says it is incomplete. The
+//! trace is readable, by memleak and by DuckDB, while recording.
+#![cfg(feature = "bpf")]
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::fixtures::{memleak, recording_guard, root};
+
+fn needs_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("skipping: recording needs root");
+        return false;
+    }
+    true
+}
+
+fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: ts is a valid timespec.
+    unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Builds `bench/steady.c` into `dir`.
+fn build_steady(dir: &Path) -> PathBuf {
+    let exe = dir.join("steady");
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(root().join("bench/steady.c"))
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "building bench/steady.c failed");
+    exe
+}
+
+/// `(monotonic ns, pairs done)` records the workload logged.
+fn steady_log(path: &Path) -> Vec<(u64, u64)> {
+    let b = std::fs::read(path).unwrap();
+    b.chunks_exact(16)
+        .map(|c| {
+            let u = |i: usize| u64::from_ne_bytes(c[i..i + 8].try_into().unwrap());
+            (u(0), u(8))
+        })
+        .collect()
+}
+
+/// Pairs done by `t`, interpolated between the logged records.
+fn pairs_at(log: &[(u64, u64)], t: u64) -> f64 {
+    let i = log.partition_point(|&(ts, _)| ts <= t);
+    if i == 0 {
+        return 0.0;
+    }
+    if i == log.len() {
+        return log[i - 1].1 as f64;
+    }
+    let ((t0, p0), (t1, p1)) = (log[i - 1], log[i]);
+    p0 as f64 + (p1 - p0) as f64 * (t - t0) as f64 / (t1 - t0).max(1) as f64
+}
+
+fn kill_and_reap(child: &mut Child) {
+    let _ = child.kill();
+    let _ = child.wait();
+}
+
+fn duckdb_rows(trace: &Path) -> Option<u64> {
+    let script = format!(
+        "import duckdb\nprint(duckdb.connect().execute(\"SELECT count(*) FROM read_parquet('{}/events/*.parquet')\").fetchone()[0])",
+        trace.display()
+    );
+    let out = Command::new("python3")
+        .args(["-c", &script])
+        .output()
+        .ok()?;
+    if !out.status.success() {
+        let err = String::from_utf8_lossy(&out.stderr);
+        if err.contains("No module named") {
+            return None;
+        }
+        panic!("duckdb failed on a live trace: {err}");
+    }
+    String::from_utf8_lossy(&out.stdout).trim().parse().ok()
+}
+
+#[test]
+fn kill_9_keeps_all_but_the_last_second() {
+    if !needs_root() {
+        return;
+    }
+    let _guard = recording_guard(false);
+    let dir = tempfile::tempdir().unwrap();
+    let steady = build_steady(dir.path());
+    let log = dir.path().join("steady.log");
+    // 50,000 pairs a second: 100,000 events a second.
+    let mut work = Command::new(&steady)
+        .args(["50000", "60"])
+        .arg(&log)
+        .spawn()
+        .unwrap();
+    let trace = dir.path().join("t.parquet");
+    let mut rec = memleak()
+        .args(["record", "-q", "-p", &work.id().to_string(), "-o"])
+        .arg(&trace)
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    // Readable within about a second of the start, while recording.
+    let mut live = None;
+    while started.elapsed() < Duration::from_millis(1800) {
+        std::thread::sleep(Duration::from_millis(100));
+        if trace.join("events").read_dir().is_ok_and(|mut d| {
+            d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "parquet")))
+        }) {
+            live = Some(started.elapsed());
+            break;
+        }
+    }
+    let live = live.expect("no events segment within 1.8 s of the start");
+    match duckdb_rows(&trace) {
+        Some(n) => assert!(n > 0, "DuckDB reads no event of a live trace"),
+        None => eprintln!("note: python3 has no duckdb; live DuckDB read not checked"),
+    }
+    let out = memleak().arg("info").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "info of a live trace: {out:?}");
+
+    std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
+    rec.kill().unwrap(); // SIGKILL
+    let killed_at = monotonic_ns();
+    let _ = rec.wait();
+    kill_and_reap(&mut work);
+    eprintln!("first segment after {live:?}");
+
+    // What the trace holds of the workload, and what ran meanwhile.
+    let t = memleak_trace::Trace::open(&trace).expect("a killed recorder's trace opens");
+    assert!(t.incomplete().is_some());
+    let pid = work.id();
+    let (mut events, mut first) = (0u64, u64::MAX);
+    for b in t.events(memleak_trace::EventColumns::ALL).unwrap() {
+        let b = b.unwrap();
+        for i in 0..b.len() {
+            let e = b.event(i);
+            if e.pid == pid
+                && matches!(
+                    e.kind,
+                    memleak_trace::EventKind::Malloc | memleak_trace::EventKind::Free
+                )
+            {
+                events += 1;
+                first = first.min(e.ts_ns);
+            }
+        }
+    }
+    assert!(events > 0, "nothing was kept");
+    let log = steady_log(&log);
+    let ran = 2.0 * (pairs_at(&log, killed_at) - pairs_at(&log, first));
+    let kept = events as f64 / ran;
+    eprintln!(
+        "kept {events} of {ran:.0} events that ran ({:.1} %)",
+        kept * 100.0
+    );
+    assert!(kept >= 0.6, "kept only {:.1} % of the events", kept * 100.0);
+    assert!(kept <= 1.01, "more events than ran: {kept}");
+
+    // Both commands say so, and exit 0.
+    let out = memleak().arg("info").arg(&trace).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("incomplete trace"), "{err}");
+    let out = memleak().arg("analyze").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("WARNING: incomplete trace"), "{text}");
+    assert!(text.contains("are missing"), "{text}");
+}
