@@ -781,6 +781,7 @@ fn relist(trace: &std::path::Path, table: &str, file: &str) {
     let meta = trace.join("meta.json");
     let mut m: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&meta).unwrap()).unwrap();
+    m.as_object_mut().unwrap().remove("meta_crc32");
     for e in m["segments"][table].as_array_mut().unwrap() {
         if e["file"] == file {
             e["bytes"] = bytes.len().into();

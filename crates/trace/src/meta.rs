@@ -195,11 +195,25 @@ impl Meta {
             }
             Err(e) => return Err(Error::io(&path, e)),
         };
-        let value: serde_json::Value =
+        let mut value: serde_json::Value =
             serde_json::from_slice(&text).map_err(|e| Error::Corrupt {
                 path: path.clone(),
                 reason: format!("invalid JSON: {e}"),
             })?;
+        // The checksum of everything else; a file without one (1.0, or
+        // edited by hand with the field removed) is taken as it is.
+        let sealed = value.as_object_mut().and_then(|o| o.remove(CHECKSUM_FIELD));
+        if let Some(sealed) = sealed {
+            let found = checksum(&value);
+            if sealed.as_u64() != Some(found as u64) {
+                return Err(Error::Corrupt {
+                    path,
+                    reason: format!(
+                        "checksum mismatch (CRC-32 {found:08x}, {CHECKSUM_FIELD} says {sealed}): the file was altered"
+                    ),
+                });
+            }
+        }
         if value.get("format").and_then(|f| f.as_str()) != Some(FORMAT_NAME) {
             return Err(Error::NotATrace {
                 path: dir.to_path_buf(),
@@ -229,7 +243,12 @@ impl Meta {
     pub fn store(&self, dir: &Path) -> Result<()> {
         let path = dir.join("meta.json");
         let tmp = dir.join(".meta.json.tmp");
-        let text = serde_json::to_string_pretty(self).expect("meta serializes");
+        let mut value = serde_json::to_value(self).expect("meta serializes");
+        let sum = checksum(&value);
+        if let Some(o) = value.as_object_mut() {
+            o.insert(CHECKSUM_FIELD.into(), sum.into());
+        }
+        let text = serde_json::to_string_pretty(&value).expect("meta serializes");
         let write = || -> std::io::Result<()> {
             let mut f = crate::writer::create_private(&tmp)?;
             f.write_all(text.as_bytes())?;
@@ -239,6 +258,47 @@ impl Meta {
         };
         write().map_err(|e| Error::io(&path, e))
     }
+}
+
+/// The field of `meta.json` that holds the CRC-32 of the rest of it.
+pub const CHECKSUM_FIELD: &str = "meta_crc32";
+
+/// CRC-32 of a JSON value written compactly with every object's keys in
+/// sorted order, so that neither whitespace nor key order (which differ
+/// between JSON writers) matter, and every value does.
+fn checksum(v: &serde_json::Value) -> u32 {
+    fn canonical(v: &serde_json::Value, out: &mut Vec<u8>) {
+        match v {
+            serde_json::Value::Object(o) => {
+                let mut keys: Vec<&String> = o.keys().collect();
+                keys.sort();
+                out.push(b'{');
+                for (i, k) in keys.into_iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    serde_json::to_writer(&mut *out, k).expect("a string serializes");
+                    out.push(b':');
+                    canonical(&o[k], out);
+                }
+                out.push(b'}');
+            }
+            serde_json::Value::Array(a) => {
+                out.push(b'[');
+                for (i, x) in a.iter().enumerate() {
+                    if i > 0 {
+                        out.push(b',');
+                    }
+                    canonical(x, out);
+                }
+                out.push(b']');
+            }
+            other => serde_json::to_writer(&mut *out, other).expect("a value serializes"),
+        }
+    }
+    let mut out = Vec::new();
+    canonical(v, &mut out);
+    crc32fast::hash(&out)
 }
 
 fn uname_field(pick: impl Fn(&libc::utsname) -> &[libc::c_char; 65]) -> String {

@@ -380,3 +380,21 @@ fn listed_segment_left_with_its_temporary_name_is_read() {
     std::fs::write(&tmp, bad).unwrap();
     open_err(&root, &tmp, "checksum mismatch");
 }
+
+#[test]
+fn altered_meta_json_is_an_error() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let path = root.join("meta.json");
+    let good = std::fs::read_to_string(&path).unwrap();
+    // Still valid JSON, another value: a count, a time, a pid.
+    for (from, to) in [("\"malloc\": 1", "\"malloc\": 3"), ("4242", "4243")] {
+        assert!(good.contains(from), "{from}");
+        std::fs::write(&path, good.replacen(from, to, 1)).unwrap();
+        open_err(&root, &path, "checksum mismatch");
+    }
+    // Whitespace and key order are not values.
+    let v: serde_json::Value = serde_json::from_str(&good).unwrap();
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    Trace::open(&root).expect("the same values, written compactly");
+}
