@@ -51,6 +51,12 @@ if command -v rustup >/dev/null; then
     rustup component list --installed 2>/dev/null | grep -q '^clippy' || rustup component add clippy rustfmt || true
 fi
 
+# cargo-fuzz, for scripts/fuzz.sh (the test suite fuzzes the reader).
+if ! command -v cargo-fuzz >/dev/null; then
+    echo "setup: installing cargo-fuzz"
+    cargo install --quiet --locked cargo-fuzz
+fi
+
 # BPF needs tracefs (uprobes) and debugfs; mount them if they are not.
 if [ "$(id -u)" -eq 0 ]; then
     if [ -d /sys/kernel/tracing ] && [ -z "$(ls -A /sys/kernel/tracing 2>/dev/null)" ]; then

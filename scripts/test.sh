@@ -7,3 +7,5 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 cargo test --workspace --release
+# The trace reader against damaged input, for a bounded time.
+scripts/fuzz.sh "${MEMLEAK_FUZZ_SECONDS:-60}"

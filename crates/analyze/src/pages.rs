@@ -295,7 +295,7 @@ impl PageSource for OwnPages<'_> {
             let raw = self.data.get(c.at..c.at.checked_add(size)?)?;
             // A page whose CRC does not match is not decoded here: the
             // reference reader, which checks it too, reports the file.
-            if h.crc.is_some_and(|crc| crc != crc32fast::hash(raw)) {
+            if !cfg!(fuzzing) && h.crc.is_some_and(|crc| crc != crc32fast::hash(raw)) {
                 return None;
             }
             self.data = &self.data[c.at + size..];

@@ -719,7 +719,39 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
 
 fn load_footer(path: &Path) -> std::result::Result<ArrowReaderMetadata, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
-    ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| e.to_string())
+    let len = file.metadata().map_err(|e| e.to_string())?.len();
+    let meta =
+        ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| e.to_string())?;
+    check_layout(meta.metadata(), len)?;
+    Ok(meta)
+}
+
+/// Checks that every column chunk a footer describes lies inside the
+/// file: Parquet's reader trusts the offsets, and panics or allocates
+/// what a damaged footer says (found by `cargo fuzz run trace_reader`).
+fn check_layout(md: &parquet::file::metadata::ParquetMetaData, len: u64) -> Result<(), String> {
+    for (i, rg) in md.row_groups().iter().enumerate() {
+        if rg.num_rows() < 0 {
+            return Err(format!("row group {i} has {} rows", rg.num_rows()));
+        }
+        for col in rg.columns() {
+            let start = col
+                .dictionary_page_offset()
+                .unwrap_or_else(|| col.data_page_offset());
+            let size = col.compressed_size();
+            let end = u64::try_from(start)
+                .ok()
+                .zip(u64::try_from(size).ok())
+                .and_then(|(s, n)| s.checked_add(n));
+            if !end.is_some_and(|end| end <= len) || col.data_page_offset() < start {
+                return Err(format!(
+                    "column {} of row group {i} lies outside the file ({size} bytes at {start}, file of {len})",
+                    col.column_path()
+                ));
+            }
+        }
+    }
+    Ok(())
 }
 
 fn batch_reader<'a>(
