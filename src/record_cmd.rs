@@ -19,6 +19,7 @@ use memleak_recorder::Recorder;
 use memleak_trace::{Meta, TraceWriter, WriterOptions};
 
 use crate::probes::{self, ProbeConfig, Probes};
+use crate::units::{format_size, parse_positive_duration, parse_size};
 
 /// Arguments of `memleak record`.
 #[derive(clap::Args, Debug)]
@@ -38,14 +39,17 @@ pub struct RecordArgs {
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,
-    /// Stop after this long (e.g. 10s, 500ms, 2m).
-    #[arg(short, long, value_parser = parse_duration)]
+    /// Stop after this long (e.g. 10s, 500ms, 2m, 1.5h; a bare number is
+    /// seconds).
+    #[arg(short, long, value_name = "TIME", value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
-    /// Record only allocations of at least this many bytes.
-    #[arg(short = 'z', long, default_value_t = 0)]
+    /// Record only allocations of at least this size (bytes; k, M, G
+    /// suffixes, binary: 1k = 1024).
+    #[arg(short = 'z', long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
     pub min_size: u64,
-    /// Record only allocations of at most this many bytes.
-    #[arg(short = 'Z', long, default_value_t = u64::MAX)]
+    /// Record only allocations of at most this size (bytes; k, M, G
+    /// suffixes; at least --min-size) [default: no limit].
+    #[arg(short = 'Z', long, value_name = "SIZE", default_value_t = u64::MAX, hide_default_value = true, value_parser = parse_size)]
     pub max_size: u64,
     /// Allocator library to probe instead of the target's libc.
     #[arg(short = 'O', long)]
@@ -53,11 +57,12 @@ pub struct RecordArgs {
     /// Prefix of the allocator symbols (e.g. je_ for jemalloc).
     #[arg(long, default_value = "")]
     pub symbols_prefix: String,
-    /// Frames captured per allocation stack (1..=127).
-    #[arg(long, default_value_t = 127)]
+    /// Frames captured per allocation stack, 1 to 127.
+    #[arg(long, value_name = "N", default_value_t = 127, value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
-    /// Ring buffer size in bytes (rounded up to a power of two).
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Ring buffer size, 4 KiB to 1 GiB (k, M, G suffixes), rounded up to
+    /// a power of two and to at least 64 KiB.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_ring_size)]
     pub ring_size: u32,
     /// Where to put entry probes: after single-stepped first instructions
     /// (auto) or always at the function entry.
@@ -75,8 +80,8 @@ pub struct RecordArgs {
     /// Kernel stacks off (cheaper kernel recording).
     #[arg(long)]
     pub no_kernel_stacks: bool,
-    /// How often the ring buffer is drained, in milliseconds.
-    #[arg(long, default_value_t = 10)]
+    /// How often the ring buffer is drained, in milliseconds, 1 to 1000.
+    #[arg(long, value_name = "MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub poll_ms: u64,
     /// With a command: also trace the processes it forks, each under its
     /// own pid (every child is stopped until its probes are in place).
@@ -104,22 +109,20 @@ pub enum Placement {
     Entry,
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1e3,
-        "us" => n / 1e6,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+/// Parses `--ring-size`: a size from 4 KiB to 1 GiB.
+fn parse_ring_size(text: &str) -> Result<u32, String> {
+    const MIN: u64 = 4 << 10;
+    const MAX: u64 = 1 << 30;
+    let n = parse_size(text)?;
+    if !(MIN..=MAX).contains(&n) {
+        return Err(format!(
+            "{} is not in {} to {}",
+            format_size(n),
+            format_size(MIN),
+            format_size(MAX)
+        ));
+    }
+    Ok(n as u32)
 }
 
 static STOP: AtomicBool = AtomicBool::new(false);
@@ -150,6 +153,13 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     }
     if args.follow_forks && argv.is_empty() {
         bail!("--follow-forks needs a command (-c or --): only a child memleak starts can be held at fork");
+    }
+    if args.min_size > args.max_size {
+        bail!(
+            "--min-size ({}) is larger than --max-size ({})",
+            args.min_size,
+            args.max_size
+        );
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {

@@ -4,6 +4,7 @@
 
 mod common;
 
+use std::path::Path;
 use std::process::{Command, Output};
 
 use common::fixtures::{fixtures_dir, memleak};
@@ -11,8 +12,9 @@ use common::fixtures::{fixtures_dir, memleak};
 fn one_line_error(out: &Output) -> String {
     assert!(
         !out.status.success(),
-        "expected failure, got {:?}",
-        out.status
+        "expected failure, got {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("libbpf:")).collect();
@@ -311,4 +313,86 @@ fn lost_events_are_counted_and_reported() {
         text.contains(&format!("lost events       {lost}: ring_full {lost}")),
         "{text}"
     );
+}
+
+/// Bad options are refused before anything is recorded or created, and
+/// before the root check: an unprivileged user gets the same message.
+#[test]
+fn bad_record_options_are_refused_up_front() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--stack-depth", "0"],
+            "invalid value '0' for '--stack-depth <N>': 0 is not in 1..=127",
+        ),
+        (&["--stack-depth", "128"], "128 is not in 1..=127"),
+        (
+            &["--ring-size", "1k"],
+            "invalid value '1k' for '--ring-size <SIZE>': 1 KiB is not in 4 KiB to 1 GiB",
+        ),
+        (&["--ring-size", "2G"], "2 GiB is not in 4 KiB to 1 GiB"),
+        (&["--poll-ms", "0"], "0 is not in 1..=1000"),
+        (&["--poll-ms", "1001"], "1001 is not in 1..=1000"),
+        (
+            &["-z", "100", "-Z", "10"],
+            "--min-size (100) is larger than --max-size (10)",
+        ),
+        (
+            &["-z", "2k", "-Z", "1k"],
+            "--min-size (2048) is larger than --max-size (1024)",
+        ),
+        (
+            &["-z", "12q"],
+            r#"invalid size "12q": unknown unit "q" (use k, M, G)"#,
+        ),
+        (&["-d", "0"], r#"invalid duration "0": must be more than 0"#),
+        (&["-d", "10parsecs"], r#"unknown unit "parsecs""#),
+    ];
+    let no_command: &[(&[&str], &str)] = &[(
+        &["-z", "2", "-Z", "1", "-p", "1"],
+        "--min-size (2) is larger than --max-size (1)",
+    )];
+    let setpriv = Path::new("/usr/bin/setpriv").exists();
+    if !setpriv {
+        eprintln!("note: no setpriv; checking as the current user only");
+    }
+    for (args, needle) in cases
+        .iter()
+        .map(|&(a, n)| (a, n, true))
+        .chain(no_command.iter().map(|&(a, n)| (a, n, false)))
+        .map(|(a, n, with_command)| {
+            let mut v: Vec<&str> = a.to_vec();
+            if with_command {
+                v.extend(["--", "true"]);
+            }
+            (v, n)
+        })
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let out_path = dir.path().join("t");
+        let mut runs = vec![memleak()];
+        if setpriv {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_memleak"));
+            runs.push(c);
+        }
+        for mut cmd in runs {
+            // -o before the command's `--`.
+            let (opts, command) = match args.iter().position(|&a| a == "--") {
+                Some(i) => args.split_at(i),
+                None => (&args[..], &[][..]),
+            };
+            let out = cmd
+                .arg("record")
+                .args(opts)
+                .arg("-o")
+                .arg(&out_path)
+                .args(command)
+                .output()
+                .unwrap();
+            let line = one_line_error(&out);
+            assert!(line.contains(needle), "{args:?}: {line}");
+            assert!(!out_path.exists(), "{args:?}: the output was created");
+        }
+    }
 }

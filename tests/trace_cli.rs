@@ -303,3 +303,92 @@ fn foreign_parquet_fails() {
         "foreign Parquet file (a memleak stacks segment in the events directory)",
     );
 }
+
+fn analyze(path: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![std::ffi::OsStr::new("analyze"), path.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.push("-q".as_ref());
+    memleak(&args)
+}
+
+/// Options that cannot make sense are refused with one line naming the
+/// rule, before anything is replayed.
+#[test]
+fn analyze_refuses_contradictory_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for (args, needle) in [
+        (
+            &["--from", "2s", "--to", "1s"][..],
+            "--from (2s) is not before --to (1s)",
+        ),
+        (&["--from", "1s", "--to", "1000ms"], "is not before --to"),
+        (
+            &["--min-size", "1k", "--max-size", "100"],
+            "--min-size (1024) is larger than --max-size (100)",
+        ),
+        (&["-j", "0"], "invalid value '0' for '--jobs <N>'"),
+        (
+            &["--min-size", "12q"],
+            r#"invalid size "12q": unknown unit "q" (use k, M, G)"#,
+        ),
+        (
+            &["--older-than", "5parsecs"],
+            r#"unknown unit "parsecs" (use ns, us, ms, s, m, h)"#,
+        ),
+        (
+            &["--at", "3s"],
+            "--at 3s is past the end of the recording, which is 2.500s long",
+        ),
+        (&["--at", "2.6"], "past the end of the recording"),
+    ] {
+        let out = analyze(&root, args);
+        assert_fails(&out, needle);
+    }
+    // The limits themselves are fine; a bare number is seconds.
+    for args in [
+        &["--at", "2.5"][..],
+        &["--at", "2500ms", "--from", "0", "--to", "1ns"],
+        &["--min-size", "48", "--max-size", "48", "-j", "1"],
+        &["--min-size", "1K", "--max-size", "1kib"],
+    ] {
+        let out = analyze(&root, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A trace whose recorder never finished has no end in its meta: its
+/// length is up to its last event.
+#[test]
+fn at_past_the_last_event_of_an_unfinished_trace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    let mut meta = Meta::for_this_host("0.1.0-test");
+    meta.start_ns = 4_000_000_000; // events start one second later
+    let mut w = TraceWriter::create(&root, meta, WriterOptions::default()).unwrap();
+    for e in events(90) {
+        w.push_event(&e).unwrap();
+    }
+    w.finish().unwrap();
+    let path = root.join("meta.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["end_ns"] = 0.into();
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    // The last event is at 5.000178 s: the recording is 1.000178 s long.
+    assert_fails(
+        &analyze(&root, &["--at", "1001ms"]),
+        "--at 1001ms is past the end of the recording, which is 1.000s long",
+    );
+    let out = analyze(&root, &["--at", "1000ms"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
