@@ -282,13 +282,7 @@ fn emit_with(
                 f.flush()
             })
             .with_context(|| format!("{}", p.display())),
-        None => {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
-            match write(&mut out).and_then(|_| out.flush()) {
-                // A closed pipe (`| head`) is the reader's choice, not an error.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-                r => r.context("writing to stdout"),
-            }
-        }
+        // A closed pipe (`| head`) ends us quietly; a full disk is an error.
+        None => crate::output::to_stdout(write),
     }
 }

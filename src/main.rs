@@ -12,6 +12,7 @@ use clap::{Parser, Subcommand};
 
 mod analyze_cmd;
 mod info_cmd;
+mod output;
 #[cfg(feature = "bpf")]
 mod probes;
 #[cfg(feature = "bpf")]
@@ -92,10 +93,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            // One line, whole cause chain: scripts grep it, people read it.
-            eprintln!("memleak: error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => output::exit_code(&e),
     }
 }

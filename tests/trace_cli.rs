@@ -392,3 +392,85 @@ fn at_past_the_last_event_of_an_unfinished_trace_is_refused() {
         String::from_utf8_lossy(&out.stderr)
     );
 }
+
+/// Runs memleak with stdout going to `stdout`.
+fn run_to(args: &[&std::ffi::OsStr], stdout: std::process::Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memleak"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run memleak")
+        .wait_with_output()
+        .unwrap()
+}
+
+/// The commands that print to stdout: info (text and JSON) and analyze
+/// (text, JSON, folded).
+fn printing_commands(root: &Path) -> Vec<Vec<std::ffi::OsString>> {
+    let mut out = Vec::new();
+    for extra in [&[][..], &["--json"]] {
+        let mut args: Vec<std::ffi::OsString> = vec!["info".into(), root.into()];
+        args.extend(extra.iter().map(Into::into));
+        out.push(args);
+    }
+    for format in ["text", "json", "folded"] {
+        out.push(vec![
+            "analyze".into(),
+            root.into(),
+            "-q".into(),
+            "--format".into(),
+            format.into(),
+        ]);
+    }
+    out
+}
+
+/// `> /dev/full`: one line naming the error, status 1, no panic.
+#[test]
+fn full_disk_on_stdout_is_one_error_line() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipping: no /dev/full");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for args in printing_commands(&root) {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = run_to(&args, full.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr, "memleak: error: writing to stdout: No space left on device\n",
+            "{args:?}"
+        );
+    }
+}
+
+/// `| true`: the reader is gone before the first write. memleak stops
+/// quietly with 141, as if killed by SIGPIPE, rather than panicking.
+#[test]
+fn closed_stdout_pipe_ends_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for args in printing_commands(&root) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors, owned below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors nobody else owns.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = run_to(&args, write.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}
