@@ -4,11 +4,12 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
+use crate::units::{format_duration, parse_duration_ns, parse_size};
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
-use memleak_analyze::time::parse_duration;
 use memleak_analyze::{
     analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
 };
@@ -84,53 +85,48 @@ pub struct AnalyzeArgs {
     #[arg(long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
     /// Evaluate the state and ages at this time since the recording
-    /// started (e.g. 30s) instead of at its end.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
+    /// its end; at most the recording's length.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub at: Option<u64>,
     /// Only these processes (repeat or separate with commas).
     #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
     /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
-    #[arg(long, value_name = "AGE", value_parser = parse_duration)]
+    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
     pub older_than: Option<u64>,
-    /// Only allocations of at least this size (bytes; k, M, G suffixes).
+    /// Only allocations of at least this size (bytes; k, M, G suffixes,
+    /// binary: 1k = 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub min_size: Option<u64>,
-    /// Only allocations of at most this size (bytes; k, M, G suffixes).
+    /// Only allocations of at most this size (bytes; k, M, G suffixes;
+    /// at least --min-size).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
     /// Only allocations made at or after this time since the start.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub from: Option<u64>,
-    /// Only allocations made before this time since the start.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration)]
+    /// Only allocations made before this time since the start (after
+    /// --from).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub to: Option<u64>,
     /// User-space allocations, kernel ones, or both.
     #[arg(long, value_enum, default_value = "all")]
     pub kind: KindArg,
-    /// Worker threads (default: one per core).
-    #[arg(short = 'j', long, value_name = "N")]
+    /// Worker threads, at least 1 (default: one per core).
+    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
     pub jobs: Option<usize>,
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
 }
 
-/// Parses `4096`, `4k`, `4KiB`, `1M`, `2G` (binary multiples).
-fn parse_size(text: &str) -> Result<u64, String> {
-    let t = text.trim();
-    let split = t.find(|c: char| !c.is_ascii_digit()).unwrap_or(t.len());
-    let (num, unit) = t.split_at(split);
-    let n: u64 = num.parse().map_err(|_| format!("invalid size {text:?}"))?;
-    let shift = match unit.trim().to_ascii_lowercase().as_str() {
-        "" | "b" => 0,
-        "k" | "kb" | "kib" => 10,
-        "m" | "mb" | "mib" => 20,
-        "g" | "gb" | "gib" => 30,
-        other => return Err(format!("invalid size {text:?}: unknown unit {other:?}")),
-    };
-    n.checked_mul(1 << shift)
-        .ok_or_else(|| format!("size {text:?} is too large"))
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("at least 1 worker thread is needed".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
@@ -144,10 +140,28 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     }
     if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
         if a > b {
-            bail!("--min-size {a} is larger than --max-size {b}");
+            bail!("--min-size ({a}) is larger than --max-size ({b})");
+        }
+    }
+    if let (Some(from), Some(to)) = (args.from, args.to) {
+        if from >= to {
+            bail!(
+                "--from ({}) is not before --to ({}): no allocation can match",
+                format_duration(Duration::from_nanos(from)),
+                format_duration(Duration::from_nanos(to))
+            );
         }
     }
     let trace = memleak_trace::Trace::open(&args.trace)?;
+    if let (Some(at), Some(length)) = (args.at, recording_length(&trace)?) {
+        if at > length {
+            bail!(
+                "--at {} is past the end of the recording, which is {:.3}s long",
+                format_duration(Duration::from_nanos(at)),
+                length as f64 / 1e9
+            );
+        }
+    }
     for w in trace.warnings() {
         eprintln!("memleak: warning: {w}");
     }
@@ -224,6 +238,29 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
+/// How long the recording ran, in nanoseconds: from the meta's start to
+/// its end, or to the last event of a trace that was never finished (its
+/// end is 0). None if that is unknown.
+fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>> {
+    let meta = trace.meta();
+    if meta.start_ns == 0 {
+        return Ok(None);
+    }
+    let end = if meta.end_ns != 0 {
+        meta.end_ns
+    } else {
+        // Rows are in time order: the last row group ends the recording.
+        match trace.event_units().last() {
+            Some(unit) => {
+                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
+                batch.ts_ns.iter().copied().max().unwrap_or(0)
+            }
+            None => return Ok(None),
+        }
+    };
+    Ok((end > meta.start_ns).then(|| end - meta.start_ns))
+}
+
 fn rayon_pool(threads: usize) -> Result<(), String> {
     memleak_analyze::replay::set_threads(threads)
 }
@@ -245,13 +282,7 @@ fn emit_with(
                 f.flush()
             })
             .with_context(|| format!("{}", p.display())),
-        None => {
-            let mut out = std::io::BufWriter::with_capacity(1 << 20, std::io::stdout());
-            match write(&mut out).and_then(|_| out.flush()) {
-                // A closed pipe (`| head`) is the reader's choice, not an error.
-                Err(e) if e.kind() == std::io::ErrorKind::BrokenPipe => Ok(()),
-                r => r.context("writing to stdout"),
-            }
-        }
+        // A closed pipe (`| head`) ends us quietly; a full disk is an error.
+        None => crate::output::to_stdout(write),
     }
 }

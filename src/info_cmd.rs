@@ -1,5 +1,6 @@
 //! `memleak info`: what a trace holds, without replaying it.
 
+use std::io::{self, Write};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -22,11 +23,14 @@ pub fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
         eprintln!("memleak: warning: {w}");
     }
     let report = report(&trace);
-    if args.json {
-        println!("{}", serde_json::to_string_pretty(&report)?);
-    } else {
-        print_text(&report);
-    }
+    crate::output::to_stdout(|out| {
+        if args.json {
+            serde_json::to_writer_pretty(&mut *out, &report)?;
+            writeln!(out)
+        } else {
+            print_text(&report, out)
+        }
+    })?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -83,7 +87,7 @@ fn report(trace: &Trace) -> serde_json::Value {
     })
 }
 
-fn print_text(r: &serde_json::Value) {
+fn print_text(r: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
     let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
     let or_unknown = |v: String| {
         if v.is_empty() {
@@ -92,57 +96,61 @@ fn print_text(r: &serde_json::Value) {
             v
         }
     };
-    println!("trace:     {}", s("path"));
-    println!(
+    writeln!(out, "trace:     {}", s("path"))?;
+    writeln!(
+        out,
         "format:    {} {} (written by memleak {})",
         s("format"),
         s("format_version"),
         or_unknown(s("tool_version"))
-    );
-    println!(
+    )?;
+    writeln!(
+        out,
         "host:      {} (kernel {})",
         or_unknown(s("host")),
         or_unknown(s("kernel"))
-    );
+    )?;
     let command: Vec<&str> = r["command"]
         .as_array()
         .into_iter()
         .flatten()
         .filter_map(|c| c.as_str())
         .collect();
-    println!(
+    writeln!(
+        out,
         "command:   {}",
         if command.is_empty() {
             "(unknown)".to_string()
         } else {
             command.join(" ")
         }
-    );
+    )?;
     let pids: Vec<String> = r["pids"]
         .as_array()
         .into_iter()
         .flatten()
         .map(|p| p.to_string())
         .collect();
-    println!(
+    writeln!(
+        out,
         "pids:      {}",
         if pids.is_empty() {
             "(none)".to_string()
         } else {
             pids.join(" ")
         }
-    );
+    )?;
     let when = |utc: &str, ns: &str| match r[utc].as_str() {
         Some(t) => format!("{t} (monotonic {} ns)", r[ns]),
         None if r[ns].as_u64().unwrap_or(0) != 0 => format!("monotonic {} ns", r[ns]),
         None => "(unknown)".to_string(),
     };
-    println!("start:     {}", when("start_utc", "start_ns"));
-    println!("end:       {}", when("end_utc", "end_ns"));
+    writeln!(out, "start:     {}", when("start_utc", "start_ns"))?;
+    writeln!(out, "end:       {}", when("end_utc", "end_ns"))?;
     match r["duration_s"].as_f64() {
-        Some(d) => println!("duration:  {d:.3} s"),
-        None => println!("duration:  (unknown)"),
-    }
+        Some(d) => writeln!(out, "duration:  {d:.3} s")?,
+        None => writeln!(out, "duration:  (unknown)")?,
+    };
     let complete = if r["complete"].as_bool().unwrap_or(false) {
         match r["exit_code"].as_i64() {
             Some(c) => format!("yes (traced command exited with {c})"),
@@ -151,45 +159,52 @@ fn print_text(r: &serde_json::Value) {
     } else {
         "no (recorder killed or still running)".to_string()
     };
-    println!("complete:  {complete}");
+    writeln!(out, "complete:  {complete}")?;
 
-    let counts = |key: &str, total: &str| {
-        println!("{key:<10} {}", r[total]);
+    let mut counts = |key: &str, total: &str| -> io::Result<()> {
+        writeln!(out, "{key:<10} {}", r[total])?;
         if let Some(map) = r[key].as_object() {
             let width = map.keys().map(|k| k.len()).max().unwrap_or(0);
             for (k, v) in map {
-                println!("  {k:<width$}  {:>12}", v.as_u64().unwrap_or(0));
+                writeln!(out, "  {k:<width$}  {:>12}", v.as_u64().unwrap_or(0))?;
             }
         }
+        Ok(())
     };
-    counts("events", "events_total");
-    counts("lost", "lost_total");
+    counts("events", "events_total")?;
+    counts("lost", "lost_total")?;
     if let Some(n) = r["failed_allocations"].as_u64() {
-        println!("failed allocations: {n} (returned NULL; not outstanding)");
+        writeln!(
+            out,
+            "failed allocations: {n} (returned NULL; not outstanding)"
+        )?;
     }
     for note in r["notes"].as_array().into_iter().flatten() {
-        println!("note:      {}", note.as_str().unwrap_or_default());
+        writeln!(out, "note:      {}", note.as_str().unwrap_or_default())?;
     }
 
-    println!(
+    writeln!(
+        out,
         "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
         "", "segments", "rows", "row groups", "bytes"
-    );
+    )?;
     if let Some(tables) = r["tables"].as_object() {
         for name in Table::ALL.iter().map(|t| t.name()) {
             let n = |k: &str| tables[name][k].as_u64().unwrap_or(0);
-            println!(
+            writeln!(
+                out,
                 "           {name:<8} {:>8} {:>12} {:>10} {:>12}",
                 n("segments"),
                 n("rows"),
                 n("row_groups"),
                 n("bytes")
-            );
+            )?;
         }
     }
     if let Some(b) = r["events_bytes_per_event"].as_f64() {
-        println!("size:      {b:.2} bytes/event in the events table");
+        writeln!(out, "size:      {b:.2} bytes/event in the events table")?;
     }
+    Ok(())
 }
 
 /// Formats nanoseconds since the Unix epoch as `YYYY-MM-DDTHH:MM:SS.mmmZ`.

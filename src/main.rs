@@ -12,10 +12,12 @@ use clap::{Parser, Subcommand};
 
 mod analyze_cmd;
 mod info_cmd;
+mod output;
 #[cfg(feature = "bpf")]
 mod probes;
 #[cfg(feature = "bpf")]
 mod record_cmd;
+mod units;
 
 /// eBPF memory-leak tracer with record and replay.
 #[derive(Parser)]
@@ -52,8 +54,37 @@ pub(crate) fn keep_freed_memory() {
     }
 }
 
+/// A command-line error as one `memleak: error:` line, like every other
+/// error: clap's message, without the usage and the `--help` hint that
+/// follow it.
+fn usage_error(e: &clap::Error) -> String {
+    let text = e.render().to_string();
+    let first = text.split("\n\n").next().unwrap_or_default();
+    let line = first
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .collect::<Vec<_>>()
+        .join(" ");
+    let line = line.strip_prefix("error: ").unwrap_or(&line);
+    format!("memleak: error: {line}")
+}
+
 fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        // --help, --version, and the help shown when no command is given.
+        Err(e)
+            if !e.use_stderr()
+                || e.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand =>
+        {
+            e.exit()
+        }
+        Err(e) => {
+            eprintln!("{}", usage_error(&e));
+            return ExitCode::from(2);
+        }
+    };
     let result = match cli.command {
         #[cfg(feature = "bpf")]
         Command::Record(args) => record_cmd::run(args),
@@ -62,10 +93,6 @@ fn main() -> ExitCode {
     };
     match result {
         Ok(code) => code,
-        Err(e) => {
-            // One line, whole cause chain: scripts grep it, people read it.
-            eprintln!("memleak: error: {e:#}");
-            ExitCode::FAILURE
-        }
+        Err(e) => output::exit_code(&e),
     }
 }

@@ -169,20 +169,28 @@ impl Recursion {
 pub struct Probes<'obj> {
     skel: MemleakSkel<'obj>,
     links: std::cell::RefCell<Vec<Link>>,
+    /// The `_dl_debug_state` stops, apart: they must go before a child is
+    /// detached, or it would stop for real at its next dlopen.
+    dl_links: std::cell::RefCell<Vec<Link>>,
     count_only: bool,
 }
 
 /// Detaching a uprobe or tracepoint link waits for an RCU grace period
 /// (30-100 ms each here); one after the other they kept a finished
 /// recording alive for half a second, so they are detached in parallel.
+fn drop_links(links: Vec<Link>) {
+    std::thread::scope(|s| {
+        for link in links {
+            s.spawn(move || drop(link));
+        }
+    });
+}
+
 impl Drop for Probes<'_> {
     fn drop(&mut self) {
-        let links = std::mem::take(self.links.get_mut());
-        std::thread::scope(|s| {
-            for link in links {
-                s.spawn(move || drop(link));
-            }
-        });
+        let mut links = std::mem::take(self.links.get_mut());
+        links.append(self.dl_links.get_mut());
+        drop_links(links);
     }
 }
 
@@ -261,6 +269,7 @@ impl<'obj> Probes<'obj> {
         Ok(Probes {
             skel,
             links: Default::default(),
+            dl_links: Default::default(),
             count_only: cfg.count_only,
         })
     }
@@ -337,8 +346,14 @@ impl<'obj> Probes<'obj> {
             .dl_state
             .attach_uprobe_with_opts(pid, ld_so, 0, opts)
             .with_context(|| format!("attaching to {}:_dl_debug_state", ld_so.display()))?;
-        self.links.borrow_mut().push(link);
+        self.dl_links.borrow_mut().push(link);
         Ok(())
+    }
+
+    /// Removes the stops of [`attach_dl_stops`](Self::attach_dl_stops):
+    /// once this returns, no new SIGSTOP is sent.
+    pub fn detach_dl_stops(&self) {
+        drop_links(std::mem::take(&mut *self.dl_links.borrow_mut()));
     }
 
     /// Records exec/exit/fork of traced processes.

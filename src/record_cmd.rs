@@ -9,7 +9,7 @@ use std::io::{IsTerminal, Write};
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
@@ -19,6 +19,9 @@ use memleak_recorder::Recorder;
 use memleak_trace::{Meta, TraceWriter, WriterOptions};
 
 use crate::probes::{self, ProbeConfig, Probes};
+use crate::units::{
+    format_duration, format_size, parse_duration, parse_positive_duration, parse_size,
+};
 
 /// Arguments of `memleak record`.
 #[derive(clap::Args, Debug)]
@@ -38,14 +41,29 @@ pub struct RecordArgs {
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,
-    /// Stop after this long (e.g. 10s, 500ms, 2m).
-    #[arg(short, long, value_parser = parse_duration)]
+    /// Stop after this long (e.g. 10s, 500ms, 2m, 1.5h; a bare number is
+    /// seconds). A command is sent SIGTERM then, and recorded until it exits
+    /// (see --kill-after, --detach).
+    #[arg(short, long, value_name = "TIME", value_parser = parse_positive_duration)]
     pub duration: Option<Duration>,
-    /// Record only allocations of at least this many bytes.
-    #[arg(short = 'z', long, default_value_t = 0)]
+    /// With a command: SIGKILL it if it is still running this long after
+    /// memleak sent it SIGTERM (--duration) or passed on a SIGINT or
+    /// SIGTERM [default: 5s]. A second SIGINT or SIGTERM kills it at once.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration, conflicts_with = "detach")]
+    pub kill_after: Option<Duration>,
+    /// With a command: when recording stops early (--duration, SIGINT,
+    /// SIGTERM), detach and leave the command running untraced instead of
+    /// stopping it. It runs in its own process group, so Ctrl-C in the
+    /// terminal stops only memleak.
+    #[arg(long)]
+    pub detach: bool,
+    /// Record only allocations of at least this size (bytes; k, M, G
+    /// suffixes, binary: 1k = 1024).
+    #[arg(short = 'z', long, value_name = "SIZE", default_value = "0", value_parser = parse_size)]
     pub min_size: u64,
-    /// Record only allocations of at most this many bytes.
-    #[arg(short = 'Z', long, default_value_t = u64::MAX)]
+    /// Record only allocations of at most this size (bytes; k, M, G
+    /// suffixes; at least --min-size) [default: no limit].
+    #[arg(short = 'Z', long, value_name = "SIZE", default_value_t = u64::MAX, hide_default_value = true, value_parser = parse_size)]
     pub max_size: u64,
     /// Allocator library to probe instead of the target's libc.
     #[arg(short = 'O', long)]
@@ -53,11 +71,12 @@ pub struct RecordArgs {
     /// Prefix of the allocator symbols (e.g. je_ for jemalloc).
     #[arg(long, default_value = "")]
     pub symbols_prefix: String,
-    /// Frames captured per allocation stack (1..=127).
-    #[arg(long, default_value_t = 127)]
+    /// Frames captured per allocation stack, 1 to 127.
+    #[arg(long, value_name = "N", default_value_t = 127, value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
-    /// Ring buffer size in bytes (rounded up to a power of two).
-    #[arg(long, default_value_t = 64 << 20)]
+    /// Ring buffer size, 4 KiB to 1 GiB (k, M, G suffixes), rounded up to
+    /// a power of two and to at least 64 KiB.
+    #[arg(long, value_name = "SIZE", default_value = "64M", value_parser = parse_ring_size)]
     pub ring_size: u32,
     /// Where to put entry probes: after single-stepped first instructions
     /// (auto) or always at the function entry.
@@ -75,8 +94,8 @@ pub struct RecordArgs {
     /// Kernel stacks off (cheaper kernel recording).
     #[arg(long)]
     pub no_kernel_stacks: bool,
-    /// How often the ring buffer is drained, in milliseconds.
-    #[arg(long, default_value_t = 10)]
+    /// How often the ring buffer is drained, in milliseconds, 1 to 1000.
+    #[arg(long, value_name = "MS", default_value_t = 10, value_parser = clap::value_parser!(u64).range(1..=1000))]
     pub poll_ms: u64,
     /// With a command: also trace the processes it forks, each under its
     /// own pid (every child is stopped until its probes are in place).
@@ -104,28 +123,154 @@ pub enum Placement {
     Entry,
 }
 
-pub fn parse_duration(s: &str) -> Result<Duration, String> {
-    let s = s.trim();
-    let split = s
-        .find(|c: char| !(c.is_ascii_digit() || c == '.'))
-        .unwrap_or(s.len());
-    let (num, unit) = s.split_at(split);
-    let n: f64 = num.parse().map_err(|_| format!("invalid duration {s:?}"))?;
-    let secs = match unit {
-        "" | "s" => n,
-        "ms" => n / 1e3,
-        "us" => n / 1e6,
-        "m" => n * 60.0,
-        "h" => n * 3600.0,
-        _ => return Err(format!("invalid duration unit in {s:?} (use ms, s, m, h)")),
-    };
-    Ok(Duration::from_secs_f64(secs))
+/// Parses `--ring-size`: a size from 4 KiB to 1 GiB.
+fn parse_ring_size(text: &str) -> Result<u32, String> {
+    const MIN: u64 = 4 << 10;
+    const MAX: u64 = 1 << 30;
+    let n = parse_size(text)?;
+    if !(MIN..=MAX).contains(&n) {
+        return Err(format!(
+            "{} is not in {} to {}",
+            format_size(n),
+            format_size(MIN),
+            format_size(MAX)
+        ));
+    }
+    Ok(n as u32)
 }
 
-static STOP: AtomicBool = AtomicBool::new(false);
+/// SIGINT and SIGTERM received so far.
+static SIGNALS: AtomicU32 = AtomicU32::new(0);
+/// The last of them.
+static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
+/// Whether the terminal sent it (Ctrl-C): then it went to the whole
+/// foreground process group, and a command in ours has it already.
+static FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
 
-extern "C" fn on_signal(_: libc::c_int) {
-    STOP.store(true, Ordering::SeqCst);
+extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
+    FROM_TERMINAL.store(code == libc::SI_KERNEL, Ordering::SeqCst);
+    LAST_SIGNAL.store(sig, Ordering::SeqCst);
+    SIGNALS.fetch_add(1, Ordering::SeqCst);
+}
+
+fn catch_stop_signals() {
+    // SAFETY: the handler only stores to atomics; the struct is filled.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
+        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+    }
+}
+
+fn signal_name(sig: libc::c_int) -> String {
+    match sig {
+        libc::SIGINT => "SIGINT".into(),
+        libc::SIGTERM => "SIGTERM".into(),
+        libc::SIGKILL => "SIGKILL".into(),
+        other => format!("signal {other}"),
+    }
+}
+
+/// How long a command gets to exit after SIGTERM (or a passed-on signal)
+/// before it is killed, without --kill-after.
+const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(5);
+/// How long after SIGKILL memleak still waits for the command.
+const KILL_GRACE: Duration = Duration::from_secs(5);
+
+/// A command memleak started, being stopped because the recording ends
+/// (--duration, or a SIGINT or SIGTERM memleak received): like timeout(1),
+/// it is sent the signal, recorded until it exits, and killed if it takes
+/// longer than --kill-after.
+struct Stopping {
+    /// The signal the command got first.
+    signal: libc::c_int,
+    /// The --duration that expired, if that is why.
+    duration: Option<Duration>,
+    /// The signal came from the terminal to the command itself.
+    from_terminal: bool,
+    since: Instant,
+    signals_seen: u32,
+    /// When SIGKILL was sent, and why.
+    killed: Option<(Instant, String)>,
+}
+
+impl Stopping {
+    fn begin(c: &child::Child, signals: u32, duration: Option<Duration>) -> Stopping {
+        let (signal, duration, from_terminal) = if signals > 0 {
+            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
+            let from_terminal = FROM_TERMINAL.load(Ordering::SeqCst) && c.in_our_process_group();
+            (sig, None, from_terminal)
+        } else {
+            (libc::SIGTERM, duration, false)
+        };
+        if !from_terminal {
+            c.signal(signal);
+        }
+        Stopping {
+            signal,
+            duration,
+            from_terminal,
+            since: Instant::now(),
+            signals_seen: signals,
+            killed: None,
+        }
+    }
+
+    /// Sends SIGKILL on a second SIGINT or SIGTERM, or after `kill_after`.
+    fn escalate(&mut self, c: &child::Child, signals: u32, kill_after: Duration) {
+        if self.killed.is_some() {
+            return;
+        }
+        let why = if signals > self.signals_seen {
+            format!(
+                "on a second {}",
+                signal_name(LAST_SIGNAL.load(Ordering::SeqCst))
+            )
+        } else if self.since.elapsed() >= kill_after {
+            format!("after --kill-after {}", format_duration(kill_after))
+        } else {
+            return;
+        };
+        c.signal(libc::SIGKILL);
+        self.killed = Some((Instant::now(), why));
+    }
+
+    /// SIGKILL was sent long ago and the command is still there.
+    fn given_up(&self) -> bool {
+        self.killed
+            .as_ref()
+            .is_some_and(|(t, _)| t.elapsed() > KILL_GRACE)
+    }
+
+    /// What happened, for the summary.
+    fn describe(&self, pid: u32, exit_code: Option<i32>) -> String {
+        let sig = signal_name(self.signal);
+        let mut out = match (self.duration, self.from_terminal) {
+            (Some(d), _) => format!(
+                "sent {sig} to the command (pid {pid}) after --duration {}",
+                format_duration(d)
+            ),
+            (None, true) => format!("the command (pid {pid}) got {sig} from the terminal"),
+            (None, false) => format!("passed {sig} on to the command (pid {pid})"),
+        };
+        if let Some((_, why)) = &self.killed {
+            out += &format!(", then SIGKILL {why}");
+        }
+        match exit_code {
+            Some(code) => out + &format!("; it exited with status {code}"),
+            None => {
+                out + &format!(
+                    "; it did not exit within {} of SIGKILL",
+                    format_duration(KILL_GRACE)
+                )
+            }
+        }
+    }
 }
 
 /// The program being traced.
@@ -150,6 +295,23 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     }
     if args.follow_forks && argv.is_empty() {
         bail!("--follow-forks needs a command (-c or --): only a child memleak starts can be held at fork");
+    }
+    if args.detach && argv.is_empty() {
+        bail!(
+            "--detach needs a command (-c or --): processes given with -p are always left running"
+        );
+    }
+    if args.kill_after.is_some() && argv.is_empty() {
+        bail!(
+            "--kill-after needs a command (-c or --): processes given with -p are never signalled"
+        );
+    }
+    if args.min_size > args.max_size {
+        bail!(
+            "--min-size ({}) is larger than --max-size ({})",
+            args.min_size,
+            args.max_size
+        );
     }
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
@@ -216,7 +378,8 @@ fn record(
     probes.attach_lifecycle()?;
 
     let mut target = if !argv.is_empty() {
-        Target::Child(child::Child::spawn(&argv)?)
+        // On the main thread: see Child::spawn.
+        Target::Child(child::Child::spawn(&argv, args.detach)?)
     } else if !args.pid.is_empty() {
         Target::Pids(args.pid.clone())
     } else {
@@ -304,11 +467,7 @@ fn record(
         }
     }
 
-    // SAFETY: the handler only stores to an atomic.
-    unsafe {
-        libc::signal(libc::SIGINT, on_signal as *const () as libc::sighandler_t);
-        libc::signal(libc::SIGTERM, on_signal as *const () as libc::sighandler_t);
-    }
+    catch_stop_signals();
     if let Target::Child(c) = &mut target {
         c.release(args.follow_forks)?;
     }
@@ -323,10 +482,42 @@ fn record(
         }
     })?;
 
+    let child_pid = match &target {
+        Target::Child(c) => c.pid,
+        _ => 0,
+    };
+    let mut on_fork = |pid: u32| -> Result<()> {
+        // The new process is held stopped: its probes go in before its
+        // first instruction.
+        probes.trace_pid(pid)?;
+        for lib in &libs {
+            probes.attach_library(pid as i32, lib)?;
+        }
+        if let Some(ld) = &ld_so {
+            probes.attach_dl_stops(pid as i32, ld)?;
+        }
+        recorder.borrow_mut().meta_mut().pids.push(pid);
+        recorder.borrow_mut().snapshot_maps(pid)?;
+        Ok(())
+    };
+    let mut on_stop = || -> Result<()> {
+        // The child is stopped at exit, or in ld.so before it unmaps a
+        // library, with its address space intact: drain what it did and
+        // capture its maps, so a program that lives 5 ms, or a dlclosed
+        // library, still symbolizes.
+        probes::drain(&rb, Duration::ZERO)?;
+        let mut rec = recorder.borrow_mut();
+        rec.snapshot_maps(child_pid)?;
+        rec.flush_frames()?;
+        Ok(())
+    };
+
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
+    let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
     let mut status = Status::new(track_live);
     let mut exit_code: Option<i32> = None;
+    let mut stopping: Option<Stopping> = None;
     loop {
         let drained = probes::drain(&rb, poll);
         if let Some(e) = failure.borrow_mut().take() {
@@ -338,46 +529,41 @@ fn record(
             rec.tick()?;
             status.update(&rec, &probes);
         }
-        if STOP.load(Ordering::SeqCst) {
-            break;
-        }
-        if args.duration.is_some_and(|d| started.elapsed() >= d) {
-            break;
-        }
+        let signals = SIGNALS.load(Ordering::SeqCst);
+        let time_up = args.duration.is_some_and(|d| started.elapsed() >= d);
         match &mut target {
+            // The recording ends with the command: ask it to stop, and keep
+            // recording until it has, so that its exit is in the trace.
+            Target::Child(c) if !args.detach => {
+                match &mut stopping {
+                    None if signals > 0 || time_up => {
+                        stopping = Some(Stopping::begin(c, signals, args.duration));
+                    }
+                    None => {}
+                    Some(s) => s.escalate(c, signals, kill_after),
+                }
+                c.poll(&mut on_stop, &mut on_fork)?;
+                if let Some(code) = c.exit_code() {
+                    // Followed processes got the signal too: wait for them.
+                    if stopping.is_none() || !c.followed_running() {
+                        exit_code = Some(code);
+                        break;
+                    }
+                }
+                if stopping.as_ref().is_some_and(Stopping::given_up) {
+                    exit_code = c.exit_code();
+                    break;
+                }
+            }
+            _ if signals > 0 || time_up => break,
             Target::Pids(pids) => {
                 if pids.iter().all(|&p| !process_alive(p)) {
                     break;
                 }
             }
             Target::Child(c) => {
-                let child_pid = c.pid;
-                let mut on_fork = |pid: u32| -> Result<()> {
-                    // The new process is held stopped: its probes go in
-                    // before its first instruction.
-                    probes.trace_pid(pid)?;
-                    for lib in &libs {
-                        probes.attach_library(pid as i32, lib)?;
-                    }
-                    if let Some(ld) = &ld_so {
-                        probes.attach_dl_stops(pid as i32, ld)?;
-                    }
-                    recorder.borrow_mut().meta_mut().pids.push(pid);
-                    recorder.borrow_mut().snapshot_maps(pid)?;
-                    Ok(())
-                };
-                let mut on_stop = || -> Result<()> {
-                    // The child is stopped at exit, or in ld.so before it
-                    // unmaps a library, with its address space intact: drain
-                    // what it did and capture its maps, so a program that
-                    // lives 5 ms, or a dlclosed library, still symbolizes.
-                    probes::drain(&rb, Duration::ZERO)?;
-                    let mut rec = recorder.borrow_mut();
-                    rec.snapshot_maps(child_pid)?;
-                    rec.flush_frames()?;
-                    Ok(())
-                };
-                if let Some(code) = c.poll(&mut on_stop, &mut on_fork)? {
+                c.poll(&mut on_stop, &mut on_fork)?;
+                if let Some(code) = c.exit_code() {
                     exit_code = Some(code);
                     break;
                 }
@@ -386,17 +572,27 @@ fn record(
         }
     }
     status.clear();
+    let mut ending = None;
+    if let Target::Child(c) = &mut target {
+        if let Some(s) = &stopping {
+            if exit_code.is_none() {
+                c.abandon();
+            }
+            ending = Some(s.describe(c.pid, exit_code));
+        } else if exit_code.is_none() {
+            // --detach: no more stops for dlopen, then let go of it.
+            probes.detach_dl_stops();
+            c.detach();
+            ending = Some(format!(
+                "--detach: the command (pid {}) keeps running",
+                c.pid
+            ));
+        }
+    }
     // Whatever is still in the ring happened before we stopped: keep it.
     probes::drain(&rb, Duration::ZERO)?;
     if let Some(e) = failure.borrow_mut().take() {
         return Err(e.into());
-    }
-    if let Target::Child(c) = &mut target {
-        if exit_code.is_none() {
-            // Stopped by signal or --duration: the child keeps running, as
-            // with bcc; we only detach.
-            c.detach();
-        }
     }
     drop(rb);
     let mut rec = recorder.into_inner();
@@ -430,6 +626,9 @@ fn record(
         eprintln!("memleak: count-only: {} probe hits", probes.hits());
     }
     if !args.quiet {
+        if let Some(ending) = ending {
+            eprintln!("memleak: {ending}");
+        }
         let lost = meta.counters.lost_total();
         eprintln!(
             "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
@@ -578,19 +777,24 @@ mod child {
         pub pid: u32,
         go_tx: libc::c_int,
         err_rx: libc::c_int,
+        /// The command's exit status (128+signal if a signal ended it),
+        /// once it is known.
+        exit_code: Option<i32>,
         exited: bool,
         detached: bool,
+        /// Processes the command forked, traced with --follow-forks.
         adopted: std::collections::HashSet<u32>,
     }
 
     impl Drop for Child {
         /// A child we started for a recording that failed is not left
-        /// running untraced: it is killed and reaped.
+        /// running untraced: it is killed and reaped, and the processes
+        /// it forked that we follow are killed.
         fn drop(&mut self) {
             if !self.exited && !self.detached {
+                self.signal(libc::SIGKILL);
                 // SAFETY: our own child.
                 unsafe {
-                    libc::kill(self.pid as i32, libc::SIGKILL);
                     let mut status = 0;
                     libc::waitpid(self.pid as i32, &mut status, libc::__WALL);
                 }
@@ -612,11 +816,40 @@ mod child {
             == Some(tid)
     }
 
+    /// Whether a SIGSTOP is queued for a thread (stable while it is in a
+    /// ptrace stop: only it dequeues its signals).
+    fn sigstop_pending(tid: u32) -> bool {
+        std::fs::read_to_string(format!("/proc/{tid}/status"))
+            .ok()
+            .and_then(|s| {
+                s.lines()
+                    .find_map(|l| l.strip_prefix("SigPnd:"))
+                    .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
+            })
+            .is_some_and(|mask| mask & (1 << (libc::SIGSTOP - 1)) != 0)
+    }
+
+    /// The threads of a process.
+    fn threads(pid: u32) -> Vec<u32> {
+        std::fs::read_dir(format!("/proc/{pid}/task"))
+            .into_iter()
+            .flatten()
+            .filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok())
+            .collect()
+    }
+
     impl Child {
         /// Forks a child that waits for [`release`](Self::release) before
         /// exec. Everything the child needs is prepared before the fork, so
         /// it allocates nothing of its own (no phantom leaks from us).
-        pub fn spawn(argv: &[String]) -> Result<Child> {
+        ///
+        /// Unless `detach`, the child is killed if memleak dies (a `kill -9`
+        /// must not leave it running untraced). The kernel sends that
+        /// signal when the *thread* that forked exits: call this from the
+        /// main thread, which lives until memleak ends. With `detach` the
+        /// child gets a process group of its own instead, so that Ctrl-C in
+        /// a terminal stops only the recording.
+        pub fn spawn(argv: &[String], detach: bool) -> Result<Child> {
             let cargs: Vec<CString> = argv
                 .iter()
                 .map(|a| CString::new(a.as_str()))
@@ -634,6 +867,8 @@ mod child {
                     bail!("pipe: {}", std::io::Error::last_os_error());
                 }
             }
+            // SAFETY: getpid has no preconditions.
+            let parent = unsafe { libc::getpid() };
             // SAFETY: the child only calls async-signal-safe functions.
             let pid = unsafe { libc::fork() };
             if pid < 0 {
@@ -641,6 +876,15 @@ mod child {
             }
             if pid == 0 {
                 unsafe {
+                    if detach {
+                        libc::setpgid(0, 0);
+                    } else {
+                        libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                        // memleak may have died before the prctl.
+                        if libc::getppid() != parent {
+                            libc::_exit(126);
+                        }
+                    }
                     let mut b = [0u8; 1];
                     libc::close(go[1]);
                     libc::close(err[0]);
@@ -664,6 +908,7 @@ mod child {
                 pid: pid as u32,
                 go_tx: go[1],
                 err_rx: err[0],
+                exit_code: None,
                 exited: false,
                 detached: false,
                 adopted: Default::default(),
@@ -693,7 +938,9 @@ mod child {
             let mut status = 0;
             // SAFETY: waiting for our own child.
             unsafe {
-                libc::waitpid(self.pid as i32, &mut status, 0);
+                while libc::waitpid(self.pid as i32, &mut status, 0) < 0
+                    && *libc::__errno_location() == libc::EINTR
+                {}
                 if libc::WIFSTOPPED(status) {
                     libc::ptrace(
                         libc::PTRACE_SETOPTIONS,
@@ -708,31 +955,63 @@ mod child {
                             },
                     );
                     libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
-                } else {
+                } else if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                     self.exited = true;
+                    self.exit_code = Some(exit_status(status));
                 }
             }
             Ok(())
         }
 
-        /// Non-blocking: handles ptrace stops; returns the exit code once
-        /// the child is gone (128+signal if killed).
+        /// The command's exit status (128+signal if killed), once it ended.
+        pub fn exit_code(&self) -> Option<i32> {
+            self.exit_code
+        }
+
+        /// Whether processes the command forked (--follow-forks) still run.
+        pub fn followed_running(&self) -> bool {
+            !self.adopted.is_empty()
+        }
+
+        /// Whether the command is in memleak's process group, so that a
+        /// signal from the terminal reached it as well as memleak.
+        pub fn in_our_process_group(&self) -> bool {
+            // SAFETY: plain syscalls.
+            unsafe { libc::getpgid(self.pid as i32) == libc::getpgrp() }
+        }
+
+        /// Sends `sig` to the command, if it still runs, and to the
+        /// processes it forked that we follow.
+        pub fn signal(&self, sig: libc::c_int) {
+            let pids = (!self.exited).then_some(self.pid);
+            for pid in pids.into_iter().chain(self.adopted.iter().copied()) {
+                // SAFETY: our traced processes; an exited one is a zombie
+                // until we wait for it, so its pid is not reused.
+                unsafe { libc::kill(pid as i32, sig) };
+            }
+        }
+
+        /// Non-blocking: handles ptrace stops and exits; the command's exit
+        /// status is then in [`exit_code`](Self::exit_code).
         pub fn poll(
             &mut self,
             on_stop: &mut dyn FnMut() -> Result<()>,
             on_fork: &mut dyn FnMut(u32) -> Result<()>,
-        ) -> Result<Option<i32>> {
+        ) -> Result<()> {
             loop {
                 let mut status = 0;
                 // Every thread of the child is traced (PTRACE_O_TRACECLONE).
                 // SAFETY: waiting for our own child's threads.
                 let tid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
                 if tid == 0 {
-                    return Ok(None);
+                    return Ok(());
                 }
                 if tid < 0 {
+                    // Nothing left to wait for.
                     self.exited = true;
-                    return Ok(Some(0));
+                    self.exit_code.get_or_insert(0);
+                    self.adopted.clear();
+                    return Ok(());
                 }
                 let main = tid as u32 == self.pid;
                 if (libc::WIFEXITED(status) || libc::WIFSIGNALED(status))
@@ -741,15 +1020,11 @@ mod child {
                     continue; // a followed child process ended
                 }
                 if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                    if !main {
-                        continue; // a thread ended
+                    if main {
+                        self.exited = true;
+                        self.exit_code = Some(exit_status(status));
                     }
-                    self.exited = true;
-                    return Ok(Some(if libc::WIFEXITED(status) {
-                        libc::WEXITSTATUS(status)
-                    } else {
-                        128 + libc::WTERMSIG(status)
-                    }));
+                    continue; // the command, or a thread, ended
                 }
                 if !libc::WIFSTOPPED(status) {
                     continue;
@@ -798,9 +1073,92 @@ mod child {
             Ok(())
         }
 
-        /// Stops tracing and lets the child run on: when the tracer exits,
-        /// the kernel detaches and resumes every traced thread.
+        /// Stops tracing and lets the command (and the processes it forked
+        /// that we follow) run on, untraced and not stopped.
+        ///
+        /// A thread can only be detached in a ptrace stop, and with
+        /// PTRACE_TRACEME there is no PTRACE_INTERRUPT: each thread is sent
+        /// SIGSTOP and detached at that stop with the signal suppressed.
+        /// The `_dl_debug_state` probe sends SIGSTOP too (the caller removes
+        /// it first): one it sent just before ours is either still queued,
+        /// and ours merges with it, or already dequeued, and its stop comes
+        /// first, with ours queued; that stop is suppressed, and the thread
+        /// detached at the next. A thread left untraced with a SIGSTOP
+        /// queued would stop for real. Whatever does not stop within two
+        /// seconds is detached by the kernel when memleak exits.
         pub fn detach(&mut self) {
+            self.detached = true;
+            if self.exited {
+                return;
+            }
+            let mut pending: std::collections::HashSet<u32> = Default::default();
+            for pid in std::iter::once(self.pid).chain(self.adopted.iter().copied()) {
+                for tid in threads(pid) {
+                    // SAFETY: a thread of a process we trace.
+                    if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSTOP) } == 0 {
+                        pending.insert(tid);
+                    }
+                }
+            }
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while !pending.is_empty() && Instant::now() < deadline {
+                let mut status = 0;
+                // SAFETY: waiting for our traced threads.
+                let tid = unsafe { libc::waitpid(-1, &mut status, libc::WNOHANG | libc::__WALL) };
+                if tid < 0 {
+                    break;
+                }
+                if tid == 0 {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+                let tid = tid as u32;
+                if !libc::WIFSTOPPED(status) {
+                    pending.remove(&tid); // it ended
+                    continue;
+                }
+                let sig = libc::WSTOPSIG(status);
+                let event = (status >> 16) & 0xff;
+                let (request, inject) = match (sig, event) {
+                    // A SIGSTOP stop, with ours still to come: the probe's,
+                    // dequeued before ours was sent. Suppressed.
+                    (libc::SIGSTOP, 0) if sigstop_pending(tid) => (libc::PTRACE_CONT, 0),
+                    // Ours, or one it merged with: nothing is left to stop
+                    // the thread once it is detached.
+                    (libc::SIGSTOP, 0) => {
+                        pending.remove(&tid);
+                        (libc::PTRACE_DETACH, 0)
+                    }
+                    // A new thread or process starts with a SIGSTOP of its own.
+                    (
+                        libc::SIGTRAP,
+                        libc::PTRACE_EVENT_CLONE
+                        | libc::PTRACE_EVENT_FORK
+                        | libc::PTRACE_EVENT_VFORK,
+                    ) => {
+                        let mut new: libc::c_ulong = 0;
+                        // SAFETY: the thread is in a ptrace stop; new is writable.
+                        unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut new) };
+                        pending.insert(new as u32);
+                        (libc::PTRACE_CONT, 0)
+                    }
+                    // On its way out: it will not stop again.
+                    (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
+                        pending.remove(&tid);
+                        (libc::PTRACE_CONT, 0)
+                    }
+                    (libc::SIGTRAP, _) => (libc::PTRACE_CONT, 0),
+                    // Someone else's signal: delivered; our SIGSTOP follows.
+                    (other, _) => (libc::PTRACE_CONT, other),
+                };
+                // SAFETY: the thread is in a ptrace stop.
+                unsafe { libc::ptrace(request, tid, 0, inject) };
+            }
+        }
+
+        /// Gives up on a command that does not die: it is neither killed
+        /// again nor waited for when this is dropped.
+        pub fn abandon(&mut self) {
             self.detached = true;
         }
 
@@ -809,6 +1167,16 @@ mod child {
             // SAFETY: waiting for our own child.
             unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
             self.exited = true;
+            self.exit_code = Some(exit_status(status));
+        }
+    }
+
+    /// A wait status as a shell shows it: the exit code, or 128+signal.
+    fn exit_status(status: libc::c_int) -> i32 {
+        if libc::WIFSIGNALED(status) {
+            128 + libc::WTERMSIG(status)
+        } else {
+            libc::WEXITSTATUS(status)
         }
     }
 }

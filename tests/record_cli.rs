@@ -4,15 +4,18 @@
 
 mod common;
 
-use std::process::{Command, Output};
+use std::path::Path;
+use std::process::{Command, Output, Stdio};
+use std::time::{Duration, Instant};
 
 use common::fixtures::{fixtures_dir, memleak};
 
 fn one_line_error(out: &Output) -> String {
     assert!(
         !out.status.success(),
-        "expected failure, got {:?}",
-        out.status
+        "expected failure, got {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
     );
     let err = String::from_utf8_lossy(&out.stderr).into_owned();
     let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("libbpf:")).collect();
@@ -187,18 +190,6 @@ fn full_disk_keeps_closed_segments_valid() {
     }
 }
 
-/// Waits for a child, failing (not hanging) if it never ends.
-fn wait_bounded(child: &mut std::process::Child, what: &str) -> std::process::ExitStatus {
-    for _ in 0..600 {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        std::thread::sleep(std::time::Duration::from_millis(50));
-    }
-    let _ = child.kill();
-    panic!("{what} did not stop");
-}
-
 /// Attaching to a running process by pid, stopped by --duration while the
 /// target keeps running: a complete trace with the target's allocations.
 #[test]
@@ -250,28 +241,35 @@ fn attach_to_a_running_process() {
     assert!(!t.stacks().unwrap().is_empty());
 }
 
-/// SIGINT and SIGTERM close a valid trace and exit cleanly.
+/// SIGINT and SIGTERM to memleak are passed on to the command, which is
+/// recorded until it exits: a closed trace with its exit status, which is
+/// memleak's too.
 #[test]
-fn signals_close_a_valid_trace() {
+fn signals_are_passed_on_and_close_a_valid_trace() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
     for sig in [libc::SIGINT, libc::SIGTERM] {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("t.parquet");
-        // The command runs in its own process group so that only memleak
-        // gets the signal, as with `kill` from another terminal.
         let mut rec = memleak()
             .args(["record", "-q", "-o"])
             .arg(&trace)
-            .args(["--", "setsid", "sleep", "3"])
+            .args(["--", "sleep", "100"])
             .spawn()
             .unwrap();
-        std::thread::sleep(std::time::Duration::from_millis(700));
+        // Once the command runs, memleak's handler is in place.
+        let pid = running_command(&mut rec, "sleep");
         // SAFETY: signalling our own child.
         unsafe { libc::kill(rec.id() as i32, sig) };
-        let status = wait_bounded(&mut rec, "memleak record after a signal");
-        assert!(status.success(), "signal {sig}: {status:?}");
+        let status = wait_within(&mut rec, 10, "memleak record after a signal");
+        assert_eq!(status.code(), Some(128 + sig), "signal {sig}");
         let t = memleak_trace::Trace::open(&trace).unwrap();
         assert!(t.meta().complete, "signal {sig}: trace not closed");
         assert!(t.warnings().is_empty(), "{:?}", t.warnings());
+        assert_eq!(t.meta().exit_code, Some(128 + sig), "signal {sig}");
+        assert!(reaped(pid), "signal {sig}: the command is still there");
     }
 }
 
@@ -311,4 +309,420 @@ fn lost_events_are_counted_and_reported() {
         text.contains(&format!("lost events       {lost}: ring_full {lost}")),
         "{text}"
     );
+}
+
+fn is_root() -> bool {
+    // SAFETY: geteuid has no preconditions.
+    unsafe { libc::geteuid() == 0 }
+}
+
+/// Waits for a child, failing (not hanging) if it takes more than `secs`.
+fn wait_within(child: &mut std::process::Child, secs: u64, what: &str) -> std::process::ExitStatus {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    panic!("{what} did not stop within {secs} s");
+}
+
+/// A process's state letter in /proc (R, S, T, t, Z...), None once gone.
+fn proc_state(pid: u32) -> Option<char> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat.rsplit_once(')')?.1.trim_start().chars().next()
+}
+
+/// Whether a process has exited and been waited for by its parent.
+fn reaped(pid: u32) -> bool {
+    proc_state(pid).is_none()
+}
+
+/// The pid of memleak's child once it runs `comm` (after exec, so after
+/// memleak set up its signal handlers).
+fn running_command(rec: &mut std::process::Child, comm: &str) -> u32 {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline {
+        if let Some(status) = rec.try_wait().unwrap() {
+            panic!("memleak ended before the command ran: {status:?}");
+        }
+        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
+            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
+                continue;
+            };
+            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
+                continue;
+            };
+            let Some((head, rest)) = stat.rsplit_once(')') else {
+                continue;
+            };
+            let ppid = rest.split_whitespace().nth(1);
+            if head.ends_with(&format!("({comm}")) && ppid == Some(&rec.id().to_string()) {
+                return pid;
+            }
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let _ = rec.kill();
+    let _ = rec.wait();
+    panic!("memleak's command {comm} did not start");
+}
+
+/// Orphans of memleak's command come to this process, to be waited for:
+/// PID 1 here does not reap them.
+fn become_subreaper() {
+    // SAFETY: prctl with plain integer arguments.
+    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
+    assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
+}
+
+/// Waits up to `secs` for a process that became our child as an orphan;
+/// its wait status, or None if it is still running.
+fn wait_orphan(pid: u32, secs: u64) -> Option<libc::c_int> {
+    let deadline = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let mut status = 0;
+        // SAFETY: waiting for one given pid.
+        let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
+        assert!(
+            rc >= 0,
+            "{pid} is not our child: {}",
+            std::io::Error::last_os_error()
+        );
+        if rc > 0 {
+            return Some(status);
+        }
+        if Instant::now() >= deadline {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Runs `memleak record ARGS -o TRACE -- COMMAND` to its end (at most
+/// `secs`), with stderr in a file: a command left running would hold a
+/// pipe open. Returns the status, stderr, the time taken and the meta.
+fn record_until_done(
+    dir: &Path,
+    args: &[&str],
+    command: &[&str],
+    secs: u64,
+) -> (
+    std::process::ExitStatus,
+    String,
+    Duration,
+    memleak_trace::Meta,
+) {
+    let trace = dir.join("t.parquet");
+    let err_path = dir.join("stderr");
+    let started = Instant::now();
+    let mut rec = memleak()
+        .arg("record")
+        .args(args)
+        .arg("-o")
+        .arg(&trace)
+        .arg("--")
+        .args(command)
+        .stdout(Stdio::null())
+        .stderr(std::fs::File::create(&err_path).unwrap())
+        .spawn()
+        .unwrap();
+    let status = wait_within(&mut rec, secs, "memleak record");
+    let took = started.elapsed();
+    let stderr = std::fs::read_to_string(&err_path).unwrap();
+    let t = memleak_trace::Trace::open(&trace).unwrap_or_else(|e| panic!("{e}: {stderr}"));
+    assert!(t.meta().complete, "{stderr}");
+    (status, stderr, took, t.meta().clone())
+}
+
+/// -d: the command is sent SIGTERM, recorded until it exits, and waited
+/// for; sizes and durations take units.
+#[test]
+fn duration_ends_the_command_with_sigterm() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stderr, took, meta) = record_until_done(
+        dir.path(),
+        &[
+            "-d",
+            "1s",
+            "-z",
+            "1",
+            "-Z",
+            "1G",
+            "--ring-size",
+            "1M",
+            "--poll-ms",
+            "20",
+        ],
+        &["sleep", "100"],
+        10,
+    );
+    assert_eq!(status.code(), Some(143), "{stderr}");
+    assert!(took < Duration::from_secs(8), "took {took:?}");
+    assert_eq!(meta.exit_code, Some(143));
+    let pid = meta.pids[0];
+    assert!(
+        reaped(pid),
+        "the command ({pid}) is still there: {:?}",
+        proc_state(pid)
+    );
+    assert!(
+        stderr.contains(&format!(
+            "memleak: sent SIGTERM to the command (pid {pid}) after --duration 1s; it exited with status 143"
+        )),
+        "{stderr}"
+    );
+    assert_eq!(meta.options["min_size"], 1);
+    assert_eq!(meta.options["max_size"], 1u64 << 30);
+    assert_eq!(meta.options["ring_size"], 1 << 20);
+}
+
+/// A command that ignores SIGTERM is killed --kill-after later.
+#[test]
+fn kill_after_kills_a_command_that_ignores_sigterm() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stderr, took, meta) = record_until_done(
+        dir.path(),
+        &["-d", "1s", "--kill-after", "1s"],
+        &[
+            "sh",
+            "-c",
+            // The ignored signal stays ignored across exec.
+            "trap '' TERM; exec sleep 100",
+        ],
+        20,
+    );
+    assert_eq!(status.code(), Some(137), "{stderr}");
+    assert!(took < Duration::from_secs(10), "took {took:?}");
+    assert_eq!(meta.exit_code, Some(137));
+    assert!(reaped(meta.pids[0]));
+    assert!(
+        stderr.contains(
+            "after --duration 1s, then SIGKILL after --kill-after 1s; it exited with status 137"
+        ),
+        "{stderr}"
+    );
+}
+
+/// --detach: recording stops, the command runs on, untraced and not
+/// stopped.
+#[test]
+fn detach_leaves_the_command_running() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let (status, stderr, _, meta) =
+        record_until_done(dir.path(), &["--detach", "-d", "1s"], &["sleep", "100"], 10);
+    let pid = meta.pids[0];
+    let state = proc_state(pid);
+    let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("TracerPid:").map(|v| v.trim().to_string()));
+    // SAFETY: the orphaned command, ours since memleak exited.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    let reaped = wait_orphan(pid, 5);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(
+        state,
+        Some('S'),
+        "the command must be running (sleeping), not stopped"
+    );
+    assert_eq!(
+        tracer.as_deref(),
+        Some("0"),
+        "the command must not be traced"
+    );
+    assert!(
+        reaped.is_some(),
+        "the command did not come to us to be reaped"
+    );
+    assert_eq!(meta.exit_code, None);
+    assert!(
+        stderr.contains(&format!(
+            "memleak: --detach: the command (pid {pid}) keeps running"
+        )),
+        "{stderr}"
+    );
+}
+
+/// --detach while the threads are being stopped in ld.so all the time (the
+/// `_dl_debug_state` probe sends SIGSTOP): no thread is left stopped.
+#[test]
+fn detach_leaves_no_thread_stopped() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let churn = fixtures_dir().join("dl_churn");
+    let (status, stderr, _, meta) = record_until_done(
+        dir.path(),
+        &["--detach", "-d", "1s"],
+        &[churn.to_str().unwrap()],
+        15,
+    );
+    let pid = meta.pids[0];
+    // A stop caused by a SIGSTOP left queued comes at once: wait a little.
+    std::thread::sleep(Duration::from_millis(300));
+    let states: Vec<char> = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .map(|d| {
+            d.flatten()
+                .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+                .filter_map(|tid| {
+                    let stat =
+                        std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat")).ok()?;
+                    stat.rsplit_once(')')?.1.trim_start().chars().next()
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    // SAFETY: the orphaned command, ours since memleak exited.
+    unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+    wait_orphan(pid, 5);
+    assert!(status.success(), "{stderr}");
+    assert_eq!(states.len(), 4, "threads: {states:?}");
+    assert!(
+        states.iter().all(|s| !matches!(s, 'T' | 't')),
+        "stopped threads: {states:?}"
+    );
+}
+
+/// `kill -9` of memleak takes the command with it (PR_SET_PDEATHSIG):
+/// it is not left running untraced.
+#[test]
+fn command_dies_with_memleak() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(dir.path().join("t.parquet"))
+        .args(["--", "sleep", "100"])
+        .spawn()
+        .unwrap();
+    let pid = running_command(&mut rec, "sleep");
+    // SAFETY: signalling our own child.
+    unsafe { libc::kill(rec.id() as i32, libc::SIGKILL) };
+    wait_within(&mut rec, 5, "memleak after SIGKILL");
+    let status = wait_orphan(pid, 1);
+    if status.is_none() {
+        // SAFETY: the orphaned command, ours since memleak died.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_orphan(pid, 5);
+        panic!("the command outlived memleak by a second");
+    }
+    let status = status.unwrap();
+    assert!(
+        libc::WIFSIGNALED(status) && libc::WTERMSIG(status) == libc::SIGKILL,
+        "wait status {status:#x}"
+    );
+}
+
+/// Bad options are refused before anything is recorded or created, and
+/// before the root check: an unprivileged user gets the same message.
+#[test]
+fn bad_record_options_are_refused_up_front() {
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["--stack-depth", "0"],
+            "invalid value '0' for '--stack-depth <N>': 0 is not in 1..=127",
+        ),
+        (&["--stack-depth", "128"], "128 is not in 1..=127"),
+        (
+            &["--ring-size", "1k"],
+            "invalid value '1k' for '--ring-size <SIZE>': 1 KiB is not in 4 KiB to 1 GiB",
+        ),
+        (&["--ring-size", "2G"], "2 GiB is not in 4 KiB to 1 GiB"),
+        (&["--poll-ms", "0"], "0 is not in 1..=1000"),
+        (&["--poll-ms", "1001"], "1001 is not in 1..=1000"),
+        (
+            &["-z", "100", "-Z", "10"],
+            "--min-size (100) is larger than --max-size (10)",
+        ),
+        (
+            &["-z", "2k", "-Z", "1k"],
+            "--min-size (2048) is larger than --max-size (1024)",
+        ),
+        (
+            &["-z", "12q"],
+            r#"invalid size "12q": unknown unit "q" (use k, M, G)"#,
+        ),
+        (&["-d", "0"], r#"invalid duration "0": must be more than 0"#),
+        (&["-d", "10parsecs"], r#"unknown unit "parsecs""#),
+        (&["--kill-after", "1s", "--detach"], "cannot be used with"),
+    ];
+    let no_command: &[(&[&str], &str)] = &[
+        (
+            &["-z", "2", "-Z", "1", "-p", "1"],
+            "--min-size (2) is larger than --max-size (1)",
+        ),
+        (&["--detach", "-p", "1"], "--detach needs a command"),
+        (
+            &["--kill-after", "1s", "-p", "1"],
+            "--kill-after needs a command",
+        ),
+    ];
+    let setpriv = Path::new("/usr/bin/setpriv").exists();
+    if !setpriv {
+        eprintln!("note: no setpriv; checking as the current user only");
+    }
+    for (args, needle) in cases
+        .iter()
+        .map(|&(a, n)| (a, n, true))
+        .chain(no_command.iter().map(|&(a, n)| (a, n, false)))
+        .map(|(a, n, with_command)| {
+            let mut v: Vec<&str> = a.to_vec();
+            if with_command {
+                v.extend(["--", "true"]);
+            }
+            (v, n)
+        })
+    {
+        let dir = tempfile::tempdir().unwrap();
+        let out_path = dir.path().join("t");
+        let mut runs = vec![memleak()];
+        if setpriv {
+            let mut c = Command::new("setpriv");
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+                .arg(env!("CARGO_BIN_EXE_memleak"));
+            runs.push(c);
+        }
+        for mut cmd in runs {
+            // -o before the command's `--`.
+            let (opts, command) = match args.iter().position(|&a| a == "--") {
+                Some(i) => args.split_at(i),
+                None => (&args[..], &[][..]),
+            };
+            let out = cmd
+                .arg("record")
+                .args(opts)
+                .arg("-o")
+                .arg(&out_path)
+                .args(command)
+                .output()
+                .unwrap();
+            let line = one_line_error(&out);
+            assert!(line.contains(needle), "{args:?}: {line}");
+            assert!(!out_path.exists(), "{args:?}: the output was created");
+        }
+    }
 }

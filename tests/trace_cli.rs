@@ -303,3 +303,174 @@ fn foreign_parquet_fails() {
         "foreign Parquet file (a memleak stacks segment in the events directory)",
     );
 }
+
+fn analyze(path: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![std::ffi::OsStr::new("analyze"), path.as_os_str()];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.push("-q".as_ref());
+    memleak(&args)
+}
+
+/// Options that cannot make sense are refused with one line naming the
+/// rule, before anything is replayed.
+#[test]
+fn analyze_refuses_contradictory_options() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for (args, needle) in [
+        (
+            &["--from", "2s", "--to", "1s"][..],
+            "--from (2s) is not before --to (1s)",
+        ),
+        (&["--from", "1s", "--to", "1000ms"], "is not before --to"),
+        (
+            &["--min-size", "1k", "--max-size", "100"],
+            "--min-size (1024) is larger than --max-size (100)",
+        ),
+        (&["-j", "0"], "invalid value '0' for '--jobs <N>'"),
+        (
+            &["--min-size", "12q"],
+            r#"invalid size "12q": unknown unit "q" (use k, M, G)"#,
+        ),
+        (
+            &["--older-than", "5parsecs"],
+            r#"unknown unit "parsecs" (use ns, us, ms, s, m, h)"#,
+        ),
+        (
+            &["--at", "3s"],
+            "--at 3s is past the end of the recording, which is 2.500s long",
+        ),
+        (&["--at", "2.6"], "past the end of the recording"),
+    ] {
+        let out = analyze(&root, args);
+        assert_fails(&out, needle);
+    }
+    // The limits themselves are fine; a bare number is seconds.
+    for args in [
+        &["--at", "2.5"][..],
+        &["--at", "2500ms", "--from", "0", "--to", "1ns"],
+        &["--min-size", "48", "--max-size", "48", "-j", "1"],
+        &["--min-size", "1K", "--max-size", "1kib"],
+    ] {
+        let out = analyze(&root, args);
+        assert!(
+            out.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// A trace whose recorder never finished has no end in its meta: its
+/// length is up to its last event.
+#[test]
+fn at_past_the_last_event_of_an_unfinished_trace_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    let mut meta = Meta::for_this_host("0.1.0-test");
+    meta.start_ns = 4_000_000_000; // events start one second later
+    let mut w = TraceWriter::create(&root, meta, WriterOptions::default()).unwrap();
+    for e in events(90) {
+        w.push_event(&e).unwrap();
+    }
+    w.finish().unwrap();
+    let path = root.join("meta.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    v["end_ns"] = 0.into();
+    std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
+    // The last event is at 5.000178 s: the recording is 1.000178 s long.
+    assert_fails(
+        &analyze(&root, &["--at", "1001ms"]),
+        "--at 1001ms is past the end of the recording, which is 1.000s long",
+    );
+    let out = analyze(&root, &["--at", "1000ms"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// Runs memleak with stdout going to `stdout`.
+fn run_to(args: &[&std::ffi::OsStr], stdout: std::process::Stdio) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_memleak"))
+        .args(args)
+        .stdout(stdout)
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run memleak")
+        .wait_with_output()
+        .unwrap()
+}
+
+/// The commands that print to stdout: info (text and JSON) and analyze
+/// (text, JSON, folded).
+fn printing_commands(root: &Path) -> Vec<Vec<std::ffi::OsString>> {
+    let mut out = Vec::new();
+    for extra in [&[][..], &["--json"]] {
+        let mut args: Vec<std::ffi::OsString> = vec!["info".into(), root.into()];
+        args.extend(extra.iter().map(Into::into));
+        out.push(args);
+    }
+    for format in ["text", "json", "folded"] {
+        out.push(vec![
+            "analyze".into(),
+            root.into(),
+            "-q".into(),
+            "--format".into(),
+            format.into(),
+        ]);
+    }
+    out
+}
+
+/// `> /dev/full`: one line naming the error, status 1, no panic.
+#[test]
+fn full_disk_on_stdout_is_one_error_line() {
+    if !Path::new("/dev/full").exists() {
+        eprintln!("skipping: no /dev/full");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for args in printing_commands(&root) {
+        let full = std::fs::OpenOptions::new()
+            .write(true)
+            .open("/dev/full")
+            .unwrap();
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = run_to(&args, full.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        assert_eq!(
+            stderr, "memleak: error: writing to stdout: No space left on device\n",
+            "{args:?}"
+        );
+    }
+}
+
+/// `| true`: the reader is gone before the first write. memleak stops
+/// quietly with 141, as if killed by SIGPIPE, rather than panicking.
+#[test]
+fn closed_stdout_pipe_ends_quietly() {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for args in printing_commands(&root) {
+        let mut fds = [0; 2];
+        // SAFETY: pipe writes two new descriptors, owned below.
+        assert_eq!(unsafe { libc::pipe(fds.as_mut_ptr()) }, 0);
+        // SAFETY: fresh descriptors nobody else owns.
+        let (read, write) = unsafe { (OwnedFd::from_raw_fd(fds[0]), OwnedFd::from_raw_fd(fds[1])) };
+        drop(read);
+        let args: Vec<&std::ffi::OsStr> = args.iter().map(|a| a.as_os_str()).collect();
+        let out = run_to(&args, write.into());
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
+        assert!(stderr.is_empty(), "{args:?}: {stderr}");
+    }
+}

@@ -1,0 +1,78 @@
+//! Writing reports to stdout without panicking: a reader that goes away
+//! (`| head`, `| true`) or a full disk (`> /dev/full`) is an error that
+//! reaches `main`, which exits like a shell expects (see [`exit_code`]).
+//!
+//! SIGPIPE stays ignored (Rust's default): the recorder must outlive a
+//! closed stderr pipe, so a closed stdout shows up as EPIPE here instead.
+
+use std::fmt;
+use std::io::{self, BufWriter, Write};
+use std::process::ExitCode;
+
+/// A write to stdout that failed.
+#[derive(Debug)]
+pub struct StdoutError(pub io::Error);
+
+impl fmt::Display for StdoutError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "writing to stdout: {}", describe(&self.0))
+    }
+}
+
+impl std::error::Error for StdoutError {}
+
+/// An I/O error without the ` (os error 28)` Rust appends to the
+/// system's message.
+pub fn describe(e: &io::Error) -> String {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(code) => text
+            .strip_suffix(&format!(" (os error {code})"))
+            .map(str::to_string)
+            .unwrap_or(text),
+        None => text,
+    }
+}
+
+/// Runs `write` on a buffered stdout and flushes it; any write error comes
+/// back as a [`StdoutError`]. Stdout's lock is taken once per megabyte
+/// written, not held: the JSON report is written from a rayon scope, which
+/// needs a `Send` writer, and `StdoutLock` is not one.
+pub fn to_stdout(
+    write: impl FnOnce(&mut (dyn Write + Send)) -> io::Result<()>,
+) -> anyhow::Result<()> {
+    let mut out = BufWriter::with_capacity(1 << 20, io::stdout());
+    write(&mut out)
+        .and_then(|()| out.flush())
+        .map_err(|e| StdoutError(e).into())
+}
+
+/// How `main` ends on an error: a closed stdout pipe quietly, with 141
+/// (128 + SIGPIPE, what a shell reports for a command killed by it); any
+/// other error with one line on stderr and status 1.
+pub fn exit_code(e: &anyhow::Error) -> ExitCode {
+    let closed_pipe = e
+        .chain()
+        .filter_map(|c| c.downcast_ref::<StdoutError>())
+        .any(|s| s.0.kind() == io::ErrorKind::BrokenPipe);
+    if closed_pipe {
+        return ExitCode::from(141);
+    }
+    // One line, whole cause chain: scripts grep it, people read it. If
+    // stderr is gone too there is no one left to tell.
+    let _ = writeln!(io::stderr(), "memleak: error: {e:#}");
+    ExitCode::FAILURE
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn os_errors_read_like_the_system_message() {
+        let e = StdoutError(io::Error::from_raw_os_error(libc::ENOSPC));
+        assert_eq!(e.to_string(), "writing to stdout: No space left on device");
+        let e = StdoutError(io::Error::other("custom"));
+        assert_eq!(e.to_string(), "writing to stdout: custom");
+    }
+}
