@@ -179,6 +179,9 @@ fn signal_name(sig: libc::c_int) -> String {
 /// How long a command gets to exit after SIGTERM (or a passed-on signal)
 /// before it is killed, without --kill-after.
 const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(5);
+/// How often the loss counters are read into the metadata that the
+/// checkpoints write.
+const LOST_EVERY: Duration = Duration::from_millis(500);
 /// How long after SIGKILL memleak still waits for the command.
 const KILL_GRACE: Duration = Duration::from_secs(5);
 
@@ -351,8 +354,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             .read_dir()
             .map_or(true, |mut d| d.next().is_none())
     {
-        // Nothing was recorded: do not leave an empty trace behind.
-        let _ = std::fs::remove_dir_all(&args.output);
+        // Nothing was recorded: do not leave an empty trace behind (and
+        // remove only what memleak wrote there).
+        let _ = memleak_trace::writer::remove_trace(&args.output);
     }
     result
 }
@@ -518,6 +522,7 @@ fn record(
     let mut status = Status::new(track_live);
     let mut exit_code: Option<i32> = None;
     let mut stopping: Option<Stopping> = None;
+    let mut last_lost = Instant::now();
     loop {
         let drained = probes::drain(&rb, poll);
         if let Some(e) = failure.borrow_mut().take() {
@@ -526,6 +531,12 @@ fn record(
         drained?;
         {
             let mut rec = recorder.borrow_mut();
+            if last_lost.elapsed() >= LOST_EVERY {
+                // So that the checkpoints' meta.json counts the losses too,
+                // should the recorder not live to write the final one.
+                rec.set_lost(&probes.lost());
+                last_lost = Instant::now();
+            }
             rec.tick()?;
             status.update(&rec, &probes);
         }

@@ -160,7 +160,7 @@ fn exit_status_of_the_command_is_returned() {
 fn full_disk_keeps_closed_segments_valid() {
     let mnt = tempfile::tempdir().unwrap();
     let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
         .arg(mnt.path())
         .status()
         .unwrap();

@@ -57,6 +57,8 @@ fn write(root: &Path, n: usize, segment_rows: usize) {
     let opts = WriterOptions {
         segment_rows,
         row_group_rows: 10,
+        // Keep the segments apart: several of them are what is tested.
+        merge_segments: 0,
         ..WriterOptions::default()
     };
     let mut w = TraceWriter::create(root, meta, opts).unwrap();
@@ -135,7 +137,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.0 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.1 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -174,7 +176,7 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.0");
+    assert_eq!(v["format_version"], "1.1");
     assert_eq!(v["complete"], true);
     assert_eq!(v["pids"], serde_json::json!([321]));
     assert_eq!(v["events_total"], 90);
@@ -210,10 +212,22 @@ fn empty_trace_reports_zero_events() {
 }
 
 #[test]
-fn truncated_last_segment_is_a_warning() {
+fn truncated_listed_segment_is_an_error() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("t.parquet");
     write(&root, 90, 40);
+    let seg = segments(&root, "events")[2].clone();
+    truncate_half(&seg);
+    assert_fails(&info(&root, false), "truncated or altered");
+    assert_fails(&analyze(&root, &[]), "part-00002.parquet: corrupt (");
+}
+
+#[test]
+fn truncated_last_segment_of_a_format_1_0_trace_is_a_warning() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    as_format_1_0(&root);
     truncate_half(&segments(&root, "events")[2]);
     let out = info(&root, true);
     let stderr = String::from_utf8_lossy(&out.stderr);
@@ -262,10 +276,12 @@ fn newer_major_version_fails() {
     let root = dir.path().join("t.parquet");
     write(&root, 10, 100);
     let path = root.join("meta.json");
-    let text = std::fs::read_to_string(&path)
-        .unwrap()
-        .replace("\"format_version\": \"1.0\"", "\"format_version\": \"3.1\"");
-    std::fs::write(&path, text).unwrap();
+    let mut meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    meta["format_version"] = "3.1".into();
+    // Edited by hand: without the checksum of the values it had.
+    meta.as_object_mut().unwrap().remove("meta_crc32");
+    std::fs::write(&path, serde_json::to_string_pretty(&meta).unwrap()).unwrap();
     assert_fails(
         &info(&root, false),
         "trace format 3.1 is newer than this memleak supports (1.x); upgrade memleak",
@@ -292,16 +308,30 @@ fn foreign_parquet_fails() {
         &info(&seg, false),
         "foreign Parquet file (a single Parquet file",
     );
-    // A segment of another table where events belong.
-    std::fs::copy(
-        &segments(&root, "stacks")[0],
-        root.join("events/part-00001.parquet"),
-    )
-    .unwrap();
+    // A segment of another table in place of a listed one: meta.json's
+    // length and checksum catch it.
+    std::fs::copy(&segments(&root, "stacks")[0], &seg).unwrap();
+    assert_fails(&info(&root, false), "meta.json lists");
+    // In a format 1.0 trace, which lists nothing, the table tag does.
+    as_format_1_0(&root);
     assert_fails(
         &info(&root, false),
         "foreign Parquet file (a memleak stacks segment in the events directory)",
     );
+}
+
+/// Makes a trace look like one of format 1.0, whose meta.json lists no
+/// segments and has no checksum.
+fn as_format_1_0(root: &Path) {
+    let path = root.join("meta.json");
+    let mut v: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let o = v.as_object_mut().unwrap();
+    for k in ["segments", "meta_crc32", "checkpoint_ns"] {
+        o.remove(k);
+    }
+    o.insert("format_version".into(), "1.0".into());
+    std::fs::write(&path, serde_json::to_string_pretty(&v).unwrap()).unwrap();
 }
 
 fn analyze(path: &Path, extra: &[&str]) -> Output {
@@ -379,6 +409,8 @@ fn at_past_the_last_event_of_an_unfinished_trace_is_refused() {
     let mut v: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
     v["end_ns"] = 0.into();
+    // Edited by hand: without the checksum of the values it had.
+    v.as_object_mut().unwrap().remove("meta_crc32");
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
     // The last event is at 5.000178 s: the recording is 1.000178 s long.
     assert_fails(
