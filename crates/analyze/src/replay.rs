@@ -19,12 +19,18 @@
 //!   live in different partitions: each side is replayed by its owner;
 //! * mmap ranges (munmap may span several mappings) all go to partition 0,
 //!   which is cheap because they are rare;
-//! * exec and fork touch every block of a process: every partition applies
-//!   them to its own blocks. Partitioning by address, not (pid, address),
-//!   keeps a forked child's copy of a block in the parent's partition.
+//! * exec, exit and fork touch every block of a process: every partition
+//!   applies them to its own blocks. Partitioning by address, not (pid,
+//!   address), keeps a forked child's copy of a block in the parent's
+//!   partition.
 //!
-//! Outstanding bytes are tracked exactly across partitions for the peak:
-//! each partition lists its changes of outstanding bytes by row, and a
+//! The peak follows the *live total*: the outstanding bytes of processes
+//! still alive, and of the kernel. A process that exits gives its memory
+//! back to the system, so its blocks leave the live total then, though
+//! they stay outstanding in the report (never freed: leaks); exec drops
+//! the old image's blocks altogether; a forked child's copy of its
+//! parent's heap counts for the parent only. The total is tracked exactly
+//! across partitions: each partition lists its changes by row, and a
 //! sequential pass sums them in time order.
 //!
 //! Memory is the outstanding blocks, a small direct-mapped cache of recent
@@ -140,12 +146,13 @@ pub struct ReplayStats {
     pub freed_bytes: u64,
     /// Anomalies.
     pub anomalies: Anomalies,
-    /// Highest total of outstanding bytes.
+    /// Highest live total: outstanding bytes of the processes alive at
+    /// the time, and of the kernel (see the module's documentation).
     pub peak_bytes: u64,
     /// When it was reached (0 if never).
     pub peak_ts: u64,
-    /// Outstanding bytes at the end of replay.
-    pub outstanding_bytes: u64,
+    /// The live total at the end of replay.
+    pub live_bytes: u64,
 }
 
 impl ReplayStats {
@@ -403,7 +410,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     stats.allocated_bytes = allocated.bytes;
     stats.peak_bytes = peak.max(0) as u64;
     stats.peak_ts = peak_ts;
-    stats.outstanding_bytes = outstanding.max(0) as u64;
+    stats.live_bytes = outstanding.max(0) as u64;
     Ok(Replay {
         partitions,
         allocated,
@@ -434,24 +441,37 @@ impl Replay {
                 Some(st.pid)
             }
         };
-        // (partition, table, piece); `usize::MAX` for the mappings.
+        // The blocks a process holds, and those it no longer holds.
+        fn table(st: &PidState, gone: bool) -> Option<&BlockTable> {
+            match gone {
+                false => Some(&st.blocks),
+                true => st.gone.as_ref().map(|g| &g.blocks),
+            }
+        }
+        // (partition, state, whether its `gone` table, piece);
+        // `usize::MAX` for the mappings.
         let mut work = Vec::new();
         for (i, p) in self.partitions.iter().enumerate() {
-            work.push((i, usize::MAX, 0));
+            work.push((i, usize::MAX, false, 0));
             for (s, st) in p.pids.iter().enumerate() {
-                for piece in 0..st.blocks.pieces(FOLD_SLOTS) {
-                    work.push((i, s, piece));
+                for gone in [false, true] {
+                    if let Some(t) = table(st, gone) {
+                        for piece in 0..t.pieces(FOLD_SLOTS) {
+                            work.push((i, s, gone, piece));
+                        }
+                    }
                 }
             }
         }
         work.par_iter()
-            .map(|&(i, s, piece)| {
+            .map(|&(i, s, gone, piece)| {
                 let mut acc = init();
                 let p = &self.partitions[i];
                 if s != usize::MAX {
                     let st = &p.pids[s];
                     let pid = pid_of(st);
-                    for (addr, b) in st.blocks.piece(piece, FOLD_SLOTS) {
+                    let t = table(st, gone).expect("listed above");
+                    for (addr, b) in t.piece(piece, FOLD_SLOTS) {
                         let o = OutstandingBlock {
                             pid,
                             addr,
@@ -466,7 +486,8 @@ impl Replay {
                 }
                 for st in &p.pids {
                     let pid = pid_of(st);
-                    for (start, r) in st.ranges.iter() {
+                    let gone = st.gone.as_ref().map(|g| g.ranges.iter());
+                    for (start, r) in st.ranges.iter().chain(gone.into_iter().flatten()) {
                         let o = OutstandingBlock {
                             pid,
                             addr: start,
@@ -621,7 +642,7 @@ impl Decoded {
 /// about a fifth of its time in memory traffic), and skips rows that do
 /// nothing without reading them. A realloc becomes the free of its old
 /// address then the allocation of its new one; what does not fit an
-/// operation (mappings, exec, fork, a size of 2^56 or more, a stack id
+/// operation (mappings, exec, exit, fork, a size of 2^56 or more, a stack id
 /// of 2^32 or more) is kept whole in `rows` and replayed from there.
 #[derive(Default)]
 struct Packed {
@@ -851,8 +872,8 @@ const MAP_ALLOC: u8 = 2;
 
 /// Lists, for each partition, the rows it takes part in: the owner of the
 /// address (both owners for a realloc), partition 0 for mappings, every
-/// partition for exec and fork. Done while decoding, in parallel, so each
-/// replay worker reads only its own rows. `out[p]` gets its rows in its
+/// partition for exec, exit and fork. Done while decoding, in parallel, so
+/// each replay worker reads only its own rows. `out[p]` gets its rows in its
 /// first `len[p]` entries: the vectors are sized to the row group once
 /// and written by index, without a capacity check per row.
 fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [usize]) {
@@ -891,7 +912,7 @@ fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [
                 }
             }
             Op::Map | Op::Unmap | Op::Remap => put(0),
-            Op::Exec | Op::Fork => (0..ctx.nparts).for_each(put),
+            Op::Exec | Op::Exit | Op::Fork => (0..ctx.nparts).for_each(put),
             _ => {}
         }
     }
@@ -911,6 +932,7 @@ enum Op {
     Unmap,
     Remap,
     Exec,
+    Exit,
     Fork,
     Nothing,
 }
@@ -921,6 +943,7 @@ fn op_of(kind: EventKind) -> Op {
         (EventKind::PageAlloc, _) => Op::PageAlloc,
         (EventKind::PageFree, _) => Op::PageFree,
         (EventKind::Exec, _) => Op::Exec,
+        (EventKind::Exit, _) => Op::Exit,
         (EventKind::Fork, _) => Op::Fork,
         (_, KindClass::Alloc) if kind.is_kernel() => Op::KernelAlloc,
         (_, KindClass::Free) if kind.is_kernel() => Op::KernelFree,
@@ -1159,12 +1182,58 @@ impl StackTotals {
 }
 
 /// The state of one process (or kernel namespace) in one partition.
-#[derive(Clone)]
+///
+/// Its outstanding blocks and mappings are split in two disjoint sets:
+/// those the process holds while it runs (`blocks`, `ranges`), which
+/// count in the live total the peak follows, and those it no longer holds
+/// (`gone`) but that are still outstanding, so reported: the blocks it
+/// had when it exited (its memory went back to the system, but they were
+/// never freed: leaks), and the copy of its parent's heap it inherited at
+/// fork (counted for the parent). Together they are what a single table
+/// of the process would hold: a free or an allocation that misses
+/// `blocks` looks in `gone` (a cold path, taken only once a process has
+/// a `gone`).
 struct PidState {
     pid: u32,
     blocks: BlockTable,
     /// Only partition 0 has mappings.
     ranges: RangeSet,
+    /// Outstanding, but no longer counted in the live total.
+    gone: Option<Box<Gone>>,
+    /// Bytes of `blocks` and `ranges`: what the process counts for in
+    /// the live total.
+    held: i64,
+}
+
+/// Outstanding blocks and mappings of a process that no longer count in
+/// the live total (see [`PidState`]).
+#[derive(Clone, Default)]
+struct Gone {
+    blocks: BlockTable,
+    ranges: RangeSet,
+}
+
+impl Gone {
+    fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.ranges.is_empty()
+    }
+
+    /// Adds `blocks` and `ranges`, disjoint from what it holds.
+    fn absorb(&mut self, blocks: BlockTable, ranges: RangeSet) {
+        if blocks.len() > self.blocks.len() {
+            let mine = std::mem::replace(&mut self.blocks, blocks);
+            for (addr, b) in mine.iter() {
+                self.blocks.insert(addr, b);
+            }
+        } else {
+            for (addr, b) in blocks.iter() {
+                self.blocks.insert(addr, b);
+            }
+        }
+        for (start, r) in ranges.iter() {
+            self.ranges.insert(start, *r);
+        }
+    }
 }
 
 impl PidState {
@@ -1173,12 +1242,77 @@ impl PidState {
             pid,
             blocks: BlockTable::default(),
             ranges: RangeSet::default(),
+            gone: None,
+            held: 0,
         }
     }
 
-    fn bytes(&self) -> u64 {
-        self.blocks.bytes() + self.ranges.bytes()
+    /// The process no longer holds its blocks and mappings (it exited):
+    /// they stay outstanding, in `gone`. `held` is left to the caller,
+    /// which emits the change.
+    fn retire(&mut self) {
+        if self.blocks.is_empty() && self.ranges.is_empty() {
+            return;
+        }
+        let blocks = std::mem::take(&mut self.blocks);
+        let ranges = std::mem::take(&mut self.ranges);
+        match &mut self.gone {
+            Some(g) => g.absorb(blocks, ranges),
+            None => self.gone = Some(Box::new(Gone { blocks, ranges })),
+        }
     }
+
+    /// Forgets an empty `gone`, so allocations stop looking in it.
+    fn drop_empty_gone(&mut self) {
+        if self.gone.as_ref().is_some_and(|g| g.is_empty()) {
+            self.gone = None;
+        }
+    }
+
+    /// A copy of everything outstanding in the process, held or not: what
+    /// a child inherits at fork.
+    fn copy_all(&self) -> Gone {
+        let mut copy = Gone {
+            blocks: self.blocks.clone(),
+            ranges: self.ranges.clone(),
+        };
+        if let Some(g) = &self.gone {
+            copy.absorb(g.blocks.clone(), g.ranges.clone());
+        }
+        copy
+    }
+}
+
+/// An allocation at `addr` in a process with blocks it no longer holds:
+/// one of them at that address was never freed (a missed free). It did
+/// not count in the live total: nothing to take off.
+#[cold]
+#[inline(never)]
+fn replace_gone(st: &mut PidState, counts: &mut Counts, addr: u64) {
+    if let Some(g) = &mut st.gone {
+        if g.blocks.remove(addr).is_some() {
+            counts.anomalies.missed_frees += 1;
+        }
+    }
+    st.drop_empty_gone();
+}
+
+/// Frees the block at `addr` among those the process no longer holds, if
+/// it is there: it leaves the report, but the live total did not count
+/// it.
+#[cold]
+#[inline(never)]
+fn free_gone(st: &mut PidState, counts: &mut Counts, addr: u64) -> bool {
+    let Some(g) = &mut st.gone else {
+        return false;
+    };
+    let Some(b) = g.blocks.remove(addr) else {
+        return false;
+    };
+    counts.frees += 1;
+    counts.freed_bytes += b.size;
+    st.drop_empty_gone();
+    true
 }
 
 /// Slots of the recent-frees cache (a power of two). 4 K entries of 8
@@ -1205,12 +1339,13 @@ struct Partition {
     /// Fingerprints of recently freed (namespace, address) pairs.
     recent_frees: Box<[u64]>,
     counts: Counts,
-    /// Changes of outstanding bytes this partition made in the current
-    /// row group: (row, delta), in row order. Each partition keeps its own
-    /// so no two threads write the same cache line.
+    /// Changes of the live total this partition made in the current row
+    /// group: (row, delta), in row order. Each partition keeps its own so
+    /// no two threads write the same cache line.
     deltas: Vec<(u32, i64)>,
-    /// With a single partition, which lists no changes: outstanding
-    /// bytes, their peak and when it was reached.
+    /// With a single partition, which lists no changes: the live total
+    /// (bytes outstanding in processes alive, and in the kernel), its
+    /// peak and when it was reached.
     outstanding: i64,
     peak: i64,
     peak_ts: u64,
@@ -1262,6 +1397,8 @@ impl Partition {
         slot
     }
 
+    /// Allocates a block in the table of `slot` and counts it in what
+    /// the process holds; returns the change of the live total.
     #[inline(always)]
     fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
         self.alloc_hashed(slot, addr, mix(addr), Block { size, ts, stack })
@@ -1271,15 +1408,26 @@ impl Partition {
     #[inline(always)]
     fn alloc_hashed(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
         let size = b.size;
-        match self.pids[slot].blocks.insert_hashed(addr, h, b) {
-            None => size as i64,
+        let st = &mut self.pids[slot];
+        let d = match st.blocks.insert_hashed(addr, h, b) {
+            None => {
+                if st.gone.is_some() {
+                    replace_gone(st, &mut self.counts, addr);
+                }
+                size as i64
+            }
             Some(old) => {
                 self.counts.anomalies.missed_frees += 1;
                 size as i64 - old.size as i64
             }
-        }
+        };
+        st.held += d;
+        d
     }
 
+    /// Frees a block of the table of `slot` (or of what the process no
+    /// longer holds); returns the change of the live total, also taken
+    /// off what the process holds.
     #[inline(always)]
     fn free(&mut self, slot: usize, addr: u64) -> i64 {
         self.free_hashed(slot, addr, mix(addr))
@@ -1288,16 +1436,18 @@ impl Partition {
     /// [`Partition::free`] with `h` = [`mix`]`(addr)` already known.
     #[inline(always)]
     fn free_hashed(&mut self, slot: usize, addr: u64, h: u64) -> i64 {
-        let fp = (h ^ ((self.pids[slot].pid as u64) << 32)) | 1;
+        let st = &mut self.pids[slot];
+        let fp = (h ^ ((st.pid as u64) << 32)) | 1;
         let cached = &mut self.recent_frees[h as usize & (RECENT_FREES - 1)];
         let hit = *cached == fp;
         *cached = fp;
-        match self.pids[slot].blocks.remove_hashed(addr, h) {
+        let d = match st.blocks.remove_hashed(addr, h) {
             Some(b) => {
                 self.counts.frees += 1;
                 self.counts.freed_bytes += b.size;
                 -(b.size as i64)
             }
+            None if st.gone.is_some() && free_gone(st, &mut self.counts, addr) => 0,
             None => {
                 if hit {
                     self.counts.anomalies.double_frees += 1;
@@ -1306,10 +1456,19 @@ impl Partition {
                 }
                 0
             }
-        }
+        };
+        st.held += d;
+        d
     }
 
-    /// Records a change of outstanding bytes at row `i`, made at `ts`: a
+    /// Adds `d` to what the process (or kernel namespace) of `slot`
+    /// holds, for the changes that are no allocation or free of a block
+    /// (which [`Partition::alloc`] and [`Partition::free`] count).
+    fn hold(&mut self, slot: usize, d: i64) {
+        self.pids[slot].held += d;
+    }
+
+    /// Records a change `d` of the live total at row `i`, made at `ts`: a
     /// single partition (`ALONE`) follows the peak itself; several list
     /// their changes for the sequential pass that sums them.
     #[inline(always)]
@@ -1497,18 +1656,38 @@ impl Partition {
                 }
                 let slot = self.slot(pids[i]);
                 let d = self.replay_range(op, slot, *b, i);
+                self.hold(slot, d);
                 self.emit::<ALONE>(i, d, ts[i]);
             }
             Op::Exec => {
                 if !ctx.selected(kind, pids[i]) {
                     return;
                 }
-                // Everything the old program image allocated is gone.
+                // Everything the old program image allocated is gone: no
+                // longer outstanding, nor held.
                 let slot = self.slot(pids[i]);
                 let st = &mut self.pids[slot];
-                let d = -(st.bytes() as i64);
+                let d = -st.held;
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
+                st.gone = None;
+                self.hold(slot, d);
+                self.emit::<ALONE>(i, d, ts[i]);
+            }
+            Op::Exit => {
+                if !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                // The process's memory goes back to the system: what it
+                // held leaves the live total, but its blocks were never
+                // freed and stay outstanding. (Should the pid allocate
+                // again, a new process or threads outliving the main one,
+                // that counts as held anew.)
+                let slot = self.slot(pids[i]);
+                let st = &mut self.pids[slot];
+                let d = -st.held;
+                st.retire();
+                self.hold(slot, d);
                 self.emit::<ALONE>(i, d, ts[i]);
             }
             Op::Fork => {
@@ -1516,14 +1695,20 @@ impl Partition {
                 if !ctx.selected(kind, pids[i]) || !ctx.selected(kind, child) || child == pids[i] {
                     return;
                 }
-                // The child starts with a copy of the parent's heap.
+                // The child starts with a copy of the parent's heap. The
+                // parent still holds those blocks and counts them in the
+                // live total: the child's copy does not count again (it
+                // is the same memory until either side writes it), only
+                // what the child allocates itself.
                 let parent = self.slot(pids[i]);
-                let copy = self.pids[parent].clone();
+                let copy = self.pids[parent].copy_all();
                 let slot = self.slot(child);
                 let st = &mut self.pids[slot];
-                let d = copy.bytes() as i64 - st.bytes() as i64;
-                st.blocks = copy.blocks;
-                st.ranges = copy.ranges;
+                let d = -st.held;
+                st.blocks = BlockTable::default();
+                st.ranges = RangeSet::default();
+                st.gone = (!copy.is_empty()).then(|| Box::new(copy));
+                self.hold(slot, d);
                 self.emit::<ALONE>(i, d, ts[i]);
             }
             Op::Nothing => {}
@@ -1550,18 +1735,23 @@ impl Partition {
                         origin,
                     },
                 );
+                // What it replaced among the ranges the process no longer
+                // held counted in no total.
+                self.remove_gone_ranges(slot, addr, end);
                 size as i64 - replaced as i64
             }
             Op::Unmap => {
+                let end = addr.saturating_add(size);
                 let removed: u64 = self.pids[slot]
                     .ranges
-                    .remove(addr, addr.saturating_add(size))
+                    .remove(addr, end)
                     .iter()
                     .map(|(s, r)| r.end - s)
                     .sum();
-                if removed > 0 {
+                let unheld = self.remove_gone_ranges(slot, addr, end);
+                if removed + unheld > 0 {
                     self.counts.frees += 1;
-                    self.counts.freed_bytes += removed;
+                    self.counts.freed_bytes += removed + unheld;
                 }
                 -(removed as i64)
             }
@@ -1583,13 +1773,27 @@ impl Partition {
                 let removed = self.pids[slot]
                     .ranges
                     .remap(old, old_size, addr, size, made_by);
-                if removed > 0 {
+                let unheld = self.remove_gone_ranges(slot, old, old.saturating_add(old_size))
+                    + self.remove_gone_ranges(slot, addr, addr.saturating_add(size));
+                if removed + unheld > 0 {
                     self.counts.frees += 1;
-                    self.counts.freed_bytes += removed;
+                    self.counts.freed_bytes += removed + unheld;
                 }
                 size as i64 - removed as i64
             }
         }
+    }
+
+    /// Removes `[lo, hi)` from the mappings the process no longer holds;
+    /// returns the bytes removed.
+    fn remove_gone_ranges(&mut self, slot: usize, lo: u64, hi: u64) -> u64 {
+        let st = &mut self.pids[slot];
+        let Some(g) = &mut st.gone else {
+            return 0;
+        };
+        let removed = g.ranges.remove(lo, hi).iter().map(|(s, r)| r.end - s).sum();
+        st.drop_empty_gone();
+        removed
     }
 }
 

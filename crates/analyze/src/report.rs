@@ -137,7 +137,9 @@ pub struct Summary {
     pub outstanding_allocations: u64,
     /// Stacks with outstanding allocations matching every filter.
     pub outstanding_stacks: u64,
-    /// Highest outstanding bytes (within filters on pid and kind).
+    /// Highest outstanding bytes of the processes alive at the time and
+    /// of the kernel (within filters on pid and kind): a process's blocks
+    /// stop counting when it exits, though they stay outstanding.
     pub peak_bytes: u64,
     /// When, in ns since `start_ts`.
     pub peak_ns: u64,
