@@ -29,7 +29,8 @@
 //! back to the system, so its blocks leave the live total then, though
 //! they stay outstanding in the report (never freed: leaks); exec drops
 //! the old image's blocks altogether; a forked child's copy of its
-//! parent's heap counts for the parent only. The total is tracked exactly
+//! parent's heap counts for the parent only. The total, and each
+//! process's share of it (for the peak per process), are tracked exactly
 //! across partitions: each partition lists its changes by row, and a
 //! sequential pass sums them in time order.
 //!
@@ -153,6 +154,22 @@ pub struct ReplayStats {
     pub peak_ts: u64,
     /// The live total at the end of replay.
     pub live_bytes: u64,
+    /// The peak of each process's share of the live total, by pid, for
+    /// the processes that held any.
+    pub process_peaks: Vec<ProcessPeak>,
+}
+
+/// The highest share of the live total one process held: the bytes it
+/// had allocated (in its current program image; not the copy of its
+/// parent's heap it got at fork) and not freed, while it was alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessPeak {
+    /// Process id.
+    pub pid: u32,
+    /// Bytes.
+    pub bytes: u64,
+    /// When they were first reached.
+    pub ts: u64,
 }
 
 impl ReplayStats {
@@ -260,6 +277,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut peak: i64 = 0;
     let mut peak_ts = 0u64;
     let mut totals: Vec<i64> = Vec::new();
+    // With several partitions: the process each row's change belongs to,
+    // and each process's share of the live total.
+    let mut whose: Vec<u32> = Vec::new();
+    let mut procs = ProcessTotals::new();
 
     // Replay takes the row groups in order on this thread while the other
     // threads decode the next ones. Waiting for one, this thread decodes
@@ -335,20 +356,29 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                         timed(&t_replay, t);
                     });
                     // Sum the partitions' changes per row, then walk the
-                    // rows in time order for the peak.
+                    // rows in time order for the peaks. The changes of a
+                    // row all belong to one process (or the kernel).
                     let t = std::time::Instant::now();
                     totals.clear();
                     totals.resize(n, 0);
+                    whose.resize(n, NO_PID);
                     for p in &mut partitions {
-                        for (i, v) in p.deltas.drain(..) {
+                        for (i, pid, v) in p.deltas.drain(..) {
                             totals[i as usize] += v;
+                            whose[i as usize] = pid;
                         }
                     }
-                    for (i, x) in totals.iter().enumerate() {
+                    for (i, &x) in totals.iter().enumerate() {
+                        if x == 0 {
+                            continue;
+                        }
                         outstanding += x;
                         if outstanding > peak {
                             peak = outstanding;
                             peak_ts = cols.ts[i];
+                        }
+                        if whose[i] < NO_PID {
+                            procs.add(whose[i], x, cols.ts[i]);
                         }
                     }
                     timed(&t_peak, t);
@@ -411,6 +441,28 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     stats.peak_bytes = peak.max(0) as u64;
     stats.peak_ts = peak_ts;
     stats.live_bytes = outstanding.max(0) as u64;
+    let peaks: Vec<(u32, i64, u64)> = match partitions.as_slice() {
+        // One partition followed each process's peak as it replayed.
+        [p] => p.pids[2..]
+            .iter()
+            .map(|st| (st.pid, st.peak, st.peak_ts))
+            .collect(),
+        _ => procs
+            .procs
+            .iter()
+            .map(|e| (e.pid, e.peak, e.peak_ts))
+            .collect(),
+    };
+    stats.process_peaks = peaks
+        .into_iter()
+        .filter(|&(pid, peak, _)| pid < NO_PID && peak > 0)
+        .map(|(pid, peak, ts)| ProcessPeak {
+            pid,
+            bytes: peak as u64,
+            ts,
+        })
+        .collect();
+    stats.process_peaks.sort_unstable_by_key(|p| p.pid);
     Ok(Replay {
         partitions,
         allocated,
@@ -1203,6 +1255,11 @@ struct PidState {
     /// Bytes of `blocks` and `ranges`: what the process counts for in
     /// the live total.
     held: i64,
+    /// The peak of `held` and when it was first reached: the process's
+    /// peak with a single partition (several partitions each hold a part,
+    /// and the sequential pass sums them).
+    peak: i64,
+    peak_ts: u64,
 }
 
 /// Outstanding blocks and mappings of a process that no longer count in
@@ -1244,6 +1301,8 @@ impl PidState {
             ranges: RangeSet::default(),
             gone: None,
             held: 0,
+            peak: 0,
+            peak_ts: 0,
         }
     }
 
@@ -1280,6 +1339,65 @@ impl PidState {
             copy.absorb(g.blocks.clone(), g.ranges.clone());
         }
         copy
+    }
+}
+
+/// Each process's share of the live total and its peak, as the
+/// sequential pass over several partitions' changes follows them.
+struct ProcessTotals {
+    /// Direct-mapped cache of `index`.
+    cache: [(u32, u32); PID_CACHE],
+    index: IntMap<u32, u32>,
+    procs: Vec<ProcessTotal>,
+}
+
+struct ProcessTotal {
+    pid: u32,
+    held: i64,
+    peak: i64,
+    peak_ts: u64,
+}
+
+impl ProcessTotals {
+    fn new() -> Self {
+        ProcessTotals {
+            cache: [(NO_PID, 0); PID_CACHE],
+            index: int_map(),
+            procs: Vec::new(),
+        }
+    }
+
+    /// Adds `d` to the share of `pid` (below [`NO_PID`]) at `ts`.
+    #[inline(always)]
+    fn add(&mut self, pid: u32, d: i64, ts: u64) {
+        let (p, k) = self.cache[pid as usize % PID_CACHE];
+        let k = if p == pid {
+            k as usize
+        } else {
+            self.slot_slow(pid)
+        };
+        let e = &mut self.procs[k];
+        e.held += d;
+        if e.held > e.peak {
+            e.peak = e.held;
+            e.peak_ts = ts;
+        }
+    }
+
+    #[cold]
+    fn slot_slow(&mut self, pid: u32) -> usize {
+        let n = self.procs.len() as u32;
+        let k = *self.index.entry(pid).or_insert(n);
+        if k == n {
+            self.procs.push(ProcessTotal {
+                pid,
+                held: 0,
+                peak: 0,
+                peak_ts: 0,
+            });
+        }
+        self.cache[pid as usize % PID_CACHE] = (pid, k);
+        k as usize
     }
 }
 
@@ -1340,9 +1458,10 @@ struct Partition {
     recent_frees: Box<[u64]>,
     counts: Counts,
     /// Changes of the live total this partition made in the current row
-    /// group: (row, delta), in row order. Each partition keeps its own so
-    /// no two threads write the same cache line.
-    deltas: Vec<(u32, i64)>,
+    /// group: (row, pid whose holdings changed, delta), in row order.
+    /// Each partition keeps its own so no two threads write the same
+    /// cache line.
+    deltas: Vec<(u32, u32, i64)>,
     /// With a single partition, which lists no changes: the live total
     /// (bytes outstanding in processes alive, and in the kernel), its
     /// peak and when it was reached.
@@ -1398,7 +1517,8 @@ impl Partition {
     }
 
     /// Allocates a block in the table of `slot` and counts it in what
-    /// the process holds; returns the change of the live total.
+    /// the process holds (and its peak); returns the change of the live
+    /// total.
     #[inline(always)]
     fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
         self.alloc_hashed(slot, addr, mix(addr), Block { size, ts, stack })
@@ -1407,7 +1527,7 @@ impl Partition {
     /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known.
     #[inline(always)]
     fn alloc_hashed(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
-        let size = b.size;
+        let (size, ts) = (b.size, b.ts);
         let st = &mut self.pids[slot];
         let d = match st.blocks.insert_hashed(addr, h, b) {
             None => {
@@ -1422,6 +1542,10 @@ impl Partition {
             }
         };
         st.held += d;
+        if st.held > st.peak {
+            st.peak = st.held;
+            st.peak_ts = ts;
+        }
         d
     }
 
@@ -1461,18 +1585,25 @@ impl Partition {
         d
     }
 
-    /// Adds `d` to what the process (or kernel namespace) of `slot`
-    /// holds, for the changes that are no allocation or free of a block
-    /// (which [`Partition::alloc`] and [`Partition::free`] count).
-    fn hold(&mut self, slot: usize, d: i64) {
-        self.pids[slot].held += d;
+    /// Adds `d`, made at `ts`, to what the process (or kernel namespace)
+    /// of `slot` holds, for the changes that are no allocation or free of
+    /// a block (which [`Partition::alloc`] and [`Partition::free`] count).
+    fn hold(&mut self, slot: usize, d: i64, ts: u64) {
+        let st = &mut self.pids[slot];
+        st.held += d;
+        if st.held > st.peak {
+            st.peak = st.held;
+            st.peak_ts = ts;
+        }
     }
 
-    /// Records a change `d` of the live total at row `i`, made at `ts`: a
-    /// single partition (`ALONE`) follows the peak itself; several list
-    /// their changes for the sequential pass that sums them.
+    /// Records a change `d` of the live total at row `i`, made at `ts` to
+    /// what the process (or kernel namespace) of `slot` holds: a single
+    /// partition (`ALONE`) follows the peak itself; several list their
+    /// changes for the sequential pass that sums them (and follows each
+    /// process's peak).
     #[inline(always)]
-    fn emit<const ALONE: bool>(&mut self, i: usize, d: i64, ts: u64) {
+    fn emit<const ALONE: bool>(&mut self, i: usize, slot: usize, d: i64, ts: u64) {
         if ALONE {
             self.outstanding += d;
             if self.outstanding > self.peak {
@@ -1480,7 +1611,7 @@ impl Partition {
                 self.peak_ts = ts;
             }
         } else if d != 0 {
-            self.deltas.push((i as u32, d));
+            self.deltas.push((i as u32, self.pids[slot].pid, d));
         }
     }
 
@@ -1616,7 +1747,7 @@ impl Partition {
                     _ => PAGE_SLOT,
                 };
                 let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
                 let a = addrs[i];
@@ -1629,7 +1760,7 @@ impl Partition {
                     _ => PAGE_SLOT,
                 };
                 let d = self.free(slot, a);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Realloc => {
                 let (old, new, size) = (olds[i], addrs[i], sizes[i]);
@@ -1648,7 +1779,7 @@ impl Partition {
                 if own_new {
                     d += self.alloc(slot, new, size, ts[i], stacks[i]);
                 }
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             op @ (Op::Map | Op::Unmap | Op::Remap) => {
                 if p != 0 || !ctx.selected(kind, pids[i]) {
@@ -1656,8 +1787,8 @@ impl Partition {
                 }
                 let slot = self.slot(pids[i]);
                 let d = self.replay_range(op, slot, *b, i);
-                self.hold(slot, d);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Exec => {
                 if !ctx.selected(kind, pids[i]) {
@@ -1671,8 +1802,8 @@ impl Partition {
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
                 st.gone = None;
-                self.hold(slot, d);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Exit => {
                 if !ctx.selected(kind, pids[i]) {
@@ -1687,8 +1818,8 @@ impl Partition {
                 let st = &mut self.pids[slot];
                 let d = -st.held;
                 st.retire();
-                self.hold(slot, d);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Fork => {
                 let child = addrs[i] as u32;
@@ -1708,8 +1839,8 @@ impl Partition {
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
                 st.gone = (!copy.is_empty()).then(|| Box::new(copy));
-                self.hold(slot, d);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Nothing => {}
         }

@@ -1,6 +1,6 @@
 //! Replay on synthetic traces with exact expected answers. Every case runs
-//! with 1, 2, 3, 4 and 5 partitions and must give the same report, which
-//! checks the interleaving of partitions.
+//! with 1, 2, 3, 4 and 5 partitions and must give the same report (peaks
+//! per process included), which checks the interleaving of partitions.
 
 mod common;
 
@@ -44,6 +44,16 @@ fn outstanding(r: &Report) -> Vec<(u64, u64, u64)> {
         .collect();
     v.sort();
     v
+}
+
+/// `(pid, peak bytes, peak ns)` of every process, as the report orders
+/// them.
+fn peaks(r: &Report) -> Vec<(u32, u64, u64)> {
+    r.summary
+        .process_peaks
+        .iter()
+        .map(|p| (p.pid, p.peak_bytes, p.peak_ns))
+        .collect()
 }
 
 #[test]
@@ -234,6 +244,10 @@ fn exec_drops_fork_copies_exit_keeps() {
     // memory) + 40 until the child exits at 7 ms, then 10 + 80 at 8 ms.
     assert_eq!(r.summary.peak_bytes, 10 + 80);
     assert_eq!(r.summary.peak_ns, 8 * MS);
+    assert_eq!(
+        peaks(&r),
+        vec![(300, 80, 8 * MS), (200, 40, 6 * MS), (100, 10, MS)]
+    );
 }
 
 #[test]
@@ -801,11 +815,34 @@ fn sequential_processes_peak_at_one_process() {
     let s = &r.summary;
     assert_eq!(s.peak_bytes, 4 * MIB);
     assert_eq!(s.peak_ns, MS);
+    let want: Vec<_> = (0..10u64)
+        .map(|k| (1000 + k as u32, 4 * MIB, (10 * k + 1) * MS))
+        .collect();
+    assert_eq!(peaks(&r), want);
     // Still ten leaks of 4 MiB.
     assert_eq!(outstanding(&r), vec![(1, 40 * MIB, 10)]);
     assert_eq!(s.outstanding_allocations, 10);
     assert_eq!(s.outstanding_bytes, 40 * MIB);
     assert_eq!(s.anomalies.total(), 0);
+
+    let v: serde_json::Value = serde_json::from_str(&memleak_analyze::json::render(&r)).unwrap();
+    assert_eq!(v["summary"]["peak_outstanding_bytes"], 4 * MIB);
+    let pp = v["summary"]["process_peaks"].as_array().unwrap();
+    assert_eq!(pp.len(), 10);
+    assert_eq!(pp[9]["pid"], 1009);
+    assert_eq!(pp[9]["peak_outstanding_bytes"], 4 * MIB);
+    assert_eq!(pp[9]["peak_ns"], 91 * MS);
+    // The text summary names the first five, and says how many more.
+    let text = memleak_analyze::text::render(&r);
+    assert!(
+        text.contains("  peak outstanding  4194304 bytes (4.00 MiB) at 1.00ms\n  peak by process   pid 1000: 4194304 bytes (4.00 MiB) at 1.00ms\n                    pid 1001: 4194304 bytes (4.00 MiB) at 11.0ms\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pid 1004: 4194304 bytes (4.00 MiB) at 41.0ms\n                    and 5 more processes (all in --format json)\n"),
+        "{text}"
+    );
+    assert!(!text.contains("pid 1005"), "{text}");
 }
 
 /// Processes alive at the same time add up; once one exits, only the
@@ -824,6 +861,14 @@ fn overlapping_processes_add_up_while_both_live() {
     let r = run(&tb);
     assert_eq!(r.summary.peak_bytes, 8 * MIB);
     assert_eq!(r.summary.peak_ns, 3 * MS);
+    assert_eq!(
+        peaks(&r),
+        vec![
+            (100, 5 * MIB, 3 * MS),
+            (200, 5 * MIB, 5 * MS),
+            (300, 2 * MIB, 6 * MS)
+        ]
+    );
     // Exited or not, the unfreed blocks are outstanding.
     assert_eq!(
         outstanding(&r),
@@ -844,6 +889,7 @@ fn exec_drops_the_old_images_bytes() {
     let r = run(&tb);
     assert_eq!(r.summary.peak_bytes, 5 * MIB);
     assert_eq!(r.summary.peak_ns, 4 * MS);
+    assert_eq!(peaks(&r), vec![(100, 4 * MIB, MS), (200, 2 * MIB, 4 * MS)]);
     assert_eq!(outstanding(&r), vec![(2, 3 * MIB, 1), (3, 2 * MIB, 1)]);
     assert_eq!(r.summary.anomalies.unknown_frees, 1);
 }
@@ -879,6 +925,8 @@ fn kernel_allocations_survive_exits() {
     // 1 + 2 MiB + a page at 3 ms, then 1 MiB + a page, then 3 MiB + a page.
     assert_eq!(r.summary.peak_bytes, k);
     assert_eq!(r.summary.peak_ns, 7 * MS);
+    // Only user allocations make a process's share.
+    assert_eq!(peaks(&r), vec![(100, 2 * MIB, 2 * MS)]);
     assert_eq!(r.summary.outstanding_bytes, k + 2 * MIB);
     let r = run_with(
         &tb,
@@ -891,6 +939,7 @@ fn kernel_allocations_survive_exits() {
         },
     );
     assert_eq!(r.summary.peak_bytes, k);
+    assert!(peaks(&r).is_empty());
 }
 
 /// A forked child's copy of its parent's heap is the same memory: it
@@ -913,6 +962,14 @@ fn fork_copies_count_once() {
     let r = run(&tb);
     let s = &r.summary;
     assert_eq!((s.peak_bytes, s.peak_ns), (7 * MIB, 4 * MS));
+    assert_eq!(
+        peaks(&r),
+        vec![
+            (100, 6 * MIB, 2 * MS),
+            (300, 4 * MIB, 9 * MS),
+            (200, MIB, 4 * MS)
+        ]
+    );
     // The parent's mapping and the child's half of its copy (one
     // allocation: a copy keeps its mapping's id), the child's own block
     // (left at exit) and 300's block.
@@ -923,7 +980,7 @@ fn fork_copies_count_once() {
     assert_eq!((s.frees, s.freed_bytes), (3, 9 * MIB));
     assert_eq!(s.anomalies.total(), 0);
     // --pid 200: the parent is replayed for what it passed on, and its
-    // share counts in the peak.
+    // share counts in the peak, but only the child has a peak of its own.
     let r = run_with(
         &tb,
         AnalyzeOptions {
@@ -935,6 +992,7 @@ fn fork_copies_count_once() {
         },
     );
     assert_eq!((r.summary.peak_bytes, r.summary.peak_ns), (7 * MIB, 4 * MS));
+    assert_eq!(peaks(&r), vec![(200, MIB, 4 * MS)]);
     assert_eq!(outstanding(&r), vec![(2, MIB, 1), (3, MIB, 1)]);
 }
 
@@ -956,6 +1014,7 @@ fn allocations_after_an_exit_are_held_anew() {
     let r = run(&tb);
     let s = &r.summary;
     assert_eq!((s.peak_bytes, s.peak_ns), (6 * MIB + 128, 7 * MS));
+    assert_eq!(peaks(&r), vec![(100, 6 * MIB, 6 * MS), (200, 128, 7 * MS)]);
     assert_eq!(
         outstanding(&r),
         vec![(2, 2 * MIB, 1), (3, 4 * MIB, 1), (4, 128, 1)]
