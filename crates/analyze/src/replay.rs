@@ -214,7 +214,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .unwrap_or(0),
     };
     let ctx = Ctx::new(nparts, &opts.filter);
-    let mut partitions: Vec<Partition> = (0..nparts).map(Partition::new).collect();
+    let processes = ProcessIndex::default();
+    let mut partitions: Vec<Partition> =
+        (0..nparts).map(|i| Partition::new(i, &processes)).collect();
 
     let units = trace.event_units();
     // Row groups decoded ahead of the one being replayed: enough for the
@@ -277,10 +279,11 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut peak: i64 = 0;
     let mut peak_ts = 0u64;
     let mut totals: Vec<i64> = Vec::new();
-    // With several partitions: the process each row's change belongs to,
-    // and each process's share of the live total.
+    // With several partitions: the process (its index in `processes`)
+    // each row's change belongs to, and each process's share of the live
+    // total.
     let mut whose: Vec<u32> = Vec::new();
-    let mut procs = ProcessTotals::new();
+    let mut shares: Vec<Share> = Vec::new();
 
     // Replay takes the row groups in order on this thread while the other
     // threads decode the next ones. Waiting for one, this thread decodes
@@ -361,24 +364,30 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     let t = std::time::Instant::now();
                     totals.clear();
                     totals.resize(n, 0);
-                    whose.resize(n, NO_PID);
+                    whose.resize(n, NO_PROCESS);
                     for p in &mut partitions {
-                        for (i, pid, v) in p.deltas.drain(..) {
+                        for (i, k, v) in p.deltas.drain(..) {
                             totals[i as usize] += v;
-                            whose[i as usize] = pid;
+                            whose[i as usize] = k;
                         }
                     }
+                    // A row without changes adds 0 to some process's
+                    // share (its entry may be left from an earlier row
+                    // group): no test needed. The kernel's changes go to
+                    // share 0, which no process has.
                     for (i, &x) in totals.iter().enumerate() {
-                        if x == 0 {
-                            continue;
-                        }
                         outstanding += x;
                         if outstanding > peak {
-                            peak = outstanding;
-                            peak_ts = cols.ts[i];
+                            raise(&mut peak, &mut peak_ts, outstanding, cols.ts[i]);
                         }
-                        if whose[i] < NO_PID {
-                            procs.add(whose[i], x, cols.ts[i]);
+                        let k = whose[i] as usize;
+                        let e = match shares.get_mut(k) {
+                            Some(e) => e,
+                            None => grow_shares(&mut shares, k),
+                        };
+                        e.held += x;
+                        if e.held > e.peak {
+                            raise(&mut e.peak, &mut e.peak_ts, e.held, cols.ts[i]);
                         }
                     }
                     timed(&t_peak, t);
@@ -447,11 +456,15 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .iter()
             .map(|st| (st.pid, st.peak, st.peak_ts))
             .collect(),
-        _ => procs
-            .procs
-            .iter()
-            .map(|e| (e.pid, e.peak, e.peak_ts))
-            .collect(),
+        _ => {
+            let pids = processes.pids();
+            shares
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(k, e)| (pids[k - 1], e.peak, e.peak_ts))
+                .collect()
+        }
     };
     stats.process_peaks = peaks
         .into_iter()
@@ -1016,6 +1029,9 @@ const KERNEL_PID: u32 = u32::MAX;
 const PAGE_PID: u32 = u32::MAX - 1;
 const KERNEL_SLOT: usize = 0;
 const PAGE_SLOT: usize = 1;
+/// No slot: a process the pid cache did not hold (see
+/// [`Partition::known_slot`]).
+const UNKNOWN_SLOT: usize = usize::MAX;
 /// Never a real pid (Linux pids stay below 2^22).
 const NO_PID: u32 = u32::MAX - 2;
 
@@ -1247,6 +1263,9 @@ impl StackTotals {
 /// a `gone`).
 struct PidState {
     pid: u32,
+    /// Its number in the [`ProcessIndex`] ([`NO_PROCESS`] for the
+    /// kernel's).
+    process: u32,
     blocks: BlockTable,
     /// Only partition 0 has mappings.
     ranges: RangeSet,
@@ -1294,9 +1313,10 @@ impl Gone {
 }
 
 impl PidState {
-    fn new(pid: u32) -> Self {
+    fn new(pid: u32, process: u32) -> Self {
         PidState {
             pid,
+            process,
             blocks: BlockTable::default(),
             ranges: RangeSet::default(),
             gone: None,
@@ -1342,63 +1362,69 @@ impl PidState {
     }
 }
 
-/// Each process's share of the live total and its peak, as the
-/// sequential pass over several partitions' changes follows them.
-struct ProcessTotals {
-    /// Direct-mapped cache of `index`.
-    cache: [(u32, u32); PID_CACHE],
-    index: IntMap<u32, u32>,
-    procs: Vec<ProcessTotal>,
-}
-
-struct ProcessTotal {
-    pid: u32,
+/// A process's share of the live total and its peak, as the sequential
+/// pass over several partitions' changes follows them.
+#[derive(Clone, Copy, Default)]
+struct Share {
     held: i64,
     peak: i64,
     peak_ts: u64,
 }
 
-impl ProcessTotals {
-    fn new() -> Self {
-        ProcessTotals {
-            cache: [(NO_PID, 0); PID_CACHE],
-            index: int_map(),
-            procs: Vec::new(),
+/// `shares[k]`, the vector grown to hold it.
+#[cold]
+#[inline(never)]
+fn grow_shares(shares: &mut Vec<Share>, k: usize) -> &mut Share {
+    shares.resize(k + 1, Share::default());
+    &mut shares[k]
+}
+
+/// In [`Partition::deltas`]: a change that belongs to no process (the
+/// kernel's, or a pid replay keeps for itself).
+const NO_PROCESS: u32 = 0;
+
+/// Numbers the processes of a replay from 1, the same in every partition,
+/// so the sequential pass finds a process's share by index. A partition
+/// asks once per process, when it first meets it.
+#[derive(Clone, Default)]
+struct ProcessIndex(std::sync::Arc<Mutex<Numbers>>);
+
+/// The numbers of [`ProcessIndex`]: by pid, and the pids in order.
+#[derive(Default)]
+struct Numbers {
+    of: IntMap<u32, u32>,
+    pids: Vec<u32>,
+}
+
+impl ProcessIndex {
+    /// The number of `pid`; [`NO_PROCESS`] for the pids replay keeps for
+    /// the kernel (and a process whose pid collides with them).
+    fn of(&self, pid: u32) -> u32 {
+        if pid >= NO_PID {
+            return NO_PROCESS;
         }
+        let mut g = crate::lock_pool(&self.0);
+        let Numbers { of, pids } = &mut *g;
+        *of.entry(pid).or_insert_with(|| {
+            pids.push(pid);
+            pids.len() as u32
+        })
     }
 
-    /// Adds `d` to the share of `pid` (below [`NO_PID`]) at `ts`.
-    #[inline(always)]
-    fn add(&mut self, pid: u32, d: i64, ts: u64) {
-        let (p, k) = self.cache[pid as usize % PID_CACHE];
-        let k = if p == pid {
-            k as usize
-        } else {
-            self.slot_slow(pid)
-        };
-        let e = &mut self.procs[k];
-        e.held += d;
-        if e.held > e.peak {
-            e.peak = e.held;
-            e.peak_ts = ts;
-        }
+    /// The pids, by number less 1.
+    fn pids(&self) -> Vec<u32> {
+        crate::lock_pool(&self.0).pids.clone()
     }
+}
 
-    #[cold]
-    fn slot_slow(&mut self, pid: u32) -> usize {
-        let n = self.procs.len() as u32;
-        let k = *self.index.entry(pid).or_insert(n);
-        if k == n {
-            self.procs.push(ProcessTotal {
-                pid,
-                held: 0,
-                peak: 0,
-                peak_ts: 0,
-            });
-        }
-        self.cache[pid as usize % PID_CACHE] = (pid, k);
-        k as usize
-    }
+/// A new peak: out of line, so the test before it stays a branch (taken
+/// rarely once the peak is reached) rather than conditional moves of
+/// values the loop keeps in memory.
+#[cold]
+#[inline(never)]
+fn raise(peak: &mut i64, peak_ts: &mut u64, value: i64, ts: u64) {
+    *peak = value;
+    *peak_ts = ts;
 }
 
 /// An allocation at `addr` in a process with blocks it no longer holds:
@@ -1449,6 +1475,7 @@ const HASHES: usize = 16;
 
 struct Partition {
     index: usize,
+    processes: ProcessIndex,
     pids: Vec<PidState>,
     slot_of: IntMap<u32, usize>,
     /// Direct-mapped cache of `slot_of`: events of several processes
@@ -1458,7 +1485,8 @@ struct Partition {
     recent_frees: Box<[u64]>,
     counts: Counts,
     /// Changes of the live total this partition made in the current row
-    /// group: (row, pid whose holdings changed, delta), in row order.
+    /// group: (row, number of the process whose holdings changed, delta),
+    /// in row order.
     /// Each partition keeps its own so no two threads write the same
     /// cache line.
     deltas: Vec<(u32, u32, i64)>,
@@ -1472,10 +1500,14 @@ struct Partition {
 }
 
 impl Partition {
-    fn new(index: usize) -> Self {
+    fn new(index: usize, processes: &ProcessIndex) -> Self {
         Partition {
             index,
-            pids: vec![PidState::new(KERNEL_PID), PidState::new(PAGE_PID)],
+            processes: processes.clone(),
+            pids: vec![
+                PidState::new(KERNEL_PID, NO_PROCESS),
+                PidState::new(PAGE_PID, NO_PROCESS),
+            ],
             slot_of: int_map(),
             pid_cache: [(NO_PID, 0); PID_CACHE],
             recent_frees: vec![0; RECENT_FREES].into_boxed_slice(),
@@ -1507,7 +1539,8 @@ impl Partition {
         let slot = match self.slot_of.get(&pid) {
             Some(&s) => s,
             None => {
-                self.pids.push(PidState::new(pid));
+                let process = self.processes.of(pid);
+                self.pids.push(PidState::new(pid, process));
                 self.slot_of.insert(pid, self.pids.len() - 1);
                 self.pids.len() - 1
             }
@@ -1520,13 +1553,21 @@ impl Partition {
     /// the process holds (and its peak); returns the change of the live
     /// total.
     #[inline(always)]
-    fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
-        self.alloc_hashed(slot, addr, mix(addr), Block { size, ts, stack })
+    fn alloc<const ALONE: bool>(
+        &mut self,
+        slot: usize,
+        addr: u64,
+        size: u64,
+        ts: u64,
+        stack: u64,
+    ) -> i64 {
+        self.alloc_hashed::<ALONE>(slot, addr, mix(addr), Block { size, ts, stack })
     }
 
-    /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known.
+    /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known. A
+    /// single partition (`ALONE`) follows the process's peak too.
     #[inline(always)]
-    fn alloc_hashed(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
+    fn alloc_hashed<const ALONE: bool>(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
         let (size, ts) = (b.size, b.ts);
         let st = &mut self.pids[slot];
         let d = match st.blocks.insert_hashed(addr, h, b) {
@@ -1542,9 +1583,8 @@ impl Partition {
             }
         };
         st.held += d;
-        if st.held > st.peak {
-            st.peak = st.held;
-            st.peak_ts = ts;
+        if ALONE && st.held > st.peak {
+            raise(&mut st.peak, &mut st.peak_ts, st.held, ts);
         }
         d
     }
@@ -1611,7 +1651,7 @@ impl Partition {
                 self.peak_ts = ts;
             }
         } else if d != 0 {
-            self.deltas.push((i as u32, self.pids[slot].pid, d));
+            self.deltas.push((i as u32, self.pids[slot].process, d));
         }
     }
 
@@ -1644,19 +1684,41 @@ impl Partition {
         &self.pids[slot].blocks
     }
 
+    /// The slot a row of `kind` (or an operation of that code) of `pid`
+    /// uses, as far as the pid cache knows it without a miss:
+    /// [`UNKNOWN_SLOT`] for a process the cache does not hold. A slot
+    /// found stays right: a process keeps its slot for the whole replay.
+    #[inline(always)]
+    fn known_slot(&self, kind: u8, pid: u32, ctx: &Ctx<'_>) -> usize {
+        let fixed = ctx.table_of[kind as usize] as usize;
+        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
+        let user = if p == pid { s as usize } else { UNKNOWN_SLOT };
+        if fixed == USER_TABLE {
+            user
+        } else {
+            fixed
+        }
+    }
+
     /// Replays a row group's [`Packed`] operations (single partition
     /// only).
     fn replay_packed(&mut self, packed: &Packed, ctx: &Ctx<'_>) {
         let ops = &packed.ops[..];
         let count = ops.len();
-        // The hash of each address, computed once when its operation is
+        // The hash of each address, and the slot of its table as far as
+        // the pid cache knew it, found once when its operation is
         // prefetched and kept until it is replayed.
-        let mut hashes = [0u64; HASHES];
-        let prefetch = |p: &Self, o: &PackedOp| -> u64 {
+        let mut hashes = [(0u64, 0usize); HASHES];
+        let prefetch = |p: &Self, o: &PackedOp| -> (u64, usize) {
             let code = (o.size_code >> CODE_SHIFT) as u8;
             let h = mix(o.addr);
-            p.table_for(code, o.pid, ctx).prefetch_hash(h);
-            h
+            let slot = p.known_slot(code, o.pid, ctx);
+            let table = match slot {
+                UNKNOWN_SLOT => KERNEL_SLOT,
+                s => s,
+            };
+            p.pids[table].blocks.prefetch_hash(h);
+            (h, slot)
         };
         for (k, o) in ops[..AHEAD.min(count)].iter().enumerate() {
             hashes[k] = prefetch(self, o);
@@ -1670,32 +1732,29 @@ impl Partition {
                 hashes[(i + AHEAD) % HASHES] = prefetch(self, &ops[i + AHEAD]);
             }
             let o = ops[i];
-            let h = hashes[i % HASHES];
+            let (h, known) = hashes[i % HASHES];
+            // The kernel's and the pages' slots are fixed: only a user
+            // operation can find its slot unknown.
+            let slot = |p: &mut Self| match known {
+                UNKNOWN_SLOT => p.slot(o.pid),
+                s => s,
+            };
             let c = (o.size_code >> CODE_SHIFT) as u8;
             match c {
                 C_ALLOC_USER | C_ALLOC_KERNEL | C_ALLOC_PAGE => {
-                    let slot = match c {
-                        C_ALLOC_USER => self.slot(o.pid),
-                        C_ALLOC_KERNEL => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
+                    let slot = slot(self);
                     let b = Block {
                         size: o.size_code & SIZE_BITS,
                         ts: o.ts,
                         stack: o.stack as u64,
                     };
-                    outstanding += self.alloc_hashed(slot, o.addr, h, b);
+                    outstanding += self.alloc_hashed::<true>(slot, o.addr, h, b);
                     if outstanding > peak {
-                        peak = outstanding;
-                        peak_ts = o.ts;
+                        raise(&mut peak, &mut peak_ts, outstanding, o.ts);
                     }
                 }
                 C_FREE_USER | C_FREE_KERNEL | C_FREE_PAGE => {
-                    let slot = match c {
-                        C_FREE_USER => self.slot(o.pid),
-                        C_FREE_KERNEL => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
+                    let slot = slot(self);
                     // A free never raises the total: no new peak.
                     outstanding += self.free_hashed(slot, o.addr, h);
                 }
@@ -1746,7 +1805,7 @@ impl Partition {
                     Op::KernelAlloc => KERNEL_SLOT,
                     _ => PAGE_SLOT,
                 };
-                let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
+                let d = self.alloc::<ALONE>(slot, a, sizes[i], ts[i], stacks[i]);
                 self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
@@ -1777,7 +1836,7 @@ impl Partition {
                     d += self.free(slot, old);
                 }
                 if own_new {
-                    d += self.alloc(slot, new, size, ts[i], stacks[i]);
+                    d += self.alloc::<ALONE>(slot, new, size, ts[i], stacks[i]);
                 }
                 self.emit::<ALONE>(i, slot, d, ts[i]);
             }
