@@ -365,6 +365,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                     totals.clear();
                     totals.resize(n, 0);
                     whose.resize(n, NO_PROCESS);
+                    // Every process a change names was numbered before
+                    // the partitions replayed this row group.
+                    shares.resize(processes.len() + 1, Share::default());
+                    let shares = &mut shares[..];
                     for p in &mut partitions {
                         for (i, k, v) in p.deltas.drain(..) {
                             totals[i as usize] += v;
@@ -380,11 +384,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                         if outstanding > peak {
                             raise(&mut peak, &mut peak_ts, outstanding, cols.ts[i]);
                         }
-                        let k = whose[i] as usize;
-                        let e = match shares.get_mut(k) {
-                            Some(e) => e,
-                            None => grow_shares(&mut shares, k),
-                        };
+                        let e = &mut shares[whose[i] as usize];
                         e.held += x;
                         if e.held > e.peak {
                             raise(&mut e.peak, &mut e.peak_ts, e.held, cols.ts[i]);
@@ -1371,14 +1371,6 @@ struct Share {
     peak_ts: u64,
 }
 
-/// `shares[k]`, the vector grown to hold it.
-#[cold]
-#[inline(never)]
-fn grow_shares(shares: &mut Vec<Share>, k: usize) -> &mut Share {
-    shares.resize(k + 1, Share::default());
-    &mut shares[k]
-}
-
 /// In [`Partition::deltas`]: a change that belongs to no process (the
 /// kernel's, or a pid replay keeps for itself).
 const NO_PROCESS: u32 = 0;
@@ -1409,6 +1401,11 @@ impl ProcessIndex {
             pids.push(pid);
             pids.len() as u32
         })
+    }
+
+    /// How many processes have a number.
+    fn len(&self) -> usize {
+        crate::lock_pool(&self.0).pids.len()
     }
 
     /// The pids, by number less 1.
