@@ -57,12 +57,20 @@ struct SummaryJson<'a> {
     outstanding_stacks: u64,
     peak_outstanding_bytes: u64,
     peak_ns: u64,
+    process_peaks: Vec<ProcessPeakJson>,
     anomalies: Anomalies,
     lost_events: LostJson<'a>,
     age_histogram: Vec<Bucket>,
     filters: &'a [String],
     sort: &'static str,
     stacks_shown: usize,
+}
+
+#[derive(Serialize)]
+struct ProcessPeakJson {
+    pid: u32,
+    peak_outstanding_bytes: u64,
+    peak_ns: u64,
 }
 
 #[derive(Serialize)]
@@ -255,6 +263,15 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             outstanding_stacks: s.outstanding_stacks,
             peak_outstanding_bytes: s.peak_bytes,
             peak_ns: s.peak_ns,
+            process_peaks: s
+                .process_peaks
+                .iter()
+                .map(|p| ProcessPeakJson {
+                    pid: p.pid,
+                    peak_outstanding_bytes: p.peak_bytes,
+                    peak_ns: p.peak_ns,
+                })
+                .collect(),
             anomalies: s.anomalies,
             lost_events: LostJson {
                 total: s.lost_total(),

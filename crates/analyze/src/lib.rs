@@ -39,7 +39,9 @@ pub mod time;
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
 pub use histogram::AgeHistogram;
-pub use report::{analyze, analyze_trace, AnalyzeOptions, Report, SortKey, StackReport, Summary};
+pub use report::{
+    analyze, analyze_trace, AnalyzeOptions, PidPeak, Report, SortKey, StackReport, Summary,
+};
 
 /// Locks a pool of spare buffers, even one a panicking worker left
 /// poisoned: a pool holds only buffers to reuse, never half-written state.

@@ -19,12 +19,19 @@
 //!   live in different partitions: each side is replayed by its owner;
 //! * mmap ranges (munmap may span several mappings) all go to partition 0,
 //!   which is cheap because they are rare;
-//! * exec and fork touch every block of a process: every partition applies
-//!   them to its own blocks. Partitioning by address, not (pid, address),
-//!   keeps a forked child's copy of a block in the parent's partition.
+//! * exec, exit and fork touch every block of a process: every partition
+//!   applies them to its own blocks. Partitioning by address, not (pid,
+//!   address), keeps a forked child's copy of a block in the parent's
+//!   partition.
 //!
-//! Outstanding bytes are tracked exactly across partitions for the peak:
-//! each partition lists its changes of outstanding bytes by row, and a
+//! The peak follows the *live total*: the outstanding bytes of processes
+//! still alive, and of the kernel. A process that exits gives its memory
+//! back to the system, so its blocks leave the live total then, though
+//! they stay outstanding in the report (never freed: leaks); exec drops
+//! the old image's blocks altogether; a forked child's copy of its
+//! parent's heap counts for the parent only. The total, and each
+//! process's share of it (for the peak per process), are tracked exactly
+//! across partitions: each partition lists its changes by row, and a
 //! sequential pass sums them in time order.
 //!
 //! Memory is the outstanding blocks, a small direct-mapped cache of recent
@@ -140,12 +147,29 @@ pub struct ReplayStats {
     pub freed_bytes: u64,
     /// Anomalies.
     pub anomalies: Anomalies,
-    /// Highest total of outstanding bytes.
+    /// Highest live total: outstanding bytes of the processes alive at
+    /// the time, and of the kernel (see the module's documentation).
     pub peak_bytes: u64,
     /// When it was reached (0 if never).
     pub peak_ts: u64,
-    /// Outstanding bytes at the end of replay.
-    pub outstanding_bytes: u64,
+    /// The live total at the end of replay.
+    pub live_bytes: u64,
+    /// The peak of each process's share of the live total, by pid, for
+    /// the processes that held any.
+    pub process_peaks: Vec<ProcessPeak>,
+}
+
+/// The highest share of the live total one process held: the bytes it
+/// had allocated (in its current program image; not the copy of its
+/// parent's heap it got at fork) and not freed, while it was alive.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProcessPeak {
+    /// Process id.
+    pub pid: u32,
+    /// Bytes.
+    pub bytes: u64,
+    /// When they were first reached.
+    pub ts: u64,
 }
 
 impl ReplayStats {
@@ -190,7 +214,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             .unwrap_or(0),
     };
     let ctx = Ctx::new(nparts, &opts.filter);
-    let mut partitions: Vec<Partition> = (0..nparts).map(Partition::new).collect();
+    let processes = ProcessIndex::default();
+    let mut partitions: Vec<Partition> =
+        (0..nparts).map(|i| Partition::new(i, &processes)).collect();
 
     let units = trace.event_units();
     // Row groups decoded ahead of the one being replayed: enough for the
@@ -253,6 +279,11 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut peak: i64 = 0;
     let mut peak_ts = 0u64;
     let mut totals: Vec<i64> = Vec::new();
+    // With several partitions: the process (its index in `processes`)
+    // each row's change belongs to, and each process's share of the live
+    // total.
+    let mut whose: Vec<u32> = Vec::new();
+    let mut shares: Vec<Share> = Vec::new();
 
     // Replay takes the row groups in order on this thread while the other
     // threads decode the next ones. Waiting for one, this thread decodes
@@ -328,20 +359,35 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
                         timed(&t_replay, t);
                     });
                     // Sum the partitions' changes per row, then walk the
-                    // rows in time order for the peak.
+                    // rows in time order for the peaks. The changes of a
+                    // row all belong to one process (or the kernel).
                     let t = std::time::Instant::now();
                     totals.clear();
                     totals.resize(n, 0);
+                    whose.resize(n, NO_PROCESS);
+                    // Every process a change names was numbered before
+                    // the partitions replayed this row group.
+                    shares.resize(processes.len() + 1, Share::default());
+                    let shares = &mut shares[..];
                     for p in &mut partitions {
-                        for (i, v) in p.deltas.drain(..) {
+                        for (i, k, v) in p.deltas.drain(..) {
                             totals[i as usize] += v;
+                            whose[i as usize] = k;
                         }
                     }
-                    for (i, x) in totals.iter().enumerate() {
+                    // A row without changes adds 0 to some process's
+                    // share (its entry may be left from an earlier row
+                    // group): no test needed. The kernel's changes go to
+                    // share 0, which no process has.
+                    for (i, &x) in totals.iter().enumerate() {
                         outstanding += x;
                         if outstanding > peak {
-                            peak = outstanding;
-                            peak_ts = cols.ts[i];
+                            raise(&mut peak, &mut peak_ts, outstanding, cols.ts[i]);
+                        }
+                        let e = &mut shares[whose[i] as usize];
+                        e.held += x;
+                        if e.held > e.peak {
+                            raise(&mut e.peak, &mut e.peak_ts, e.held, cols.ts[i]);
                         }
                     }
                     timed(&t_peak, t);
@@ -403,7 +449,33 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     stats.allocated_bytes = allocated.bytes;
     stats.peak_bytes = peak.max(0) as u64;
     stats.peak_ts = peak_ts;
-    stats.outstanding_bytes = outstanding.max(0) as u64;
+    stats.live_bytes = outstanding.max(0) as u64;
+    let peaks: Vec<(u32, i64, u64)> = match partitions.as_slice() {
+        // One partition followed each process's peak as it replayed.
+        [p] => p.pids[2..]
+            .iter()
+            .map(|st| (st.pid, st.peak, st.peak_ts))
+            .collect(),
+        _ => {
+            let pids = processes.pids();
+            shares
+                .iter()
+                .enumerate()
+                .skip(1)
+                .map(|(k, e)| (pids[k - 1], e.peak, e.peak_ts))
+                .collect()
+        }
+    };
+    stats.process_peaks = peaks
+        .into_iter()
+        .filter(|&(pid, peak, _)| pid < NO_PID && peak > 0)
+        .map(|(pid, peak, ts)| ProcessPeak {
+            pid,
+            bytes: peak as u64,
+            ts,
+        })
+        .collect();
+    stats.process_peaks.sort_unstable_by_key(|p| p.pid);
     Ok(Replay {
         partitions,
         allocated,
@@ -434,24 +506,37 @@ impl Replay {
                 Some(st.pid)
             }
         };
-        // (partition, table, piece); `usize::MAX` for the mappings.
+        // The blocks a process holds, and those it no longer holds.
+        fn table(st: &PidState, gone: bool) -> Option<&BlockTable> {
+            match gone {
+                false => Some(&st.blocks),
+                true => st.gone.as_ref().map(|g| &g.blocks),
+            }
+        }
+        // (partition, state, whether its `gone` table, piece);
+        // `usize::MAX` for the mappings.
         let mut work = Vec::new();
         for (i, p) in self.partitions.iter().enumerate() {
-            work.push((i, usize::MAX, 0));
+            work.push((i, usize::MAX, false, 0));
             for (s, st) in p.pids.iter().enumerate() {
-                for piece in 0..st.blocks.pieces(FOLD_SLOTS) {
-                    work.push((i, s, piece));
+                for gone in [false, true] {
+                    if let Some(t) = table(st, gone) {
+                        for piece in 0..t.pieces(FOLD_SLOTS) {
+                            work.push((i, s, gone, piece));
+                        }
+                    }
                 }
             }
         }
         work.par_iter()
-            .map(|&(i, s, piece)| {
+            .map(|&(i, s, gone, piece)| {
                 let mut acc = init();
                 let p = &self.partitions[i];
                 if s != usize::MAX {
                     let st = &p.pids[s];
                     let pid = pid_of(st);
-                    for (addr, b) in st.blocks.piece(piece, FOLD_SLOTS) {
+                    let t = table(st, gone).expect("listed above");
+                    for (addr, b) in t.piece(piece, FOLD_SLOTS) {
                         let o = OutstandingBlock {
                             pid,
                             addr,
@@ -466,7 +551,8 @@ impl Replay {
                 }
                 for st in &p.pids {
                     let pid = pid_of(st);
-                    for (start, r) in st.ranges.iter() {
+                    let gone = st.gone.as_ref().map(|g| g.ranges.iter());
+                    for (start, r) in st.ranges.iter().chain(gone.into_iter().flatten()) {
                         let o = OutstandingBlock {
                             pid,
                             addr: start,
@@ -621,7 +707,7 @@ impl Decoded {
 /// about a fifth of its time in memory traffic), and skips rows that do
 /// nothing without reading them. A realloc becomes the free of its old
 /// address then the allocation of its new one; what does not fit an
-/// operation (mappings, exec, fork, a size of 2^56 or more, a stack id
+/// operation (mappings, exec, exit, fork, a size of 2^56 or more, a stack id
 /// of 2^32 or more) is kept whole in `rows` and replayed from there.
 #[derive(Default)]
 struct Packed {
@@ -851,8 +937,8 @@ const MAP_ALLOC: u8 = 2;
 
 /// Lists, for each partition, the rows it takes part in: the owner of the
 /// address (both owners for a realloc), partition 0 for mappings, every
-/// partition for exec and fork. Done while decoding, in parallel, so each
-/// replay worker reads only its own rows. `out[p]` gets its rows in its
+/// partition for exec, exit and fork. Done while decoding, in parallel, so
+/// each replay worker reads only its own rows. `out[p]` gets its rows in its
 /// first `len[p]` entries: the vectors are sized to the row group once
 /// and written by index, without a capacity check per row.
 fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [usize]) {
@@ -891,7 +977,7 @@ fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [
                 }
             }
             Op::Map | Op::Unmap | Op::Remap => put(0),
-            Op::Exec | Op::Fork => (0..ctx.nparts).for_each(put),
+            Op::Exec | Op::Exit | Op::Fork => (0..ctx.nparts).for_each(put),
             _ => {}
         }
     }
@@ -911,6 +997,7 @@ enum Op {
     Unmap,
     Remap,
     Exec,
+    Exit,
     Fork,
     Nothing,
 }
@@ -921,6 +1008,7 @@ fn op_of(kind: EventKind) -> Op {
         (EventKind::PageAlloc, _) => Op::PageAlloc,
         (EventKind::PageFree, _) => Op::PageFree,
         (EventKind::Exec, _) => Op::Exec,
+        (EventKind::Exit, _) => Op::Exit,
         (EventKind::Fork, _) => Op::Fork,
         (_, KindClass::Alloc) if kind.is_kernel() => Op::KernelAlloc,
         (_, KindClass::Free) if kind.is_kernel() => Op::KernelFree,
@@ -941,6 +1029,9 @@ const KERNEL_PID: u32 = u32::MAX;
 const PAGE_PID: u32 = u32::MAX - 1;
 const KERNEL_SLOT: usize = 0;
 const PAGE_SLOT: usize = 1;
+/// No slot: a process the pid cache did not hold (see
+/// [`Partition::known_slot`]).
+const UNKNOWN_SLOT: usize = usize::MAX;
 /// Never a real pid (Linux pids stay below 2^22).
 const NO_PID: u32 = u32::MAX - 2;
 
@@ -1159,26 +1250,210 @@ impl StackTotals {
 }
 
 /// The state of one process (or kernel namespace) in one partition.
-#[derive(Clone)]
+///
+/// Its outstanding blocks and mappings are split in two disjoint sets:
+/// those the process holds while it runs (`blocks`, `ranges`), which
+/// count in the live total the peak follows, and those it no longer holds
+/// (`gone`) but that are still outstanding, so reported: the blocks it
+/// had when it exited (its memory went back to the system, but they were
+/// never freed: leaks), and the copy of its parent's heap it inherited at
+/// fork (counted for the parent). Together they are what a single table
+/// of the process would hold: a free or an allocation that misses
+/// `blocks` looks in `gone` (a cold path, taken only once a process has
+/// a `gone`).
 struct PidState {
     pid: u32,
+    /// Its number in the [`ProcessIndex`] ([`NO_PROCESS`] for the
+    /// kernel's).
+    process: u32,
     blocks: BlockTable,
     /// Only partition 0 has mappings.
     ranges: RangeSet,
+    /// Outstanding, but no longer counted in the live total.
+    gone: Option<Box<Gone>>,
+    /// Bytes of `blocks` and `ranges`: what the process counts for in
+    /// the live total.
+    held: i64,
+    /// The peak of `held` and when it was first reached: the process's
+    /// peak with a single partition (several partitions each hold a part,
+    /// and the sequential pass sums them).
+    peak: i64,
+    peak_ts: u64,
+}
+
+/// Outstanding blocks and mappings of a process that no longer count in
+/// the live total (see [`PidState`]).
+#[derive(Clone, Default)]
+struct Gone {
+    blocks: BlockTable,
+    ranges: RangeSet,
+}
+
+impl Gone {
+    fn is_empty(&self) -> bool {
+        self.blocks.is_empty() && self.ranges.is_empty()
+    }
+
+    /// Adds `blocks` and `ranges`, disjoint from what it holds.
+    fn absorb(&mut self, blocks: BlockTable, ranges: RangeSet) {
+        if blocks.len() > self.blocks.len() {
+            let mine = std::mem::replace(&mut self.blocks, blocks);
+            for (addr, b) in mine.iter() {
+                self.blocks.insert(addr, b);
+            }
+        } else {
+            for (addr, b) in blocks.iter() {
+                self.blocks.insert(addr, b);
+            }
+        }
+        for (start, r) in ranges.iter() {
+            self.ranges.insert(start, *r);
+        }
+    }
 }
 
 impl PidState {
-    fn new(pid: u32) -> Self {
+    fn new(pid: u32, process: u32) -> Self {
         PidState {
             pid,
+            process,
             blocks: BlockTable::default(),
             ranges: RangeSet::default(),
+            gone: None,
+            held: 0,
+            peak: 0,
+            peak_ts: 0,
         }
     }
 
-    fn bytes(&self) -> u64 {
-        self.blocks.bytes() + self.ranges.bytes()
+    /// The process no longer holds its blocks and mappings (it exited):
+    /// they stay outstanding, in `gone`. `held` is left to the caller,
+    /// which emits the change.
+    fn retire(&mut self) {
+        if self.blocks.is_empty() && self.ranges.is_empty() {
+            return;
+        }
+        let blocks = std::mem::take(&mut self.blocks);
+        let ranges = std::mem::take(&mut self.ranges);
+        match &mut self.gone {
+            Some(g) => g.absorb(blocks, ranges),
+            None => self.gone = Some(Box::new(Gone { blocks, ranges })),
+        }
     }
+
+    /// Forgets an empty `gone`, so allocations stop looking in it.
+    fn drop_empty_gone(&mut self) {
+        if self.gone.as_ref().is_some_and(|g| g.is_empty()) {
+            self.gone = None;
+        }
+    }
+
+    /// A copy of everything outstanding in the process, held or not: what
+    /// a child inherits at fork.
+    fn copy_all(&self) -> Gone {
+        let mut copy = Gone {
+            blocks: self.blocks.clone(),
+            ranges: self.ranges.clone(),
+        };
+        if let Some(g) = &self.gone {
+            copy.absorb(g.blocks.clone(), g.ranges.clone());
+        }
+        copy
+    }
+}
+
+/// A process's share of the live total and its peak, as the sequential
+/// pass over several partitions' changes follows them.
+#[derive(Clone, Copy, Default)]
+struct Share {
+    held: i64,
+    peak: i64,
+    peak_ts: u64,
+}
+
+/// In [`Partition::deltas`]: a change that belongs to no process (the
+/// kernel's, or a pid replay keeps for itself).
+const NO_PROCESS: u32 = 0;
+
+/// Numbers the processes of a replay from 1, the same in every partition,
+/// so the sequential pass finds a process's share by index. A partition
+/// asks once per process, when it first meets it.
+#[derive(Clone, Default)]
+struct ProcessIndex(std::sync::Arc<Mutex<Numbers>>);
+
+/// The numbers of [`ProcessIndex`]: by pid, and the pids in order.
+#[derive(Default)]
+struct Numbers {
+    of: IntMap<u32, u32>,
+    pids: Vec<u32>,
+}
+
+impl ProcessIndex {
+    /// The number of `pid`; [`NO_PROCESS`] for the pids replay keeps for
+    /// the kernel (and a process whose pid collides with them).
+    fn of(&self, pid: u32) -> u32 {
+        if pid >= NO_PID {
+            return NO_PROCESS;
+        }
+        let mut g = crate::lock_pool(&self.0);
+        let Numbers { of, pids } = &mut *g;
+        *of.entry(pid).or_insert_with(|| {
+            pids.push(pid);
+            pids.len() as u32
+        })
+    }
+
+    /// How many processes have a number.
+    fn len(&self) -> usize {
+        crate::lock_pool(&self.0).pids.len()
+    }
+
+    /// The pids, by number less 1.
+    fn pids(&self) -> Vec<u32> {
+        crate::lock_pool(&self.0).pids.clone()
+    }
+}
+
+/// A new peak: out of line, so the test before it stays a branch (taken
+/// rarely once the peak is reached) rather than conditional moves of
+/// values the loop keeps in memory.
+#[cold]
+#[inline(never)]
+fn raise(peak: &mut i64, peak_ts: &mut u64, value: i64, ts: u64) {
+    *peak = value;
+    *peak_ts = ts;
+}
+
+/// An allocation at `addr` in a process with blocks it no longer holds:
+/// one of them at that address was never freed (a missed free). It did
+/// not count in the live total: nothing to take off.
+#[cold]
+#[inline(never)]
+fn replace_gone(st: &mut PidState, counts: &mut Counts, addr: u64) {
+    if let Some(g) = &mut st.gone {
+        if g.blocks.remove(addr).is_some() {
+            counts.anomalies.missed_frees += 1;
+        }
+    }
+    st.drop_empty_gone();
+}
+
+/// Frees the block at `addr` among those the process no longer holds, if
+/// it is there: it leaves the report, but the live total did not count
+/// it.
+#[cold]
+#[inline(never)]
+fn free_gone(st: &mut PidState, counts: &mut Counts, addr: u64) -> bool {
+    let Some(g) = &mut st.gone else {
+        return false;
+    };
+    let Some(b) = g.blocks.remove(addr) else {
+        return false;
+    };
+    counts.frees += 1;
+    counts.freed_bytes += b.size;
+    st.drop_empty_gone();
+    true
 }
 
 /// Slots of the recent-frees cache (a power of two). 4 K entries of 8
@@ -1197,6 +1472,7 @@ const HASHES: usize = 16;
 
 struct Partition {
     index: usize,
+    processes: ProcessIndex,
     pids: Vec<PidState>,
     slot_of: IntMap<u32, usize>,
     /// Direct-mapped cache of `slot_of`: events of several processes
@@ -1205,12 +1481,15 @@ struct Partition {
     /// Fingerprints of recently freed (namespace, address) pairs.
     recent_frees: Box<[u64]>,
     counts: Counts,
-    /// Changes of outstanding bytes this partition made in the current
-    /// row group: (row, delta), in row order. Each partition keeps its own
-    /// so no two threads write the same cache line.
-    deltas: Vec<(u32, i64)>,
-    /// With a single partition, which lists no changes: outstanding
-    /// bytes, their peak and when it was reached.
+    /// Changes of the live total this partition made in the current row
+    /// group: (row, number of the process whose holdings changed, delta),
+    /// in row order.
+    /// Each partition keeps its own so no two threads write the same
+    /// cache line.
+    deltas: Vec<(u32, u32, i64)>,
+    /// With a single partition, which lists no changes: the live total
+    /// (bytes outstanding in processes alive, and in the kernel), its
+    /// peak and when it was reached.
     outstanding: i64,
     peak: i64,
     peak_ts: u64,
@@ -1218,10 +1497,14 @@ struct Partition {
 }
 
 impl Partition {
-    fn new(index: usize) -> Self {
+    fn new(index: usize, processes: &ProcessIndex) -> Self {
         Partition {
             index,
-            pids: vec![PidState::new(KERNEL_PID), PidState::new(PAGE_PID)],
+            processes: processes.clone(),
+            pids: vec![
+                PidState::new(KERNEL_PID, NO_PROCESS),
+                PidState::new(PAGE_PID, NO_PROCESS),
+            ],
             slot_of: int_map(),
             pid_cache: [(NO_PID, 0); PID_CACHE],
             recent_frees: vec![0; RECENT_FREES].into_boxed_slice(),
@@ -1253,7 +1536,8 @@ impl Partition {
         let slot = match self.slot_of.get(&pid) {
             Some(&s) => s,
             None => {
-                self.pids.push(PidState::new(pid));
+                let process = self.processes.of(pid);
+                self.pids.push(PidState::new(pid, process));
                 self.slot_of.insert(pid, self.pids.len() - 1);
                 self.pids.len() - 1
             }
@@ -1262,24 +1546,49 @@ impl Partition {
         slot
     }
 
+    /// Allocates a block in the table of `slot` and counts it in what
+    /// the process holds (and its peak); returns the change of the live
+    /// total.
     #[inline(always)]
-    fn alloc(&mut self, slot: usize, addr: u64, size: u64, ts: u64, stack: u64) -> i64 {
-        self.alloc_hashed(slot, addr, mix(addr), Block { size, ts, stack })
+    fn alloc<const ALONE: bool>(
+        &mut self,
+        slot: usize,
+        addr: u64,
+        size: u64,
+        ts: u64,
+        stack: u64,
+    ) -> i64 {
+        self.alloc_hashed::<ALONE>(slot, addr, mix(addr), Block { size, ts, stack })
     }
 
-    /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known.
+    /// [`Partition::alloc`] with `h` = [`mix`]`(addr)` already known. A
+    /// single partition (`ALONE`) follows the process's peak too.
     #[inline(always)]
-    fn alloc_hashed(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
-        let size = b.size;
-        match self.pids[slot].blocks.insert_hashed(addr, h, b) {
-            None => size as i64,
+    fn alloc_hashed<const ALONE: bool>(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
+        let (size, ts) = (b.size, b.ts);
+        let st = &mut self.pids[slot];
+        let d = match st.blocks.insert_hashed(addr, h, b) {
+            None => {
+                if st.gone.is_some() {
+                    replace_gone(st, &mut self.counts, addr);
+                }
+                size as i64
+            }
             Some(old) => {
                 self.counts.anomalies.missed_frees += 1;
                 size as i64 - old.size as i64
             }
+        };
+        st.held += d;
+        if ALONE && st.held > st.peak {
+            raise(&mut st.peak, &mut st.peak_ts, st.held, ts);
         }
+        d
     }
 
+    /// Frees a block of the table of `slot` (or of what the process no
+    /// longer holds); returns the change of the live total, also taken
+    /// off what the process holds.
     #[inline(always)]
     fn free(&mut self, slot: usize, addr: u64) -> i64 {
         self.free_hashed(slot, addr, mix(addr))
@@ -1288,16 +1597,18 @@ impl Partition {
     /// [`Partition::free`] with `h` = [`mix`]`(addr)` already known.
     #[inline(always)]
     fn free_hashed(&mut self, slot: usize, addr: u64, h: u64) -> i64 {
-        let fp = (h ^ ((self.pids[slot].pid as u64) << 32)) | 1;
+        let st = &mut self.pids[slot];
+        let fp = (h ^ ((st.pid as u64) << 32)) | 1;
         let cached = &mut self.recent_frees[h as usize & (RECENT_FREES - 1)];
         let hit = *cached == fp;
         *cached = fp;
-        match self.pids[slot].blocks.remove_hashed(addr, h) {
+        let d = match st.blocks.remove_hashed(addr, h) {
             Some(b) => {
                 self.counts.frees += 1;
                 self.counts.freed_bytes += b.size;
                 -(b.size as i64)
             }
+            None if st.gone.is_some() && free_gone(st, &mut self.counts, addr) => 0,
             None => {
                 if hit {
                     self.counts.anomalies.double_frees += 1;
@@ -1306,14 +1617,30 @@ impl Partition {
                 }
                 0
             }
+        };
+        st.held += d;
+        d
+    }
+
+    /// Adds `d`, made at `ts`, to what the process (or kernel namespace)
+    /// of `slot` holds, for the changes that are no allocation or free of
+    /// a block (which [`Partition::alloc`] and [`Partition::free`] count).
+    fn hold(&mut self, slot: usize, d: i64, ts: u64) {
+        let st = &mut self.pids[slot];
+        st.held += d;
+        if st.held > st.peak {
+            st.peak = st.held;
+            st.peak_ts = ts;
         }
     }
 
-    /// Records a change of outstanding bytes at row `i`, made at `ts`: a
-    /// single partition (`ALONE`) follows the peak itself; several list
-    /// their changes for the sequential pass that sums them.
+    /// Records a change `d` of the live total at row `i`, made at `ts` to
+    /// what the process (or kernel namespace) of `slot` holds: a single
+    /// partition (`ALONE`) follows the peak itself; several list their
+    /// changes for the sequential pass that sums them (and follows each
+    /// process's peak).
     #[inline(always)]
-    fn emit<const ALONE: bool>(&mut self, i: usize, d: i64, ts: u64) {
+    fn emit<const ALONE: bool>(&mut self, i: usize, slot: usize, d: i64, ts: u64) {
         if ALONE {
             self.outstanding += d;
             if self.outstanding > self.peak {
@@ -1321,7 +1648,7 @@ impl Partition {
                 self.peak_ts = ts;
             }
         } else if d != 0 {
-            self.deltas.push((i as u32, d));
+            self.deltas.push((i as u32, self.pids[slot].process, d));
         }
     }
 
@@ -1354,19 +1681,41 @@ impl Partition {
         &self.pids[slot].blocks
     }
 
+    /// The slot a row of `kind` (or an operation of that code) of `pid`
+    /// uses, as far as the pid cache knows it without a miss:
+    /// [`UNKNOWN_SLOT`] for a process the cache does not hold. A slot
+    /// found stays right: a process keeps its slot for the whole replay.
+    #[inline(always)]
+    fn known_slot(&self, kind: u8, pid: u32, ctx: &Ctx<'_>) -> usize {
+        let fixed = ctx.table_of[kind as usize] as usize;
+        let (p, s) = self.pid_cache[pid as usize % PID_CACHE];
+        let user = if p == pid { s as usize } else { UNKNOWN_SLOT };
+        if fixed == USER_TABLE {
+            user
+        } else {
+            fixed
+        }
+    }
+
     /// Replays a row group's [`Packed`] operations (single partition
     /// only).
     fn replay_packed(&mut self, packed: &Packed, ctx: &Ctx<'_>) {
         let ops = &packed.ops[..];
         let count = ops.len();
-        // The hash of each address, computed once when its operation is
+        // The hash of each address, and the slot of its table as far as
+        // the pid cache knew it, found once when its operation is
         // prefetched and kept until it is replayed.
-        let mut hashes = [0u64; HASHES];
-        let prefetch = |p: &Self, o: &PackedOp| -> u64 {
+        let mut hashes = [(0u64, 0usize); HASHES];
+        let prefetch = |p: &Self, o: &PackedOp| -> (u64, usize) {
             let code = (o.size_code >> CODE_SHIFT) as u8;
             let h = mix(o.addr);
-            p.table_for(code, o.pid, ctx).prefetch_hash(h);
-            h
+            let slot = p.known_slot(code, o.pid, ctx);
+            let table = match slot {
+                UNKNOWN_SLOT => KERNEL_SLOT,
+                s => s,
+            };
+            p.pids[table].blocks.prefetch_hash(h);
+            (h, slot)
         };
         for (k, o) in ops[..AHEAD.min(count)].iter().enumerate() {
             hashes[k] = prefetch(self, o);
@@ -1380,32 +1729,29 @@ impl Partition {
                 hashes[(i + AHEAD) % HASHES] = prefetch(self, &ops[i + AHEAD]);
             }
             let o = ops[i];
-            let h = hashes[i % HASHES];
+            let (h, known) = hashes[i % HASHES];
+            // The kernel's and the pages' slots are fixed: only a user
+            // operation can find its slot unknown.
+            let slot = |p: &mut Self| match known {
+                UNKNOWN_SLOT => p.slot(o.pid),
+                s => s,
+            };
             let c = (o.size_code >> CODE_SHIFT) as u8;
             match c {
                 C_ALLOC_USER | C_ALLOC_KERNEL | C_ALLOC_PAGE => {
-                    let slot = match c {
-                        C_ALLOC_USER => self.slot(o.pid),
-                        C_ALLOC_KERNEL => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
+                    let slot = slot(self);
                     let b = Block {
                         size: o.size_code & SIZE_BITS,
                         ts: o.ts,
                         stack: o.stack as u64,
                     };
-                    outstanding += self.alloc_hashed(slot, o.addr, h, b);
+                    outstanding += self.alloc_hashed::<true>(slot, o.addr, h, b);
                     if outstanding > peak {
-                        peak = outstanding;
-                        peak_ts = o.ts;
+                        raise(&mut peak, &mut peak_ts, outstanding, o.ts);
                     }
                 }
                 C_FREE_USER | C_FREE_KERNEL | C_FREE_PAGE => {
-                    let slot = match c {
-                        C_FREE_USER => self.slot(o.pid),
-                        C_FREE_KERNEL => KERNEL_SLOT,
-                        _ => PAGE_SLOT,
-                    };
+                    let slot = slot(self);
                     // A free never raises the total: no new peak.
                     outstanding += self.free_hashed(slot, o.addr, h);
                 }
@@ -1456,8 +1802,8 @@ impl Partition {
                     Op::KernelAlloc => KERNEL_SLOT,
                     _ => PAGE_SLOT,
                 };
-                let d = self.alloc(slot, a, sizes[i], ts[i], stacks[i]);
-                self.emit::<ALONE>(i, d, ts[i]);
+                let d = self.alloc::<ALONE>(slot, a, sizes[i], ts[i], stacks[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             op @ (Op::Free | Op::KernelFree | Op::PageFree) => {
                 let a = addrs[i];
@@ -1470,7 +1816,7 @@ impl Partition {
                     _ => PAGE_SLOT,
                 };
                 let d = self.free(slot, a);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Realloc => {
                 let (old, new, size) = (olds[i], addrs[i], sizes[i]);
@@ -1487,9 +1833,9 @@ impl Partition {
                     d += self.free(slot, old);
                 }
                 if own_new {
-                    d += self.alloc(slot, new, size, ts[i], stacks[i]);
+                    d += self.alloc::<ALONE>(slot, new, size, ts[i], stacks[i]);
                 }
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             op @ (Op::Map | Op::Unmap | Op::Remap) => {
                 if p != 0 || !ctx.selected(kind, pids[i]) {
@@ -1497,34 +1843,60 @@ impl Partition {
                 }
                 let slot = self.slot(pids[i]);
                 let d = self.replay_range(op, slot, *b, i);
-                self.emit::<ALONE>(i, d, ts[i]);
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Exec => {
                 if !ctx.selected(kind, pids[i]) {
                     return;
                 }
-                // Everything the old program image allocated is gone.
+                // Everything the old program image allocated is gone: no
+                // longer outstanding, nor held.
                 let slot = self.slot(pids[i]);
                 let st = &mut self.pids[slot];
-                let d = -(st.bytes() as i64);
+                let d = -st.held;
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
-                self.emit::<ALONE>(i, d, ts[i]);
+                st.gone = None;
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
+            }
+            Op::Exit => {
+                if !ctx.selected(kind, pids[i]) {
+                    return;
+                }
+                // The process's memory goes back to the system: what it
+                // held leaves the live total, but its blocks were never
+                // freed and stay outstanding. (Should the pid allocate
+                // again, a new process or threads outliving the main one,
+                // that counts as held anew.)
+                let slot = self.slot(pids[i]);
+                let st = &mut self.pids[slot];
+                let d = -st.held;
+                st.retire();
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Fork => {
                 let child = addrs[i] as u32;
                 if !ctx.selected(kind, pids[i]) || !ctx.selected(kind, child) || child == pids[i] {
                     return;
                 }
-                // The child starts with a copy of the parent's heap.
+                // The child starts with a copy of the parent's heap. The
+                // parent still holds those blocks and counts them in the
+                // live total: the child's copy does not count again (it
+                // is the same memory until either side writes it), only
+                // what the child allocates itself.
                 let parent = self.slot(pids[i]);
-                let copy = self.pids[parent].clone();
+                let copy = self.pids[parent].copy_all();
                 let slot = self.slot(child);
                 let st = &mut self.pids[slot];
-                let d = copy.bytes() as i64 - st.bytes() as i64;
-                st.blocks = copy.blocks;
-                st.ranges = copy.ranges;
-                self.emit::<ALONE>(i, d, ts[i]);
+                let d = -st.held;
+                st.blocks = BlockTable::default();
+                st.ranges = RangeSet::default();
+                st.gone = (!copy.is_empty()).then(|| Box::new(copy));
+                self.hold(slot, d, ts[i]);
+                self.emit::<ALONE>(i, slot, d, ts[i]);
             }
             Op::Nothing => {}
         }
@@ -1550,18 +1922,23 @@ impl Partition {
                         origin,
                     },
                 );
+                // What it replaced among the ranges the process no longer
+                // held counted in no total.
+                self.remove_gone_ranges(slot, addr, end);
                 size as i64 - replaced as i64
             }
             Op::Unmap => {
+                let end = addr.saturating_add(size);
                 let removed: u64 = self.pids[slot]
                     .ranges
-                    .remove(addr, addr.saturating_add(size))
+                    .remove(addr, end)
                     .iter()
                     .map(|(s, r)| r.end - s)
                     .sum();
-                if removed > 0 {
+                let unheld = self.remove_gone_ranges(slot, addr, end);
+                if removed + unheld > 0 {
                     self.counts.frees += 1;
-                    self.counts.freed_bytes += removed;
+                    self.counts.freed_bytes += removed + unheld;
                 }
                 -(removed as i64)
             }
@@ -1583,13 +1960,27 @@ impl Partition {
                 let removed = self.pids[slot]
                     .ranges
                     .remap(old, old_size, addr, size, made_by);
-                if removed > 0 {
+                let unheld = self.remove_gone_ranges(slot, old, old.saturating_add(old_size))
+                    + self.remove_gone_ranges(slot, addr, addr.saturating_add(size));
+                if removed + unheld > 0 {
                     self.counts.frees += 1;
-                    self.counts.freed_bytes += removed;
+                    self.counts.freed_bytes += removed + unheld;
                 }
                 size as i64 - removed as i64
             }
         }
+    }
+
+    /// Removes `[lo, hi)` from the mappings the process no longer holds;
+    /// returns the bytes removed.
+    fn remove_gone_ranges(&mut self, slot: usize, lo: u64, hi: u64) -> u64 {
+        let st = &mut self.pids[slot];
+        let Some(g) = &mut st.gone else {
+            return 0;
+        };
+        let removed = g.ranges.remove(lo, hi).iter().map(|(s, r)| r.end - s).sum();
+        st.drop_empty_gone();
+        removed
     }
 }
 

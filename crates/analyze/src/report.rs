@@ -137,10 +137,15 @@ pub struct Summary {
     pub outstanding_allocations: u64,
     /// Stacks with outstanding allocations matching every filter.
     pub outstanding_stacks: u64,
-    /// Highest outstanding bytes (within filters on pid and kind).
+    /// Highest outstanding bytes of the processes alive at the time and
+    /// of the kernel (within filters on pid and kind): a process's blocks
+    /// stop counting when it exits, though they stay outstanding.
     pub peak_bytes: u64,
     /// When, in ns since `start_ts`.
     pub peak_ns: u64,
+    /// The peak of each process, most bytes first (ties by pid): the
+    /// selected processes only, when `--pid` is given.
+    pub process_peaks: Vec<PidPeak>,
     /// Anomalies found while replaying.
     pub anomalies: Anomalies,
     /// Events the recorder lost, by reason, from meta.json.
@@ -155,6 +160,19 @@ pub struct Summary {
     pub filters: Vec<String>,
     /// Sort order of the stacks.
     pub sort: SortKey,
+}
+
+/// The peak of one process's outstanding bytes while it was alive: the
+/// blocks it allocated itself (in its current program image) and had not
+/// freed. What it inherited at fork counts for its parent.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct PidPeak {
+    /// Process id.
+    pub pid: u32,
+    /// Highest outstanding bytes.
+    pub peak_bytes: u64,
+    /// When first reached, in ns since `start_ts`.
+    pub peak_ns: u64,
 }
 
 impl Summary {
@@ -308,6 +326,19 @@ pub fn analyze_trace(
         outstanding_allocations += s.count;
         outstanding_stacks += (s.count > 0) as u64;
     }
+    // An ancestor replayed for what it passed on to a selected process is
+    // not reported.
+    let mut process_peaks: Vec<PidPeak> = stats
+        .process_peaks
+        .iter()
+        .filter(|p| opts.filter.pids.is_empty() || opts.filter.pids.contains(&p.pid))
+        .map(|p| PidPeak {
+            pid: p.pid,
+            peak_bytes: p.bytes,
+            peak_ns: p.ts.saturating_sub(start_ts),
+        })
+        .collect();
+    process_peaks.sort_unstable_by(|a, b| b.peak_bytes.cmp(&a.peak_bytes).then(a.pid.cmp(&b.pid)));
     let summary = Summary {
         trace: trace.path().display().to_string(),
         start_ts,
@@ -328,6 +359,7 @@ pub fn analyze_trace(
         outstanding_stacks,
         peak_bytes: stats.peak_bytes,
         peak_ns: stats.peak_ts.saturating_sub(start_ts),
+        process_peaks,
         anomalies: stats.anomalies,
         lost_by_reason: meta.counters.lost.clone(),
         age_histogram,

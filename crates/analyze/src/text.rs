@@ -151,6 +151,9 @@ pub fn object_loc(f: &Frame) -> String {
     }
 }
 
+/// Processes whose peak the text summary lists.
+const PROCESS_PEAKS: usize = 5;
+
 fn render_summary(out: &mut String, s: &Summary) {
     out.push_str("Summary\n");
     let mut row = |k: &str, v: String| {
@@ -217,6 +220,23 @@ fn render_summary(out: &mut String, s: &Summary) {
             format_duration(s.peak_ns)
         ),
     );
+    // The processes that held the most, a few lines at most.
+    for (i, p) in s.process_peaks.iter().take(PROCESS_PEAKS).enumerate() {
+        row(
+            if i == 0 { "peak by process" } else { "" },
+            format!(
+                "pid {}: {} at {}",
+                p.pid,
+                bytes_phrase(p.peak_bytes),
+                format_duration(p.peak_ns)
+            ),
+        );
+    }
+    if s.process_peaks.len() > PROCESS_PEAKS {
+        let more = s.process_peaks.len() - PROCESS_PEAKS;
+        let what = if more == 1 { "process" } else { "processes" };
+        row("", format!("and {more} more {what} (all in --format json)"));
+    }
     let a = &s.anomalies;
     row(
         "anomalies",

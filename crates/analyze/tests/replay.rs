@@ -1,6 +1,6 @@
 //! Replay on synthetic traces with exact expected answers. Every case runs
-//! with 1, 2, 3 and 5 partitions and must give the same report, which
-//! checks the interleaving of partitions.
+//! with 1, 2, 3, 4 and 5 partitions and must give the same report (peaks
+//! per process included), which checks the interleaving of partitions.
 
 mod common;
 
@@ -12,7 +12,7 @@ fn run_with(tb: &TraceBuilder, opts: AnalyzeOptions) -> Report {
     let dir = tempfile::tempdir().unwrap();
     let path = tb.write(dir.path());
     let mut first: Option<Report> = None;
-    for parts in [1, 2, 3, 5] {
+    for parts in [1, 2, 3, 4, 5] {
         let r = analyze(
             &path,
             &AnalyzeOptions {
@@ -44,6 +44,16 @@ fn outstanding(r: &Report) -> Vec<(u64, u64, u64)> {
         .collect();
     v.sort();
     v
+}
+
+/// `(pid, peak bytes, peak ns)` of every process, as the report orders
+/// them.
+fn peaks(r: &Report) -> Vec<(u32, u64, u64)> {
+    r.summary
+        .process_peaks
+        .iter()
+        .map(|p| (p.pid, p.peak_bytes, p.peak_ns))
+        .collect()
 }
 
 #[test]
@@ -230,9 +240,14 @@ fn exec_drops_fork_copies_exit_keeps() {
     assert_eq!(outstanding(&r), vec![(1, 10, 1), (3, 40, 1), (4, 80, 1)]);
     assert_eq!(r.summary.anomalies.unknown_frees, 1);
     assert_eq!(r.summary.frees, 1);
-    // 10 (parent) + 10 (child copy) + 20 at 4 ms.
-    assert_eq!(r.summary.peak_bytes, 10 + 40 + 80);
+    // The live total: 10 (the parent's; the child's copy is the same
+    // memory) + 40 until the child exits at 7 ms, then 10 + 80 at 8 ms.
+    assert_eq!(r.summary.peak_bytes, 10 + 80);
     assert_eq!(r.summary.peak_ns, 8 * MS);
+    assert_eq!(
+        peaks(&r),
+        vec![(300, 80, 8 * MS), (200, 40, 6 * MS), (100, 10, MS)]
+    );
 }
 
 #[test]
@@ -912,4 +927,239 @@ fn a_killed_recording_is_reported_as_incomplete() {
         v["summary"]["incomplete"]["missing_after_ns"].is_u64(),
         "{json}"
     );
+}
+const MIB: u64 = 1 << 20;
+
+/// Issue 16: ten processes, one after the other, each allocating 4 MiB
+/// and exiting without freeing it. At most 4 MiB were ever held at once
+/// (an exiting process's memory goes back to the system), yet all ten
+/// blocks are leaks and stay in the report.
+#[test]
+fn sequential_processes_peak_at_one_process() {
+    let mut tb = TraceBuilder::new();
+    tb.meta.pids = (1000..1010).collect();
+    for k in 0..10u64 {
+        let pid = 1000 + k as u32;
+        // The same program: the same address in every process.
+        tb.ev(
+            10 * k + 1,
+            pid,
+            EventKind::Malloc,
+            0x7f00_0000_1000,
+            4 * MIB,
+            1,
+        )
+        .ev(10 * k + 5, pid, EventKind::Exit, 0, 0, 0);
+    }
+    let r = run(&tb);
+    let s = &r.summary;
+    assert_eq!(s.peak_bytes, 4 * MIB);
+    assert_eq!(s.peak_ns, MS);
+    let want: Vec<_> = (0..10u64)
+        .map(|k| (1000 + k as u32, 4 * MIB, (10 * k + 1) * MS))
+        .collect();
+    assert_eq!(peaks(&r), want);
+    // Still ten leaks of 4 MiB.
+    assert_eq!(outstanding(&r), vec![(1, 40 * MIB, 10)]);
+    assert_eq!(s.outstanding_allocations, 10);
+    assert_eq!(s.outstanding_bytes, 40 * MIB);
+    assert_eq!(s.anomalies.total(), 0);
+
+    let v: serde_json::Value = serde_json::from_str(&memleak_analyze::json::render(&r)).unwrap();
+    assert_eq!(v["summary"]["peak_outstanding_bytes"], 4 * MIB);
+    let pp = v["summary"]["process_peaks"].as_array().unwrap();
+    assert_eq!(pp.len(), 10);
+    assert_eq!(pp[9]["pid"], 1009);
+    assert_eq!(pp[9]["peak_outstanding_bytes"], 4 * MIB);
+    assert_eq!(pp[9]["peak_ns"], 91 * MS);
+    // The text summary names the first five, and says how many more.
+    let text = memleak_analyze::text::render(&r);
+    assert!(
+        text.contains("  peak outstanding  4194304 bytes (4.00 MiB) at 1.00ms\n  peak by process   pid 1000: 4194304 bytes (4.00 MiB) at 1.00ms\n                    pid 1001: 4194304 bytes (4.00 MiB) at 11.0ms\n"),
+        "{text}"
+    );
+    assert!(
+        text.contains("pid 1004: 4194304 bytes (4.00 MiB) at 41.0ms\n                    and 5 more processes (all in --format json)\n"),
+        "{text}"
+    );
+    assert!(!text.contains("pid 1005"), "{text}");
+}
+
+/// Processes alive at the same time add up; once one exits, only the
+/// others count.
+#[test]
+fn overlapping_processes_add_up_while_both_live() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Malloc, 0x1000, 4 * MIB, 1)
+        .ev(2, 200, EventKind::Malloc, 0x1000, 3 * MIB, 2)
+        .ev(3, 100, EventKind::Malloc, 0x2000, MIB, 1) // both live: 8 MiB
+        .ev(4, 100, EventKind::Exit, 0, 0, 0)
+        .ev(5, 200, EventKind::Malloc, 0x2000, 2 * MIB, 2) // 5 MiB: 100 is gone
+        .ev(6, 300, EventKind::Malloc, 0x1000, 2 * MIB, 3) // 7 MiB
+        .ev(7, 200, EventKind::Free, 0x1000, 0, 0)
+        .ev(8, 200, EventKind::Exit, 0, 0, 0);
+    let r = run(&tb);
+    assert_eq!(r.summary.peak_bytes, 8 * MIB);
+    assert_eq!(r.summary.peak_ns, 3 * MS);
+    assert_eq!(
+        peaks(&r),
+        vec![
+            (100, 5 * MIB, 3 * MS),
+            (200, 5 * MIB, 5 * MS),
+            (300, 2 * MIB, 6 * MS)
+        ]
+    );
+    // Exited or not, the unfreed blocks are outstanding.
+    assert_eq!(
+        outstanding(&r),
+        vec![(1, 5 * MIB, 2), (2, 2 * MIB, 1), (3, 2 * MIB, 1)]
+    );
+}
+
+/// exec replaces the program image: the old image's blocks are gone, from
+/// the live total and from the report.
+#[test]
+fn exec_drops_the_old_images_bytes() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Malloc, 0x1000, 4 * MIB, 1)
+        .ev(2, 100, EventKind::Exec, 0, 0, 0)
+        .ev(3, 100, EventKind::Malloc, 0x2000, 3 * MIB, 2)
+        .ev(4, 200, EventKind::Malloc, 0x1000, 2 * MIB, 3) // 5 MiB, not 9
+        .ev(5, 100, EventKind::Free, 0x1000, 0, 0); // the old image's: unknown
+    let r = run(&tb);
+    assert_eq!(r.summary.peak_bytes, 5 * MIB);
+    assert_eq!(r.summary.peak_ns, 4 * MS);
+    assert_eq!(peaks(&r), vec![(100, 4 * MIB, MS), (200, 2 * MIB, 4 * MS)]);
+    assert_eq!(outstanding(&r), vec![(2, 3 * MIB, 1), (3, 2 * MIB, 1)]);
+    assert_eq!(r.summary.anomalies.unknown_frees, 1);
+}
+
+/// Kernel allocations belong to no process: an exit, even of the task
+/// that made them, leaves them in the live total.
+#[test]
+fn kernel_allocations_survive_exits() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Kmalloc, 0xffff_8880_0000_1000, MIB, 1)
+        .ev(2, 100, EventKind::Malloc, 0x1000, 2 * MIB, 2)
+        .ev(3, 100, EventKind::PageAlloc, 0x1234, 4096, 3)
+        .ev(4, 100, EventKind::Exit, 0, 0, 0) // the kernel's stay
+        .ev(
+            5,
+            200,
+            EventKind::Kmalloc,
+            0xffff_8880_0000_2000,
+            2 * MIB,
+            1,
+        )
+        .ev(6, 200, EventKind::Exit, 0, 0, 0)
+        .ev(
+            7,
+            300,
+            EventKind::KmemCacheAlloc,
+            0xffff_8880_0000_3000,
+            64,
+            4,
+        );
+    let r = run(&tb);
+    let k = 3 * MIB + 4096 + 64;
+    // 1 + 2 MiB + a page at 3 ms, then 1 MiB + a page, then 3 MiB + a page.
+    assert_eq!(r.summary.peak_bytes, k);
+    assert_eq!(r.summary.peak_ns, 7 * MS);
+    // Only user allocations make a process's share.
+    assert_eq!(peaks(&r), vec![(100, 2 * MIB, 2 * MS)]);
+    assert_eq!(r.summary.outstanding_bytes, k + 2 * MIB);
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                kind: KindScope::Kernel,
+                ..Filter::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!(r.summary.peak_bytes, k);
+    assert!(peaks(&r).is_empty());
+}
+
+/// A forked child's copy of its parent's heap is the same memory: it
+/// counts once, for the parent, and the child counts what it allocates.
+#[test]
+fn fork_copies_count_once() {
+    let mut tb = TraceBuilder::new();
+    tb.meta
+        .extra
+        .insert("parents".into(), serde_json::json!({"200": 100}));
+    tb.ev(1, 100, EventKind::Malloc, 0x1000, 4 * MIB, 1)
+        .ev(2, 100, EventKind::Mmap, 0x10_0000, 2 * MIB, 2)
+        .ev(3, 100, EventKind::Fork, 200, 0, 0)
+        .ev(4, 200, EventKind::Malloc, 0x2000, MIB, 3) // 7 MiB, not 13
+        .ev(5, 200, EventKind::Free, 0x1000, 0, 0) // its copy: the parent's stays
+        .ev(6, 200, EventKind::Munmap, 0x10_0000, MIB, 0) // half its copy
+        .ev(7, 200, EventKind::Exit, 0, 0, 0) // 6 MiB
+        .ev(8, 100, EventKind::Free, 0x1000, 0, 0) // 2 MiB
+        .ev(9, 300, EventKind::Malloc, 0x1000, 4 * MIB, 4); // 6 MiB
+    let r = run(&tb);
+    let s = &r.summary;
+    assert_eq!((s.peak_bytes, s.peak_ns), (7 * MIB, 4 * MS));
+    assert_eq!(
+        peaks(&r),
+        vec![
+            (100, 6 * MIB, 2 * MS),
+            (300, 4 * MIB, 9 * MS),
+            (200, MIB, 4 * MS)
+        ]
+    );
+    // The parent's mapping and the child's half of its copy (one
+    // allocation: a copy keeps its mapping's id), the child's own block
+    // (left at exit) and 300's block.
+    assert_eq!(
+        outstanding(&r),
+        vec![(2, 3 * MIB, 1), (3, MIB, 1), (4, 4 * MIB, 1)]
+    );
+    assert_eq!((s.frees, s.freed_bytes), (3, 9 * MIB));
+    assert_eq!(s.anomalies.total(), 0);
+    // --pid 200: the parent is replayed for what it passed on, and its
+    // share counts in the peak, but only the child has a peak of its own.
+    let r = run_with(
+        &tb,
+        AnalyzeOptions {
+            filter: Filter {
+                pids: vec![200],
+                ..Filter::default()
+            },
+            ..Default::default()
+        },
+    );
+    assert_eq!((r.summary.peak_bytes, r.summary.peak_ns), (7 * MIB, 4 * MS));
+    assert_eq!(peaks(&r), vec![(200, MIB, 4 * MS)]);
+    assert_eq!(outstanding(&r), vec![(2, MIB, 1), (3, MIB, 1)]);
+}
+
+/// Events of a pid after its exit (threads that outlive the main one, or
+/// a new process with the same pid): what it allocates then is held
+/// anew, and a free of a block from before the exit releases it without
+/// taking it off the live total a second time.
+#[test]
+fn allocations_after_an_exit_are_held_anew() {
+    let mut tb = TraceBuilder::new();
+    tb.ev(1, 100, EventKind::Malloc, 0x1000, 4 * MIB, 1)
+        .ev(2, 100, EventKind::Malloc, 0x2000, MIB, 1)
+        .ev(3, 100, EventKind::Exit, 0, 0, 0)
+        .ev(4, 100, EventKind::Malloc, 0x3000, 2 * MIB, 2) // 2 MiB
+        .ev(5, 100, EventKind::Free, 0x1000, 0, 0) // from before: still 2 MiB
+        .ev(6, 100, EventKind::Malloc, 0x2000, 4 * MIB, 3) // over a leak: 6 MiB
+        .ev(7, 200, EventKind::Malloc, 0x1000, 128, 4)
+        .ev(8, 100, EventKind::Free, 0x1000, 0, 0); // now unknown
+    let r = run(&tb);
+    let s = &r.summary;
+    assert_eq!((s.peak_bytes, s.peak_ns), (6 * MIB + 128, 7 * MS));
+    assert_eq!(peaks(&r), vec![(100, 6 * MIB, 6 * MS), (200, 128, 7 * MS)]);
+    assert_eq!(
+        outstanding(&r),
+        vec![(2, 2 * MIB, 1), (3, 4 * MIB, 1), (4, 128, 1)]
+    );
+    let a = s.anomalies;
+    assert_eq!((a.missed_frees, a.unknown_frees, a.double_frees), (1, 0, 1));
+    assert_eq!(s.frees, 1);
 }
