@@ -745,7 +745,7 @@ fn check_layout(md: &parquet::file::metadata::ParquetMetaData, len: u64) -> Resu
                 .ok()
                 .zip(u64::try_from(size).ok())
                 .and_then(|(s, n)| s.checked_add(n));
-            if !end.is_some_and(|end| end <= len) || col.data_page_offset() < start {
+            if end.is_none_or(|end| end > len) || col.data_page_offset() < start {
                 return Err(format!(
                     "column {} of row group {i} lies outside the file ({size} bytes at {start}, file of {len})",
                     col.column_path()
