@@ -192,8 +192,9 @@ struct TableSegments<R: Rows> {
     next_index: u32,
     batch_rows: usize,
     rows_in_segment: usize,
-    /// Indexes of the closed segments not merged yet, in order.
-    unmerged: Vec<u32>,
+    /// Index and rows of the closed segments not merged yet, in order:
+    /// the last entries the manifest lists for this table.
+    unmerged: Vec<(u32, u64)>,
 }
 
 /// A segment whose footer is on disk, not yet renamed into place.
@@ -280,7 +281,7 @@ impl<R: Rows> TableSegments<R> {
         };
         self.next_index += 1;
         self.rows_in_segment = 0;
-        self.unmerged.push(index);
+        self.unmerged.push((index, entry.rows));
         Ok(Some(Closed { tmp, path, entry }))
     }
 }
@@ -477,11 +478,7 @@ impl TraceWriter {
     /// table's segments once `merge_segments` of them have closed.
     pub fn rotate(&mut self) -> Result<()> {
         self.checkpoint()?;
-        let n = self.opts.merge_segments;
-        if n > 1 {
-            self.merge_if(|unmerged| unmerged >= n)?;
-        }
-        Ok(())
+        self.merge(false)
     }
 
     fn checkpoint(&mut self) -> Result<()> {
@@ -515,9 +512,16 @@ impl TraceWriter {
         Ok(())
     }
 
-    /// Merges the unmerged segments of every table for which `due` says
-    /// so, given how many there are.
-    fn merge_if(&mut self, due: impl Fn(usize) -> bool) -> Result<()> {
+    /// Merges a table's unmerged segments when `merge_segments` of them
+    /// have closed, when they hold `segment_rows` rows together, or (`all`)
+    /// at the end. A segment closed because it was full (half of
+    /// `segment_rows` or more) is large enough as it is: it is never copied,
+    /// and the smaller ones before it are merged without it.
+    fn merge(&mut self, all: bool) -> Result<()> {
+        let (n, full) = (self.opts.merge_segments, self.opts.segment_rows as u64);
+        if n < 2 {
+            return Ok(());
+        }
         let root = self.root.clone();
         let manifest = self.meta.segments.get_or_insert_with(Default::default);
         let mut changed = Vec::new();
@@ -527,20 +531,27 @@ impl TraceWriter {
             (Table::Maps, &mut self.maps.unmerged),
             (Table::Events, &mut self.events.unmerged),
         ] {
-            if unmerged.len() < 2 || !due(unmerged.len()) {
+            let large_last = unmerged.last().is_some_and(|&(_, rows)| rows >= full / 2);
+            let rows: u64 = unmerged.iter().map(|&(_, r)| r).sum();
+            if !(all || large_last || unmerged.len() >= n || rows >= full) {
                 continue;
             }
-            let entries = manifest.entry(table.name().to_string()).or_default();
-            let first = entries.len() - unmerged.len();
-            let dir = root.join(table.name());
-            let (first_index, last_index) = (unmerged[0], *unmerged.last().expect("two or more"));
-            let name = format!("part-{first_index:05}-{last_index:05}.parquet");
-            let path = dir.join(&name);
-            let entry = merge_segments(&dir, &entries[first..], &in_progress(&path), name)?;
-            let parts: Vec<SegmentEntry> = entries.drain(first..).collect();
-            entries.push(entry);
+            let small = &unmerged[..unmerged.len() - usize::from(large_last)];
+            if small.len() >= 2 {
+                let entries = manifest.entry(table.name().to_string()).or_default();
+                let first = entries.len() - unmerged.len();
+                let dir = root.join(table.name());
+                let (a, b) = (small[0].0, small[small.len() - 1].0);
+                let name = format!("part-{a:05}-{b:05}.parquet");
+                let path = dir.join(&name);
+                let parts = &entries[first..first + small.len()];
+                let entry = merge_segments(&dir, parts, &in_progress(&path), name)?;
+                let parts: Vec<SegmentEntry> = entries
+                    .splice(first..first + small.len(), [entry])
+                    .collect();
+                changed.push((dir, parts, path));
+            }
             unmerged.clear();
-            changed.push((dir, parts, path));
         }
         if changed.is_empty() {
             return Ok(());
@@ -564,9 +575,7 @@ impl TraceWriter {
     /// final `meta.json` with `complete: true`.
     pub fn finish(mut self) -> Result<Meta> {
         self.checkpoint()?;
-        if self.opts.merge_segments > 1 {
-            self.merge_if(|_| true)?;
-        }
+        self.merge(true)?;
         if self.meta.end_ns == 0 {
             self.meta.end_ns = crate::meta::clock_ns(libc::CLOCK_MONOTONIC);
         }

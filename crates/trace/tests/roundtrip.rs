@@ -329,6 +329,43 @@ fn checkpoints_are_merged_without_changing_a_row() {
 }
 
 #[test]
+fn full_segments_are_never_copied_by_a_merge() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("big.parquet");
+    let events = synthetic_events(170);
+    let opts = WriterOptions {
+        segment_rows: 100,
+        row_group_rows: 40,
+        ..WriterOptions::default()
+    };
+    let mut w = TraceWriter::create(&root, meta(), opts).unwrap();
+    // Two checkpoints of 30 events, a segment closed full (100 rows),
+    // then 10 more at the end.
+    for (i, e) in events.iter().enumerate() {
+        w.push_event(e).unwrap();
+        if i == 29 || i == 59 {
+            w.rotate().unwrap();
+        }
+    }
+    w.finish().unwrap();
+    let names: Vec<String> = segments(&root, "events")
+        .iter()
+        .map(|p| p.file_name().unwrap().to_string_lossy().into_owned())
+        .collect();
+    assert_eq!(
+        names,
+        [
+            "part-00000-00001.parquet",
+            "part-00002.parquet",
+            "part-00003.parquet"
+        ]
+    );
+    let trace = Trace::open(&root).unwrap();
+    assert!(trace.warnings().is_empty(), "{:?}", trace.warnings());
+    assert_eq!(read_events(&trace), events);
+}
+
+#[test]
 fn projection_decodes_only_the_requested_columns() {
     let dir = tempfile::tempdir().unwrap();
     let root = dir.path().join("p.parquet");
