@@ -163,7 +163,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     for w in trace.warnings() {
-        eprintln!("memleak: warning: {w}");
+        say!("memleak: warning: {w}");
     }
     let opts = AnalyzeOptions {
         filter: Filter {
@@ -225,7 +225,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             )?;
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(Some(&dir.join("flamegraph.svg")), &svg)?;
-            eprintln!(
+            say!(
                 "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
                 dir.display()
             );

@@ -20,7 +20,7 @@ pub struct InfoArgs {
 pub fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     let trace = Trace::open(&args.trace)?;
     for w in trace.warnings() {
-        eprintln!("memleak: warning: {w}");
+        say!("memleak: warning: {w}");
     }
     let report = report(&trace);
     crate::output::to_stdout(|out| {

@@ -10,6 +10,24 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 
+/// `eprintln!` that cannot panic: a closed or full stderr (`2>&-`, a
+/// reader that went away) must not stop a recording over a message nobody
+/// can read.
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// `eprint!` that cannot panic (see `say!`).
+macro_rules! say_inline {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = write!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod analyze_cmd;
 mod info_cmd;
 mod output;
@@ -81,7 +99,7 @@ fn main() -> ExitCode {
             e.exit()
         }
         Err(e) => {
-            eprintln!("{}", usage_error(&e));
+            say!("{}", usage_error(&e));
             return ExitCode::from(2);
         }
     };

@@ -407,7 +407,7 @@ fn record(
         for lib in &libs {
             if args.verbose {
                 for p in &lib.points {
-                    eprintln!(
+                    say!(
                         "memleak: probe {}:{} at +{:#x} ({})",
                         lib.path.display(),
                         p.symbol,
@@ -416,7 +416,7 @@ fn record(
                     );
                 }
                 for m in &lib.missing {
-                    eprintln!("memleak: {} has no {m}; skipped", lib.path.display());
+                    say!("memleak: {} has no {m}; skipped", lib.path.display());
                 }
             }
             probes.attach_library(pid as i32, lib)?;
@@ -429,7 +429,7 @@ fn record(
         match &ld_so {
             Some(ld) => probes.attach_dl_stops(c.pid as i32, ld)?,
             None if args.verbose => {
-                eprintln!("memleak: no ld.so found; dlclosed libraries may not symbolize")
+                say!("memleak: no ld.so found; dlclosed libraries may not symbolize")
             }
             None => {}
         }
@@ -442,12 +442,12 @@ fn record(
             None => {
                 let note = "kernel pages are identified by struct page address: \
                             the pfn mapping could not be learned";
-                eprintln!("memleak: note: {note}");
+                say!("memleak: note: {note}");
                 note.to_string()
             }
         });
         for note in probes.attach_kernel(args.percpu)? {
-            eprintln!("memleak: note: {note}");
+            say!("memleak: note: {note}");
             notes.push(note);
         }
     }
@@ -634,14 +634,14 @@ fn record(
     let stats = rec.stats().clone();
     let meta = rec.finish()?;
     if args.count_only {
-        eprintln!("memleak: count-only: {} probe hits", probes.hits());
+        say!("memleak: count-only: {} probe hits", probes.hits());
     }
     if !args.quiet {
         if let Some(ending) = ending {
-            eprintln!("memleak: {ending}");
+            say!("memleak: {ending}");
         }
         let lost = meta.counters.lost_total();
-        eprintln!(
+        say!(
             "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
             stats.events,
             cpu_ns as f64 / stats.events.max(1) as f64,
@@ -761,9 +761,12 @@ impl Status {
         let s = rec.stats();
         let rate = (s.events - self.last_events) as f64 / self.last.elapsed().as_secs_f64();
         let lost: u64 = probes.lost().iter().take(3).sum();
-        eprint!(
+        say_inline!(
             "\r\x1b[Kmemleak: {:>10.0} events/s  {} events  {} outstanding bytes  {} lost",
-            rate, s.events, s.outstanding_bytes, lost
+            rate,
+            s.events,
+            s.outstanding_bytes,
+            lost
         );
         let _ = std::io::stderr().flush();
         self.last = Instant::now();
@@ -772,7 +775,7 @@ impl Status {
 
     fn clear(&self) {
         if self.enabled {
-            eprint!("\r\x1b[K");
+            say_inline!("\r\x1b[K");
         }
     }
 }

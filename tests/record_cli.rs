@@ -726,3 +726,26 @@ fn bad_record_options_are_refused_up_front() {
         }
     }
 }
+
+/// A full stderr (`2>/dev/full`; a closed pipe is the same EPIPE-style
+/// error) does not stop a recording: every message is written without
+/// panicking, and the trace is finished. (A closed descriptor, `2>&-`,
+/// Rust's stderr ignores by itself.)
+#[test]
+fn full_stderr_does_not_stop_a_recording() {
+    if !is_root() {
+        eprintln!("skipping: needs root");
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let script = format!(
+        "exec {} record -v -o {} -- true 2>/dev/full",
+        env!("CARGO_BIN_EXE_memleak"),
+        trace.display()
+    );
+    let out = Command::new("sh").args(["-c", &script]).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert!(t.meta().complete);
+}
