@@ -7,5 +7,9 @@ cd "$(dirname "$0")/.."
 scripts/setup.sh
 [ -x "$HOME/.cargo/bin/cargo" ] && export PATH="$HOME/.cargo/bin:$PATH"
 cargo test --workspace --release
+# The analyzer-only build (no clang, no libbpf) must keep building, and the
+# code must pass the lints a reviewer runs.
+cargo build --release --no-default-features
+scripts/lint.sh
 # The trace reader against damaged input, for a bounded time.
 scripts/fuzz.sh "${MEMLEAK_FUZZ_SECONDS:-60}"
