@@ -59,7 +59,9 @@ pub struct WriterOptions {
     /// recorder loses at most this much.
     pub segment_duration: Duration,
     /// Merge a table's closed segments into one once this many have
-    /// closed since the last merge (0 or 1: never merge).
+    /// closed since the last merge, or they hold `segment_rows` rows
+    /// together, and at the end; a full segment is never copied (0 or 1:
+    /// never merge).
     pub merge_segments: usize,
     /// Rows per Parquet row group (the unit of parallel replay).
     pub row_group_rows: usize,
