@@ -11,15 +11,6 @@ use std::time::{Duration, Instant};
 
 use common::fixtures::{memleak, recording_guard, root};
 
-fn needs_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    if unsafe { libc::geteuid() } != 0 {
-        eprintln!("skipping: recording needs root");
-        return false;
-    }
-    true
-}
-
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
         tv_sec: 0,
@@ -93,7 +84,7 @@ fn duckdb_rows(trace: &Path) -> Option<u64> {
 
 #[test]
 fn kill_9_keeps_all_but_the_last_second() {
-    if !needs_root() {
+    if !common::can_record() {
         return;
     }
     let _guard = recording_guard(false);

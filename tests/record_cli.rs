@@ -273,8 +273,7 @@ fn attach_to_a_running_process() {
 /// memleak's too.
 #[test]
 fn signals_are_passed_on_and_close_a_valid_trace() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     for sig in [libc::SIGINT, libc::SIGTERM] {
@@ -339,11 +338,6 @@ fn lost_events_are_counted_and_reported() {
         text.contains(&format!("lost events       {lost}: ring_full {lost}")),
         "{text}"
     );
-}
-
-fn is_root() -> bool {
-    // SAFETY: geteuid has no preconditions.
-    unsafe { libc::geteuid() == 0 }
 }
 
 /// Waits for a child, failing (not hanging) if it takes more than `secs`.
@@ -472,8 +466,7 @@ fn record_until_done(
 /// for; sizes and durations take units.
 #[test]
 fn duration_ends_the_command_with_sigterm() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -517,8 +510,7 @@ fn duration_ends_the_command_with_sigterm() {
 /// A command that ignores SIGTERM is killed --kill-after later.
 #[test]
 fn kill_after_kills_a_command_that_ignores_sigterm() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
@@ -549,8 +541,7 @@ fn kill_after_kills_a_command_that_ignores_sigterm() {
 /// stopped.
 #[test]
 fn detach_leaves_the_command_running() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     become_subreaper();
@@ -594,8 +585,7 @@ fn detach_leaves_the_command_running() {
 /// `_dl_debug_state` probe sends SIGSTOP): no thread is left stopped.
 #[test]
 fn detach_leaves_no_thread_stopped() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     become_subreaper();
@@ -637,8 +627,7 @@ fn detach_leaves_no_thread_stopped() {
 /// it is not left running untraced.
 #[test]
 fn command_dies_with_memleak() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     become_subreaper();
@@ -766,8 +755,7 @@ fn bad_record_options_are_refused_up_front() {
 /// Rust's stderr ignores by itself.)
 #[test]
 fn full_stderr_does_not_stop_a_recording() {
-    if !is_root() {
-        eprintln!("skipping: needs root");
+    if !common::can_record() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
