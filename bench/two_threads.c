@@ -1,4 +1,4 @@
-/* Trace-size workload for docs/format.md: two threads, each doing N
+/* Trace-size workload for docs/benchmarks.md: two threads, each doing N
  * malloc(random size)+free pairs (sizes from a fixed-seed LCG, 1..4096
  * bytes), as in the heaptrack comparison of issue 2. */
 #include <pthread.h>
