@@ -8,10 +8,16 @@ run, alternating ROUNDS times:
   floor       `memleak record --count-only`: the same probes at the same
               places, only counting hits (no state, event, stack or ring)
   record      `memleak record` writing a trace
+  heaptrack   `heaptrack -o FILE` (Debian's heaptrack: an LD_PRELOAD hook),
+              the peer a user would pick for this job
+  valgrind    `valgrind --tool=memcheck --leak-check=full` (with --peers;
+              slow, so it runs on PAIRS/VALGRIND_DIV pairs and is scaled)
 Reports the median µs per pair of each, by the workload thread's CPU time
 (user + system: the probes run in the thread and are charged to it, time
 spent preempted by other work on the machine is not) and by wall time, the
-ratios, lost events, and the recorder's own CPU per event (consumer +
+ratios to bare and to heaptrack, the end-to-end wall time and CPU of
+every process of the command (recorder and heaptrack's writer included),
+lost events, and the recorder's own CPU per event (consumer +
 Parquet + symbolization).
 
 BPF run-time statistics (kernel.bpf_stats_enabled) add two clock reads to
@@ -19,8 +25,9 @@ every program run, floor and record alike, which flatters the ratio; they
 are switched off for the run and restored after.
 
 usage: bench/record_overhead.py [--pairs N] [--leaks N] [--depth N] [--rounds N]
+                                [--no-peers] [--valgrind] [--cflags "-O2 ..."]
 """
-import argparse, json, os, statistics, subprocess, sys, tempfile
+import argparse, json, os, resource, shutil, statistics, subprocess, sys, tempfile, time
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -31,10 +38,15 @@ def main():
     ap.add_argument("--depth", type=int, default=0)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--memleak", default=os.path.join(ROOT, "target/release/memleak"))
+    ap.add_argument("--no-peers", action="store_true", help="skip heaptrack")
+    ap.add_argument("--valgrind", action="store_true", help="also valgrind (slow)")
+    ap.add_argument("--valgrind-div", type=int, default=20,
+                    help="valgrind runs PAIRS/N pairs; its per-pair figures are per pair all the same")
+    ap.add_argument("--cflags", default="-O2 -g -fno-omit-frame-pointer")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="memleak-bench-")
     exe = os.path.join(tmp, "alloc_pairs")
-    subprocess.run(["gcc", "-O2", "-g", "-fno-omit-frame-pointer", "-o", exe,
+    subprocess.run(["gcc"] + a.cflags.split() + ["-o", exe,
                     os.path.join(ROOT, "bench/alloc_pairs.c")], check=True)
     args = [exe, str(a.pairs), str(a.leaks), str(a.depth)]
     stats = "/proc/sys/kernel/bpf_stats_enabled"
@@ -48,15 +60,37 @@ def main():
 
 def run(a, args, tmp):
     trace = os.path.join(tmp, "t.parquet")
-    cpu_us = {"bare": [], "floor": [], "record": []}
-    wall_us = {"bare": [], "floor": [], "record": []}
+    modes = ["bare", "floor", "record"]
+    peers = []
+    if not a.no_peers and shutil.which("heaptrack"):
+        peers.append("heaptrack")
+    elif not a.no_peers:
+        print("skipping heaptrack: not installed", file=sys.stderr)
+    if a.valgrind and shutil.which("valgrind"):
+        peers.append("valgrind")
+    modes += peers
+    cpu_us = {m: [] for m in modes}
+    wall_us = {m: [] for m in modes}
+    e2e_wall_us = {m: [] for m in modes}
+    e2e_cpu_us = {m: [] for m in modes}
     cpu, lost, events = [], [], []
 
-    def timed(mode, cmd):
-        out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout.split()
-        wall_us[mode].append(int(out[0]) / a.pairs / 1000)
-        cpu_us[mode].append(int(out[1]) / a.pairs / 1000)
+    def timed(mode, cmd, pairs=a.pairs):
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        p = subprocess.run(cmd, check=True, capture_output=True, text=True)
+        t1 = time.monotonic()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        # heaptrack prints its own lines on stdout: take the workload's.
+        out = [l.split() for l in p.stdout.splitlines()
+               if len(l.split()) == 2 and all(w.isdigit() for w in l.split())][-1]
+        wall_us[mode].append(int(out[0]) / pairs / 1000)
+        cpu_us[mode].append(int(out[1]) / pairs / 1000)
+        e2e_wall_us[mode].append((t1 - t0) * 1e6 / pairs)
+        used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        e2e_cpu_us[mode].append(used * 1e6 / pairs)
 
+    ht = os.path.join(tmp, "heaptrack.out")
     for _ in range(a.rounds):
         timed("bare", args)
         timed("floor", [a.memleak, "record", "-q", "--count-only", "--force", "-o", trace, "--"] + args)
@@ -66,15 +100,30 @@ def run(a, args, tmp):
         events.append(n)
         lost.append(sum(meta["counters"]["lost"].values()))
         cpu.append(meta["recorder_cpu_ns"] / n)
+        if "heaptrack" in peers:
+            for f in os.listdir(tmp):
+                if f.startswith("heaptrack.out"):
+                    os.remove(os.path.join(tmp, f))
+            timed("heaptrack", ["heaptrack", "-o", ht] + args)
+        if "valgrind" in peers:
+            vp = max(a.pairs // a.valgrind_div, 1)
+            vargs = [args[0], str(vp), str(max(a.leaks // a.valgrind_div, 0)), args[3]]
+            timed("valgrind", ["valgrind", "-q", "--tool=memcheck", "--leak-check=full",
+                               "--log-file=/dev/null"] + vargs, pairs=vp)
     print(f"workload: {a.pairs} malloc(32)+free pairs + {a.leaks} leaks, {a.depth} frames deep, "
-          f"{a.rounds} rounds, median")
-    print("| mode | µs per pair (thread CPU) | × floor | µs per pair (wall) | × floor |")
-    print("|---|---|---|---|---|")
+          f"built with {a.cflags}, {a.rounds} rounds, median")
+    print("| mode | µs per pair (thread CPU) | × bare | × floor | × heaptrack "
+          "| µs per pair (end-to-end wall) | µs per pair (CPU of all processes) |")
+    print("|---|---|---|---|---|---|---|")
     mc = {k: statistics.median(v) for k, v in cpu_us.items()}
-    mw = {k: statistics.median(v) for k, v in wall_us.items()}
-    print(f"| bare | {mc['bare']:.3f} | – | {mw['bare']:.3f} | – |")
-    for k in ("floor", "record"):
-        print(f"| {k} | {mc[k]:.3f} | {mc[k]/mc['floor']:.2f} | {mw[k]:.3f} | {mw[k]/mw['floor']:.2f} |")
+    ew = {k: statistics.median(v) for k, v in e2e_wall_us.items()}
+    ec = {k: statistics.median(v) for k, v in e2e_cpu_us.items()}
+    ref = mc.get("heaptrack")
+    for k in modes:
+        vs_ht = f"{mc[k]/ref:.2f}" if ref else "–"
+        vs_floor = "–" if k == "bare" else f"{mc[k]/mc['floor']:.2f}"
+        print(f"| {k} | {mc[k]:.3f} | {mc[k]/mc['bare']:.1f} | {vs_floor} | {vs_ht} "
+              f"| {ew[k]:.3f} | {ec[k]:.3f} |")
     print(f"events per run: {events[0]}; lost: {max(lost)}; recorder CPU per event: "
           f"{statistics.median(cpu):.0f} ns (min {min(cpu):.0f}, max {max(cpu):.0f})")
 
