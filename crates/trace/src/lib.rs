@@ -32,6 +32,7 @@
 
 pub mod error;
 mod events_file;
+mod fsio;
 pub mod meta;
 pub mod reader;
 pub mod schema;

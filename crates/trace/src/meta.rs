@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::fsio;
 use crate::schema::{FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME};
 
 /// A pair of clock readings taken back to back, to convert event
@@ -248,15 +248,9 @@ impl Meta {
         if let Some(o) = value.as_object_mut() {
             o.insert(CHECKSUM_FIELD.into(), sum.into());
         }
-        let text = serde_json::to_string_pretty(&value).expect("meta serializes");
-        let write = || -> std::io::Result<()> {
-            let mut f = crate::writer::create_private(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| Error::io(&path, e))
+        let mut text = serde_json::to_string_pretty(&value).expect("meta serializes");
+        text.push('\n');
+        fsio::replace_atomically(&path, &tmp, text.as_bytes()).map_err(|e| Error::io(&path, e))
     }
 }
 
