@@ -81,9 +81,9 @@ fn report(trace: &Trace) -> serde_json::Value {
         "tables": tables,
         "events_bytes_per_event": (events_rows > 0).then(|| events_bytes as f64 / events_rows as f64),
         "warnings": trace.warnings(),
-        "notes": m.extra.get("notes").cloned().unwrap_or_default(),
-        "failed_allocations": m.extra.get("failed_allocations").cloned(),
-        "recorder_cpu_ns": m.extra.get("recorder_cpu_ns").cloned(),
+        "notes": (!m.notes.is_empty()).then_some(&m.notes),
+        "failed_allocations": m.failed_allocations,
+        "recorder_cpu_ns": m.recorder_cpu_ns,
     })
 }
 

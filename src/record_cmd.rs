@@ -16,7 +16,7 @@ use anyhow::{bail, Context, Result};
 use memleak_recorder::placement::Policy;
 use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
 use memleak_recorder::Recorder;
-use memleak_trace::{Meta, TraceWriter, WriterOptions};
+use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
 use crate::probes::{self, ProbeConfig, Probes};
 use crate::units::{
@@ -458,13 +458,8 @@ fn record(
         recorder.set_page_frames(base, size);
     }
     recorder.meta_mut().pids = pids.clone();
-    if !notes.is_empty() {
-        // Whoever analyzes the trace must know what was not recorded.
-        recorder
-            .meta_mut()
-            .extra
-            .insert("notes".into(), serde_json::json!(notes));
-    }
+    // Whoever analyzes the trace must know what was not recorded.
+    recorder.meta_mut().notes = notes;
     for &pid in &pids {
         if !matches!(target, Target::Child(_)) {
             recorder.snapshot_maps(pid)?;
@@ -616,21 +611,16 @@ fn record(
     if args.kernel || args.kernel_pid.is_some() {
         // Every event a later copy records is one the kernel skipped for the
         // first copy: more rescued than skipped would mean double records.
-        rec.meta_mut().extra.insert(
-            "kernel_recursion".into(),
-            serde_json::json!({
-                "first_copy_skips": recursion.first_copies,
-                "recorded_by_later_copies": recursion.rescued,
-            }),
-        );
+        rec.meta_mut().kernel_recursion = Some(KernelRecursion {
+            first_copy_skips: recursion.first_copies,
+            recorded_by_later_copies: recursion.rescued,
+        });
     }
     rec.meta_mut().exit_code = exit_code;
     // Our own CPU (consumer, Parquet, symbolization): the probes themselves
     // run in the target's context and are charged to it.
     let cpu_ns = self_cpu_ns();
-    rec.meta_mut()
-        .extra
-        .insert("recorder_cpu_ns".into(), cpu_ns.into());
+    rec.meta_mut().recorder_cpu_ns = Some(cpu_ns);
     let stats = rec.stats().clone();
     let meta = rec.finish()?;
     if args.count_only {
