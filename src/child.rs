@@ -7,6 +7,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+/// A command memleak started: [`spawn`](Child::spawn)ed suspended,
+/// [`release`](Child::release)d, then [`poll`](Child::poll)ed until it ends.
 pub struct Child {
     pub pid: u32,
     go_tx: libc::c_int,
@@ -109,6 +111,9 @@ impl Child {
             bail!("fork: {}", std::io::Error::last_os_error());
         }
         if pid == 0 {
+            // SAFETY: in the forked child, which must not allocate: only
+            // async-signal-safe calls, on the fds and the argv pointers
+            // (into `cargs`, still alive) prepared before the fork.
             unsafe {
                 if detach {
                     libc::setpgid(0, 0);
