@@ -450,3 +450,46 @@ fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
     }
     out
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mapped file parses exactly as its bytes read into memory do.
+    #[test]
+    fn open_maps_what_parse_reads() {
+        let exe = std::env::current_exe().unwrap();
+        let mapped = ElfFile::open(&exe).unwrap();
+        assert!(matches!(mapped.data, Bytes::Mapped(_)));
+        let owned = ElfFile::parse(std::fs::read(&exe).unwrap()).unwrap();
+        assert_eq!(mapped.data.len(), owned.data.len());
+        assert!(mapped.data[..] == owned.data[..]);
+        assert_eq!(mapped.symbols, owned.symbols);
+        assert_eq!(mapped.build_id(), owned.build_id());
+        assert!(mapped.function_symbols().next().is_some());
+    }
+
+    /// An empty file is read, not mapped, and is no ELF file; a missing
+    /// one is an I/O error naming it.
+    #[test]
+    fn empty_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.so");
+        std::fs::write(&empty, b"").unwrap();
+        let err = ElfFile::open(&empty).unwrap_err();
+        assert_eq!(err.to_string(), "not a supported ELF file: bad magic");
+        let short = dir.path().join("short.so");
+        std::fs::write(&short, b"\x7fELF\x02\x01").unwrap();
+        let err = ElfFile::open(&short).unwrap_err();
+        assert_eq!(err.to_string(), "malformed ELF file: truncated");
+        let missing = dir.path().join("missing.so");
+        let err = ElfFile::open(&missing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "reading {}: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+    }
+}
