@@ -1,11 +1,12 @@
 //! `memleak info`: what a trace holds, without replaying it.
 
+use std::collections::BTreeMap;
 use std::io::{self, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use memleak_trace::{Table, Trace};
-use serde_json::json;
+use serde::Serialize;
 
 /// Arguments of `memleak info`.
 #[derive(clap::Args)]
@@ -34,8 +35,55 @@ pub fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// Everything `info` shows, as JSON; the text form is rendered from it.
-fn report(trace: &Trace) -> serde_json::Value {
+/// Everything `info` shows: `--json` prints it as it is, the text form is
+/// rendered from it.
+///
+/// The fields are in alphabetical order because that is the order of the
+/// JSON object `info --json` has always printed (it was built as a
+/// `serde_json::Value`, whose objects sort their keys): scripts that diff
+/// the output see no change. Keep new fields in order too.
+#[derive(Serialize)]
+struct Report<'a> {
+    command: &'a [String],
+    complete: bool,
+    duration_s: Option<f64>,
+    end_ns: u64,
+    end_utc: Option<String>,
+    events: &'a BTreeMap<String, u64>,
+    events_bytes_per_event: Option<f64>,
+    events_total: u64,
+    exit_code: Option<i32>,
+    failed_allocations: Option<u64>,
+    format: &'a str,
+    format_version: &'a str,
+    host: &'a str,
+    kernel: &'a str,
+    lost: &'a BTreeMap<String, u64>,
+    lost_total: u64,
+    /// `null` when the recorder left no notes.
+    notes: Option<&'a [String]>,
+    path: &'a Path,
+    pids: &'a [u32],
+    recorder_cpu_ns: Option<u64>,
+    start_ns: u64,
+    start_utc: Option<String>,
+    /// By table name, so in name order like the rest.
+    tables: BTreeMap<&'static str, TableInfo>,
+    tool_version: &'a str,
+    warnings: &'a [String],
+}
+
+/// One table's line of [`Report::tables`] (fields in alphabetical order,
+/// see [`Report`]).
+#[derive(Serialize)]
+struct TableInfo {
+    bytes: u64,
+    row_groups: u64,
+    rows: u64,
+    segments: u64,
+}
+
+fn report(trace: &Trace) -> Report<'_> {
     let m = trace.meta();
     // Event timestamps are CLOCK_MONOTONIC; the clock pair read at start
     // converts them to wall-clock time.
@@ -46,91 +94,81 @@ fn report(trace: &Trace) -> serde_json::Value {
     };
     let duration_s =
         (m.end_ns > m.start_ns && m.start_ns != 0).then(|| (m.end_ns - m.start_ns) as f64 / 1e9);
-    let tables: serde_json::Map<String, serde_json::Value> = Table::ALL
+    let tables = Table::ALL
         .iter()
         .map(|&t| {
             let st = trace.table_stats(t);
-            let v = json!({
-                "segments": st.segments, "rows": st.rows, "row_groups": st.row_groups, "bytes": st.bytes,
-            });
-            (t.name().to_string(), v)
+            let info = TableInfo {
+                bytes: st.bytes,
+                row_groups: st.row_groups,
+                rows: st.rows,
+                segments: st.segments,
+            };
+            (t.name(), info)
         })
         .collect();
-    let events_rows = trace.table_stats(Table::Events).rows;
-    let events_bytes = trace.table_stats(Table::Events).bytes;
-    json!({
-        "path": trace.path(),
-        "format": m.format,
-        "format_version": m.format_version,
-        "tool_version": m.tool_version,
-        "host": m.host,
-        "kernel": m.kernel,
-        "command": m.command,
-        "pids": m.pids,
-        "start_ns": m.start_ns,
-        "end_ns": m.end_ns,
-        "start_utc": wall(m.start_ns).map(utc),
-        "end_utc": wall(m.end_ns).map(utc),
-        "duration_s": duration_s,
-        "complete": m.complete,
-        "exit_code": m.exit_code,
-        "events": m.counters.events,
-        "events_total": m.counters.events_total(),
-        "lost": m.counters.lost,
-        "lost_total": m.counters.lost_total(),
-        "tables": tables,
-        "events_bytes_per_event": (events_rows > 0).then(|| events_bytes as f64 / events_rows as f64),
-        "warnings": trace.warnings(),
-        "notes": m.extra.get("notes").cloned().unwrap_or_default(),
-        "failed_allocations": m.extra.get("failed_allocations").cloned(),
-        "recorder_cpu_ns": m.extra.get("recorder_cpu_ns").cloned(),
-    })
+    let events = trace.table_stats(Table::Events);
+    Report {
+        command: &m.command,
+        complete: m.complete,
+        duration_s,
+        end_ns: m.end_ns,
+        end_utc: wall(m.end_ns).map(utc),
+        events: &m.counters.events,
+        events_bytes_per_event: (events.rows > 0).then(|| events.bytes as f64 / events.rows as f64),
+        events_total: m.counters.events_total(),
+        exit_code: m.exit_code,
+        failed_allocations: m.failed_allocations,
+        format: &m.format,
+        format_version: &m.format_version,
+        host: &m.host,
+        kernel: &m.kernel,
+        lost: &m.counters.lost,
+        lost_total: m.counters.lost_total(),
+        notes: (!m.notes.is_empty()).then_some(&m.notes[..]),
+        path: trace.path(),
+        pids: &m.pids,
+        recorder_cpu_ns: m.recorder_cpu_ns,
+        start_ns: m.start_ns,
+        start_utc: wall(m.start_ns).map(utc),
+        tables,
+        tool_version: &m.tool_version,
+        warnings: trace.warnings(),
+    }
 }
 
-fn print_text(r: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
-    let s = |k: &str| r[k].as_str().unwrap_or("").to_string();
-    let or_unknown = |v: String| {
+fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
+    let or_unknown = |v: &str| {
         if v.is_empty() {
             "(unknown)".to_string()
         } else {
-            v
+            v.to_string()
         }
     };
-    writeln!(out, "trace:     {}", s("path"))?;
+    writeln!(out, "trace:     {}", r.path.display())?;
     writeln!(
         out,
         "format:    {} {} (written by memleak {})",
-        s("format"),
-        s("format_version"),
-        or_unknown(s("tool_version"))
+        r.format,
+        r.format_version,
+        or_unknown(r.tool_version)
     )?;
     writeln!(
         out,
         "host:      {} (kernel {})",
-        or_unknown(s("host")),
-        or_unknown(s("kernel"))
+        or_unknown(r.host),
+        or_unknown(r.kernel)
     )?;
-    let command: Vec<&str> = r["command"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .filter_map(|c| c.as_str())
-        .collect();
     writeln!(
         out,
         "command:   {}",
-        if command.is_empty() {
+        if r.command.is_empty() {
             "(unknown)".to_string()
         } else {
-            command.join(" ")
+            r.command.join(" ")
         }
     )?;
-    let pids: Vec<String> = r["pids"]
-        .as_array()
-        .into_iter()
-        .flatten()
-        .map(|p| p.to_string())
-        .collect();
+    let pids: Vec<String> = r.pids.iter().map(|p| p.to_string()).collect();
     writeln!(
         out,
         "pids:      {}",
@@ -140,19 +178,19 @@ fn print_text(r: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
             pids.join(" ")
         }
     )?;
-    let when = |utc: &str, ns: &str| match r[utc].as_str() {
-        Some(t) => format!("{t} (monotonic {} ns)", r[ns]),
-        None if r[ns].as_u64().unwrap_or(0) != 0 => format!("monotonic {} ns", r[ns]),
+    let when = |utc: &Option<String>, ns: u64| match utc {
+        Some(t) => format!("{t} (monotonic {ns} ns)"),
+        None if ns != 0 => format!("monotonic {ns} ns"),
         None => "(unknown)".to_string(),
     };
-    writeln!(out, "start:     {}", when("start_utc", "start_ns"))?;
-    writeln!(out, "end:       {}", when("end_utc", "end_ns"))?;
-    match r["duration_s"].as_f64() {
+    writeln!(out, "start:     {}", when(&r.start_utc, r.start_ns))?;
+    writeln!(out, "end:       {}", when(&r.end_utc, r.end_ns))?;
+    match r.duration_s {
         Some(d) => writeln!(out, "duration:  {d:.3} s")?,
         None => writeln!(out, "duration:  (unknown)")?,
     };
-    let complete = if r["complete"].as_bool().unwrap_or(false) {
-        match r["exit_code"].as_i64() {
+    let complete = if r.complete {
+        match r.exit_code {
             Some(c) => format!("yes (traced command exited with {c})"),
             None => "yes".to_string(),
         }
@@ -161,26 +199,24 @@ fn print_text(r: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
     };
     writeln!(out, "complete:  {complete}")?;
 
-    let mut counts = |key: &str, total: &str| -> io::Result<()> {
-        writeln!(out, "{key:<10} {}", r[total])?;
-        if let Some(map) = r[key].as_object() {
-            let width = map.keys().map(|k| k.len()).max().unwrap_or(0);
-            for (k, v) in map {
-                writeln!(out, "  {k:<width$}  {:>12}", v.as_u64().unwrap_or(0))?;
-            }
+    let mut counts = |key: &str, total: u64, map: &BTreeMap<String, u64>| -> io::Result<()> {
+        writeln!(out, "{key:<10} {total}")?;
+        let width = map.keys().map(|k| k.len()).max().unwrap_or(0);
+        for (k, v) in map {
+            writeln!(out, "  {k:<width$}  {v:>12}")?;
         }
         Ok(())
     };
-    counts("events", "events_total")?;
-    counts("lost", "lost_total")?;
-    if let Some(n) = r["failed_allocations"].as_u64() {
+    counts("events", r.events_total, r.events)?;
+    counts("lost", r.lost_total, r.lost)?;
+    if let Some(n) = r.failed_allocations {
         writeln!(
             out,
             "failed allocations: {n} (returned NULL; not outstanding)"
         )?;
     }
-    for note in r["notes"].as_array().into_iter().flatten() {
-        writeln!(out, "note:      {}", note.as_str().unwrap_or_default())?;
+    for note in r.notes.into_iter().flatten() {
+        writeln!(out, "note:      {note}")?;
     }
 
     writeln!(
@@ -188,20 +224,15 @@ fn print_text(r: &serde_json::Value, out: &mut dyn Write) -> io::Result<()> {
         "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
         "", "segments", "rows", "row groups", "bytes"
     )?;
-    if let Some(tables) = r["tables"].as_object() {
-        for name in Table::ALL.iter().map(|t| t.name()) {
-            let n = |k: &str| tables[name][k].as_u64().unwrap_or(0);
-            writeln!(
-                out,
-                "           {name:<8} {:>8} {:>12} {:>10} {:>12}",
-                n("segments"),
-                n("rows"),
-                n("row_groups"),
-                n("bytes")
-            )?;
-        }
+    for name in Table::ALL.iter().map(|t| t.name()) {
+        let t = &r.tables[name];
+        writeln!(
+            out,
+            "           {name:<8} {:>8} {:>12} {:>10} {:>12}",
+            t.segments, t.rows, t.row_groups, t.bytes
+        )?;
     }
-    if let Some(b) = r["events_bytes_per_event"].as_f64() {
+    if let Some(b) = r.events_bytes_per_event {
         writeln!(out, "size:      {b:.2} bytes/event in the events table")?;
     }
     Ok(())

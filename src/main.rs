@@ -29,6 +29,8 @@ macro_rules! say_inline {
 }
 
 mod analyze_cmd;
+#[cfg(feature = "bpf")]
+mod child;
 mod info_cmd;
 mod output;
 #[cfg(feature = "bpf")]

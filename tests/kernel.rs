@@ -349,11 +349,11 @@ fn kernel_outstanding_strict_bound() {
         );
         // A later copy records only what the kernel skipped for the first
         // copy; recording more than it skipped means recording twice.
-        let rec = &r.meta.extra["kernel_recursion"];
-        let (skips, rescued) = (
-            rec["first_copy_skips"].as_u64().unwrap(),
-            rec["recorded_by_later_copies"].as_u64().unwrap(),
-        );
+        let rec = r
+            .meta
+            .kernel_recursion
+            .expect("a kernel recording writes kernel_recursion");
+        let (skips, rescued) = (rec.first_copy_skips, rec.recorded_by_later_copies);
         assert!(
             rescued <= skips,
             "later copies recorded {rescued} events, the first copies were skipped {skips} times: {}",
@@ -408,13 +408,12 @@ fn kernel_stacks_symbolize_to_syscall_functions() {
     // Pages are identified by page frame number, as bcc and the classic
     // tracepoint do, not by struct page pointer (kernel addresses, all
     // above 0xffff_8000_0000_0000): pfns of this machine are below 2^36.
-    let notes = t.meta().extra.get("notes").cloned().unwrap_or_default();
+    let notes = &t.meta().notes;
     assert!(
-        notes.as_array().into_iter().flatten().any(|n| n
-            .as_str()
-            .unwrap_or("")
-            .contains("identified by page frame number")),
-        "no pfn note in {notes}"
+        notes
+            .iter()
+            .any(|n| n.contains("identified by page frame number")),
+        "no pfn note in {notes:?}"
     );
     let mut pages = 0;
     // Stacks of the workload's own kernel allocations.

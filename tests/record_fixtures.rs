@@ -57,7 +57,7 @@ fn forker_follow_forks() {
     }
     // The lineage is recorded, and --pid CHILD reports the child's leaks.
     let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
-    assert_eq!(meta.extra["parents"][pids[1].to_string()], pids[0]);
+    assert_eq!(meta.parents.get(&pids[1]), Some(&pids[0]));
     let only_child = memleak_analyze::report::AnalyzeOptions {
         filter: memleak_analyze::Filter {
             pids: vec![pids[1]],

@@ -393,12 +393,7 @@ fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report) {
             }
         }
     }
-    let failed = t
-        .meta()
-        .extra
-        .get("failed_allocations")
-        .and_then(|v| v.as_u64())
-        .unwrap_or(0);
+    let failed = t.meta().failed_allocations.unwrap_or(0);
     let wrapper = |names: &[&str]| -> u64 {
         fx.expected["wrapper_calls"]
             .as_object()

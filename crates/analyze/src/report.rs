@@ -379,15 +379,7 @@ pub fn analyze_trace(
 /// The ancestors of `pids`, from the `parents` map the recorder keeps in
 /// meta.json (child pid -> parent pid, from fork events).
 fn ancestors(pids: &[u32], meta: &memleak_trace::Meta) -> Vec<u32> {
-    let Some(parents) = meta.extra.get("parents").and_then(|p| p.as_object()) else {
-        return Vec::new();
-    };
-    let parent_of = |p: u32| {
-        parents
-            .get(&p.to_string())
-            .and_then(|v| v.as_u64())
-            .map(|v| v as u32)
-    };
+    let parent_of = |p: u32| meta.parents.get(&p).copied();
     let mut out = Vec::new();
     for &pid in pids {
         let mut p = pid;

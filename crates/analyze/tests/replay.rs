@@ -555,9 +555,7 @@ fn empty_trace() {
 #[test]
 fn pid_filter_keeps_what_a_child_inherited() {
     let mut tb = TraceBuilder::new();
-    tb.meta
-        .extra
-        .insert("parents".into(), serde_json::json!({"200": 100}));
+    tb.meta.parents.insert(200, 100);
     tb.malloc(1, 0x1000, 111, 1) // before the fork: both will hold it
         .ev(2, 100, EventKind::Fork, 200, 0, 0)
         .ev(3, 200, EventKind::Malloc, 0x2000, 222, 2)
@@ -577,7 +575,7 @@ fn pid_filter_keeps_what_a_child_inherited() {
         .filter(|s| s.count > 0)
         .all(|s| s.stack_id != 3));
     // Without the lineage the inherited block cannot be known.
-    tb.meta.extra.clear();
+    tb.meta.parents.clear();
     let r = run_with(
         &tb,
         AnalyzeOptions {
@@ -1087,9 +1085,7 @@ fn kernel_allocations_survive_exits() {
 #[test]
 fn fork_copies_count_once() {
     let mut tb = TraceBuilder::new();
-    tb.meta
-        .extra
-        .insert("parents".into(), serde_json::json!({"200": 100}));
+    tb.meta.parents.insert(200, 100);
     tb.ev(1, 100, EventKind::Malloc, 0x1000, 4 * MIB, 1)
         .ev(2, 100, EventKind::Mmap, 0x10_0000, 2 * MIB, 2)
         .ev(3, 100, EventKind::Fork, 200, 0, 0)

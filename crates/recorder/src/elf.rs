@@ -63,55 +63,33 @@ struct Segment {
 }
 
 /// The bytes of an ELF file: mapped read-only from disk, or owned.
+///
+/// Mapped, only the pages that are read (headers, symbol tables, a few
+/// functions' code) are ever loaded: libc's debug file is 4 MiB, and
+/// reading whole files was ~4 ms of every recording's start-up.
 enum Bytes {
     Owned(Vec<u8>),
-    Mapped(Mapping),
+    Mapped(memmap2::Mmap),
 }
 
-/// A read-only private mapping of a whole file. Only the pages that are
-/// read (headers, symbol tables, a few functions' code) are ever loaded:
-/// libc's debug file is 4 MiB, and reading whole files was ~4 ms of every
-/// recording's start-up.
-struct Mapping {
-    ptr: *mut libc::c_void,
-    len: usize,
-}
-
-// SAFETY: the mapping is read-only and owned by one `Mapping`, which
-// unmaps it once, on drop.
-unsafe impl Send for Mapping {}
-unsafe impl Sync for Mapping {}
-
-impl Drop for Mapping {
-    fn drop(&mut self) {
-        // SAFETY: `ptr`/`len` are a mapping made by `Mapping::of` and not
-        // unmapped elsewhere.
-        unsafe { libc::munmap(self.ptr, self.len) };
+/// Maps `file` whole, read-only and private, or `None` (empty file, or
+/// mmap refused).
+fn map_whole(file: &std::fs::File) -> Option<memmap2::Mmap> {
+    let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
+    if len == 0 {
+        return None;
     }
-}
-
-impl Mapping {
-    /// Maps `file` whole, or `None` (empty file, or mmap refused).
-    fn of(file: &std::fs::File) -> Option<Mapping> {
-        use std::os::fd::AsRawFd;
-        let len = usize::try_from(file.metadata().ok()?.len()).ok()?;
-        if len == 0 {
-            return None;
-        }
-        // SAFETY: a fresh read-only private mapping of an open file; the
-        // result is checked before use.
-        let ptr = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE,
-                file.as_raw_fd(),
-                0,
-            )
-        };
-        (ptr != libc::MAP_FAILED).then_some(Mapping { ptr, len })
+    // SAFETY: a read-only private mapping, owned by the `Bytes` every
+    // slice of it borrows from. The file must not be truncated or rewritten
+    // in place while it is mapped: package managers replace libraries and
+    // debug files by renaming a new file over the old one, which leaves
+    // the mapped one as it was.
+    unsafe {
+        memmap2::MmapOptions::new()
+            .len(len)
+            .map_copy_read_only(file)
     }
+    .ok()
 }
 
 impl std::ops::Deref for Bytes {
@@ -120,9 +98,7 @@ impl std::ops::Deref for Bytes {
     fn deref(&self) -> &[u8] {
         match self {
             Bytes::Owned(v) => v,
-            // SAFETY: the mapping lives as long as `self` and is readable
-            // over its whole length.
-            Bytes::Mapped(m) => unsafe { std::slice::from_raw_parts(m.ptr.cast(), m.len) },
+            Bytes::Mapped(m) => m,
         }
     }
 }
@@ -195,7 +171,7 @@ impl ElfFile {
             source,
         };
         let mut file = std::fs::File::open(path).map_err(io)?;
-        let data = match Mapping::of(&file) {
+        let data = match map_whole(&file) {
             Some(m) => Bytes::Mapped(m),
             None => {
                 let mut v = Vec::new();
@@ -449,4 +425,47 @@ fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
         off += u64::from(next);
     }
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A mapped file parses exactly as its bytes read into memory do.
+    #[test]
+    fn open_maps_what_parse_reads() {
+        let exe = std::env::current_exe().unwrap();
+        let mapped = ElfFile::open(&exe).unwrap();
+        assert!(matches!(mapped.data, Bytes::Mapped(_)));
+        let owned = ElfFile::parse(std::fs::read(&exe).unwrap()).unwrap();
+        assert_eq!(mapped.data.len(), owned.data.len());
+        assert!(mapped.data[..] == owned.data[..]);
+        assert_eq!(mapped.symbols, owned.symbols);
+        assert_eq!(mapped.build_id(), owned.build_id());
+        assert!(mapped.function_symbols().next().is_some());
+    }
+
+    /// An empty file is read, not mapped, and is no ELF file; a missing
+    /// one is an I/O error naming it.
+    #[test]
+    fn empty_and_missing_files() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.so");
+        std::fs::write(&empty, b"").unwrap();
+        let err = ElfFile::open(&empty).unwrap_err();
+        assert_eq!(err.to_string(), "not a supported ELF file: bad magic");
+        let short = dir.path().join("short.so");
+        std::fs::write(&short, b"\x7fELF\x02\x01").unwrap();
+        let err = ElfFile::open(&short).unwrap_err();
+        assert_eq!(err.to_string(), "malformed ELF file: truncated");
+        let missing = dir.path().join("missing.so");
+        let err = ElfFile::open(&missing).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            format!(
+                "reading {}: No such file or directory (os error 2)",
+                missing.display()
+            )
+        );
+    }
 }

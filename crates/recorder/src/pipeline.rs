@@ -137,15 +137,9 @@ impl Recorder {
             }
             EventKind::Fork => {
                 // The analyzer needs the lineage to give a child (and only
-                // it) the heap it inherited.
-                let parents = self
-                    .writer
-                    .meta_mut()
-                    .extra
-                    .entry("parents".into())
-                    .or_insert_with(|| serde_json::json!({}));
-                if let Some(map) = parents.as_object_mut() {
-                    map.insert(raw.addr.to_string(), raw.pid.into());
+                // it) the heap it inherited. `addr` is the child pid.
+                if let Ok(child) = u32::try_from(raw.addr) {
+                    self.writer.meta_mut().parents.insert(child, raw.pid);
                 }
                 // Its maps are taken by whoever traces it (--follow-forks), while
                 // the child is held stopped and certainly alive.
@@ -289,7 +283,7 @@ impl Recorder {
         for (name, &n) in LOST_REASONS.iter().zip(counts) {
             if *name == "failed_alloc" {
                 // Not a loss: the program's allocation failed.
-                meta.extra.insert("failed_allocations".into(), n.into());
+                meta.failed_allocations = Some(n);
                 continue;
             }
             meta.counters.lost.insert((*name).to_string(), n);

@@ -32,13 +32,14 @@
 
 pub mod error;
 mod events_file;
+mod fsio;
 pub mod meta;
 pub mod reader;
 pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
-pub use meta::{Counters, Manifest, Meta, SegmentEntry};
+pub use meta::{Counters, KernelRecursion, Manifest, Meta, SegmentEntry};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table};
 pub use writer::{TraceWriter, WriterOptions};

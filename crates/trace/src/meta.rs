@@ -2,12 +2,12 @@
 
 use std::collections::BTreeMap;
 use std::fs;
-use std::io::Write;
 use std::path::Path;
 
 use serde::{Deserialize, Serialize};
 
 use crate::error::{Error, Result};
+use crate::fsio;
 use crate::schema::{FORMAT_MAJOR, FORMAT_MINOR, FORMAT_NAME};
 
 /// A pair of clock readings taken back to back, to convert event
@@ -132,9 +132,44 @@ pub struct Meta {
     /// Exit status of the traced command in `-c` mode.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
-    /// Anything a newer minor version added; preserved on rewrite.
+    /// Allocator calls that returned NULL or `MAP_FAILED`: neither events
+    /// nor losses. The recorder always writes it; `None` in traces from
+    /// other writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub failed_allocations: Option<u64>,
+    /// Fork lineage seen while recording: child pid -> parent pid (JSON
+    /// object keys are the child pids as strings). The analyzer uses it to
+    /// give a `--pid` child the heap it inherited. Not written when empty.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub parents: BTreeMap<u32, u32>,
+    /// What the recorder could not record (e.g. a tracepoint this kernel
+    /// lacks), for whoever analyzes the trace. Not written when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub notes: Vec<String>,
+    /// The recorder's own user+sys CPU time in nanoseconds.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub recorder_cpu_ns: Option<u64>,
+    /// Kernel tracepoint runs the kernel skipped for recursion, and how many
+    /// of them a later copy of the program recorded (kernel recording only).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub kernel_recursion: Option<KernelRecursion>,
+    /// Fields this version does not know (a newer minor version added
+    /// them); preserved on rewrite.
     #[serde(flatten)]
     pub extra: BTreeMap<String, serde_json::Value>,
+}
+
+/// `kernel_recursion` in `meta.json`: the recursion misses of the kernel
+/// programs that have a second copy (slab and page events). Every event a
+/// later copy records is one the kernel skipped for the first copy, so
+/// `recorded_by_later_copies <= first_copy_skips`, and the difference is
+/// part of `counters.lost["recursion"]`.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct KernelRecursion {
+    /// Runs of the first copy the kernel skipped.
+    pub first_copy_skips: u64,
+    /// Events the later copies recorded (each a skip of the first copy).
+    pub recorded_by_later_copies: u64,
 }
 
 impl Default for Meta {
@@ -156,6 +191,11 @@ impl Default for Meta {
             segments: None,
             checkpoint_ns: 0,
             exit_code: None,
+            failed_allocations: None,
+            parents: BTreeMap::new(),
+            notes: Vec::new(),
+            recorder_cpu_ns: None,
+            kernel_recursion: None,
             extra: BTreeMap::new(),
         }
     }
@@ -248,15 +288,9 @@ impl Meta {
         if let Some(o) = value.as_object_mut() {
             o.insert(CHECKSUM_FIELD.into(), sum.into());
         }
-        let text = serde_json::to_string_pretty(&value).expect("meta serializes");
-        let write = || -> std::io::Result<()> {
-            let mut f = crate::writer::create_private(&tmp)?;
-            f.write_all(text.as_bytes())?;
-            f.write_all(b"\n")?;
-            f.sync_all()?;
-            fs::rename(&tmp, &path)
-        };
-        write().map_err(|e| Error::io(&path, e))
+        let mut text = serde_json::to_string_pretty(&value).expect("meta serializes");
+        text.push('\n');
+        fsio::replace_atomically(&path, &tmp, text.as_bytes()).map_err(|e| Error::io(&path, e))
     }
 }
 

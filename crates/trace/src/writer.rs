@@ -16,9 +16,9 @@
 //! (`part-AAAAA-BBBBB.parquet`) by copying their column chunks as they are,
 //! without decoding them (docs/format.md, "Segments and their lifecycle").
 
-use std::fs::{self, File, OpenOptions};
+use std::fs::{self, File};
 use std::io::Write;
-use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -45,6 +45,7 @@ use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
 use crate::events_file::EventsFile;
+use crate::fsio::create_private;
 use crate::meta::{Meta, SegmentEntry};
 use crate::schema::{
     inlined_fields, Event, EventKind, FrameRecord, MapRecord, StackRecord, Table, TABLE_KEY,
@@ -89,17 +90,6 @@ impl Default for WriterOptions {
             events_tuning: None,
         }
     }
-}
-
-/// Creates a file readable by its owner only: traces hold addresses and
-/// command lines of other people's processes.
-pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
-    OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(path)
 }
 
 /// A segment file being written. Every byte goes through a CRC-32 on its
