@@ -20,7 +20,9 @@ macro_rules! say {
     }};
 }
 
-/// `eprint!` that cannot panic (see `say!`).
+/// `eprint!` that cannot panic (see `say!`). Only recording prints
+/// partial lines (its live view).
+#[cfg(feature = "bpf")]
 macro_rules! say_inline {
     ($($arg:tt)*) => {{
         use std::io::Write as _;
