@@ -31,7 +31,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
-mod events_file;
+mod events;
 pub mod meta;
 pub mod reader;
 pub mod schema;
