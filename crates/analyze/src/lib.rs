@@ -20,13 +20,11 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod decode;
 pub mod filter;
 pub mod folded;
 pub mod hash;
 pub mod histogram;
 pub mod json;
-pub mod pages;
 pub mod progress;
 pub mod ranges;
 pub mod replay;

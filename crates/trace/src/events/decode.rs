@@ -4,7 +4,7 @@
 //! reference decoder; it filters every value through a dynamic call (to
 //! drop rows of unknown kinds), which makes it several times slower than
 //! the Parquet decoder underneath. This module decodes the same row groups
-//! page by page itself ([`crate::pages`]), falling back to the Parquet
+//! page by page itself ([`super::pages`]), falling back to the Parquet
 //! reader's Arrow buffers, and then to `read_unit`, for anything it does
 //! not expect (encodings or codecs it does not decode, segments it cannot
 //! match to the trace's units). Rows of kinds this version does not know
@@ -29,10 +29,9 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
-use memleak_trace::reader::RowGroupUnit;
-use memleak_trace::{EventBatch, EventColumns, EventKind, Table, Trace};
-
-use crate::pages;
+use super::pages;
+use crate::reader::RowGroupUnit;
+use crate::{EventBatch, EventColumns, EventKind, Table, Trace};
 
 /// Kind code of rows whose kind this version does not know.
 pub const UNKNOWN_KIND: u8 = 255;
@@ -76,6 +75,7 @@ pub struct Slices<'a> {
 
 impl<'a> Slices<'a> {
     /// Rows `start..end`.
+    #[inline]
     pub fn range(&self, start: usize, end: usize) -> Slices<'a> {
         Slices {
             ts: &self.ts[start..end],
@@ -92,16 +92,19 @@ impl<'a> Slices<'a> {
 
 impl Columns {
     /// Number of rows.
+    #[inline]
     pub fn len(&self) -> usize {
         self.rows
     }
 
     /// True when there are no rows.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
 
     /// The first `n` rows as slices.
+    #[inline]
     pub fn slices(&self, n: usize) -> Slices<'_> {
         Slices {
             ts: &self.ts[..n],
@@ -157,6 +160,12 @@ pub struct Decoder<'t> {
 /// the page decoder falls back.
 const SPARE: usize = 8;
 
+/// Locks a pool of spare buffers, even one a panicking replay worker left
+/// poisoned: a pool holds only buffers to reuse, never half-written state.
+fn lock_pool<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 thread_local! {
     static SCRATCH: RefCell<pages::Scratch> = RefCell::default();
 }
@@ -179,14 +188,14 @@ impl<'t> Decoder<'t> {
     /// Hands back a decoded row group whose buffers the next reads can
     /// reuse.
     pub fn recycle(&self, c: Columns) {
-        let mut spare = crate::lock_pool(&self.spare);
+        let mut spare = lock_pool(&self.spare);
         if spare.len() < SPARE {
             spare.push(c);
         }
     }
 
     /// Decodes one row group.
-    pub fn read(&self, unit: &RowGroupUnit) -> memleak_trace::Result<Columns> {
+    pub fn read(&self, unit: &RowGroupUnit) -> crate::Result<Columns> {
         if let Some(seg) = self.segments.as_ref().and_then(|s| s.get(unit.segment)) {
             if let Some(cols) = self.read_pages(seg, unit) {
                 return Ok(cols);
@@ -238,14 +247,14 @@ fn load_footer(path: &Path) -> Option<ArrowReaderMetadata> {
 }
 
 impl Decoder<'_> {
-    /// Decodes a row group page by page with [`crate::pages`] into spare
+    /// Decodes a row group page by page with [`super::pages`] into spare
     /// buffers; `None` when anything is unexpected.
     fn read_pages(&self, seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         let md = seg.meta.metadata().row_group(unit.row_group);
         let rows = usize::try_from(md.num_rows()).ok()?;
         let leaves = page_leaves(seg, md)?;
         let chunk = self.read_chunk(seg, md, &leaves)?;
-        let mut c = crate::lock_pool(&self.spare).pop().unwrap_or_default();
+        let mut c = lock_pool(&self.spare).pop().unwrap_or_default();
         c.rows = rows;
         let ok =
             SCRATCH.with(|s| decode_into(&chunk, md, &leaves, rows, &mut s.borrow_mut(), &mut c));
@@ -272,7 +281,7 @@ impl Decoder<'_> {
         let start = ranges.iter().map(|r| r.0).min()?;
         let end = ranges.iter().map(|r| r.0.checked_add(r.1)).max()??;
         let len = usize::try_from(end - start).ok()?;
-        let mut data = crate::lock_pool(&self.bufs).pop().unwrap_or_default();
+        let mut data = lock_pool(&self.bufs).pop().unwrap_or_default();
         // Zero only what was never used: the read overwrites it all.
         if data.len() < len {
             data.resize(len, 0);
@@ -290,7 +299,7 @@ impl Decoder<'_> {
     fn give_back(&self, chunk: Arc<pages::Chunk>) {
         if let Ok(chunk) = Arc::try_unwrap(chunk) {
             if let Ok(b) = chunk.data.try_into_mut() {
-                crate::lock_pool(&self.bufs).push(b.into());
+                lock_pool(&self.bufs).push(b.into());
             }
         }
     }
@@ -307,7 +316,7 @@ impl Decoder<'_> {
         &self,
         unit: &RowGroupUnit,
         sink: &mut dyn FnMut(Slices<'_>) -> bool,
-    ) -> memleak_trace::Result<()> {
+    ) -> crate::Result<()> {
         let mut done = 0;
         if let Some(seg) = self.segments.as_ref().and_then(|s| s.get(unit.segment)) {
             if self.stream_pages(seg, unit, &mut done, sink).is_some() {
@@ -628,7 +637,7 @@ fn kind_codes(col: &dyn Array) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memleak_trace::{Event, Meta, TraceWriter, WriterOptions};
+    use crate::{Event, Meta, TraceWriter, WriterOptions};
     use parquet::file::properties::WriterPropertiesBuilder;
 
     type Tuning = Option<fn(WriterPropertiesBuilder) -> WriterPropertiesBuilder>;
