@@ -22,7 +22,7 @@
 
 pub mod filter;
 pub mod folded;
-pub mod hash;
+mod hash;
 pub mod histogram;
 pub mod json;
 pub mod progress;
@@ -30,7 +30,7 @@ pub mod ranges;
 pub mod replay;
 pub mod report;
 pub mod svg;
-pub mod table;
+mod table;
 pub mod text;
 pub mod time;
 
