@@ -6,6 +6,7 @@
 use std::time::Instant;
 
 use memleak_analyze::{analyze_trace, AnalyzeOptions};
+use memleak_trace::events::Decoder;
 use memleak_trace::{EventColumns, Trace};
 use rayon::prelude::*;
 
@@ -38,7 +39,7 @@ fn main() {
         rayon::current_num_threads(),
         rate(t)
     );
-    let dec = memleak_analyze::decode::Decoder::new(&trace);
+    let dec = Decoder::new(&trace);
     let t = Instant::now();
     let rows: usize = units.iter().map(|u| dec.read(u).unwrap().len()).sum();
     println!("fast decode, 1 thread:   {} ({rows} rows)", rate(t));

@@ -20,19 +20,17 @@
 //! ```
 #![deny(missing_docs)]
 
-pub mod decode;
 pub mod filter;
 pub mod folded;
-pub mod hash;
+mod hash;
 pub mod histogram;
 pub mod json;
-pub mod pages;
 pub mod progress;
 pub mod ranges;
 pub mod replay;
 pub mod report;
 pub mod svg;
-pub mod table;
+mod table;
 pub mod text;
 pub mod time;
 

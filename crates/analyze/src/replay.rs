@@ -43,12 +43,12 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Mutex;
 
+use memleak_trace::events::{Columns, Decoder, Slices};
 use memleak_trace::reader::RowGroupUnit;
 use memleak_trace::{EventKind, Trace};
 use rayon::prelude::*;
 use serde::Serialize;
 
-use crate::decode::{Columns, Decoder, Slices};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};

@@ -257,6 +257,7 @@ impl BlockTable {
     }
 
     /// The block at `addr`.
+    #[cfg(test)]
     pub fn get(&self, addr: u64) -> Option<Block> {
         if addr == 0 {
             return None;
@@ -339,6 +340,7 @@ impl BlockTable {
     }
 
     /// Total bytes of the blocks.
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.iter().map(|(_, b)| b.size).sum()
     }

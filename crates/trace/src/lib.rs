@@ -14,9 +14,10 @@
 //! ```
 //!
 //! This crate owns the schema ([`schema`]), the metadata file ([`meta`]),
-//! the segmented writer ([`writer`]) and the validating, streaming reader
-//! ([`reader`]). It has no BPF or symbolizer dependency, so a laptop without
-//! clang can open any trace.
+//! the segmented writer ([`writer`]), the validating, streaming reader
+//! ([`reader`]) and the `events` table's own encoder and fast decoder
+//! ([`events`]), which hands replay decoded row groups. It has no BPF or
+//! symbolizer dependency, so a laptop without clang can open any trace.
 //!
 //! ```no_run
 //! use memleak_trace::{Trace, EventColumns};
@@ -31,7 +32,7 @@
 #![deny(missing_docs)]
 
 pub mod error;
-mod events_file;
+pub mod events;
 mod fsio;
 pub mod meta;
 pub mod reader;

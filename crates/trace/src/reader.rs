@@ -154,9 +154,10 @@ pub struct TableStats {
     pub bytes: u64,
 }
 
-struct Segment {
-    path: PathBuf,
-    meta: ArrowReaderMetadata,
+/// One segment file and its footer, loaded and checked by [`Trace::open`].
+pub(crate) struct Segment {
+    pub(crate) path: PathBuf,
+    pub(crate) meta: ArrowReaderMetadata,
 }
 
 /// An opened, validated trace.
@@ -449,6 +450,11 @@ impl Trace {
             st.bytes += fs::metadata(&seg.path).map(|m| m.len()).unwrap_or(0);
         }
         st
+    }
+
+    /// The events segments, as [`RowGroupUnit::segment`] numbers them.
+    pub(crate) fn event_segments(&self) -> &[Segment] {
+        &self.segments[Table::Events.name()]
     }
 
     /// Every events row group, in time order.

@@ -44,7 +44,7 @@ use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
 use crate::error::{Error, Result};
-use crate::events_file::EventsFile;
+use crate::events::encode::EventsFile;
 use crate::fsio::create_private;
 use crate::meta::{Meta, SegmentEntry};
 use crate::schema::{

@@ -134,7 +134,7 @@ fn many_segments_are_read_in_order() {
     }
 }
 
-/// The writer encodes the events columns itself (src/events_file.rs):
+/// The writer encodes the events columns itself (src/events/encode.rs):
 /// check them across data pages (64Ki rows) and row groups, with one, two
 /// and all kinds in a chunk, constant, regular and arbitrary integers
 /// (every bit width up to 64), and nullable columns never, sometimes and

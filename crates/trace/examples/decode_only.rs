@@ -1,10 +1,11 @@
-//! Decodes every event row group with the analyzer's decoder, one thread,
-//! and prints wall time per event (for profiling decoding alone).
+//! Decodes every event row group with the events decoder replay uses, one
+//! thread, and prints wall time per event (for profiling decoding alone).
 //!
-//! `cargo run --release -p memleak-analyze --example decode_only -- TRACE [REPS]`
+//! `cargo run --release -p memleak-trace --example decode_only -- TRACE [REPS]`
 
 use std::time::Instant;
 
+use memleak_trace::events::Decoder;
 use memleak_trace::Trace;
 
 fn main() {
@@ -16,7 +17,7 @@ fn main() {
         .map_or(1, |r| r.parse().expect("REPS"));
     let trace = Trace::open(&path).expect("open");
     let units = trace.event_units();
-    let dec = memleak_analyze::decode::Decoder::new(&trace);
+    let dec = Decoder::new(&trace);
     for _ in 0..reps {
         let t = Instant::now();
         let rows: usize = units

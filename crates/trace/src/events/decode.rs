@@ -4,11 +4,13 @@
 //! reference decoder; it filters every value through a dynamic call (to
 //! drop rows of unknown kinds), which makes it several times slower than
 //! the Parquet decoder underneath. This module decodes the same row groups
-//! page by page itself ([`crate::pages`]), falling back to the Parquet
+//! page by page itself ([`super::pages`]), falling back to the Parquet
 //! reader's Arrow buffers, and then to `read_unit`, for anything it does
-//! not expect (encodings or codecs it does not decode, segments it cannot
-//! match to the trace's units). Rows of kinds this version does not know
-//! are kept, with a kind code replay ignores.
+//! not expect (encodings or codecs it does not decode). It reads the
+//! footers the reader loaded and checked when it opened the trace, so
+//! its segments are exactly the ones the trace's units number. Rows of
+//! kinds this version does not know are kept, with a kind code replay
+//! ignores.
 //!
 //! [`Decoder::read`] decodes a whole row group into [`Columns`] (what the
 //! replay of several partitions reads); [`Decoder::stream`] hands a row
@@ -18,21 +20,18 @@
 
 use std::cell::RefCell;
 use std::fs::File;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::{Arc, Mutex};
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int8Type, UInt32Type, UInt64Type};
 use arrow_array::{Array, RecordBatch, UInt64Array};
-use parquet::arrow::arrow_reader::{
-    ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReaderBuilder,
-};
+use parquet::arrow::arrow_reader::{ArrowReaderMetadata, ParquetRecordBatchReaderBuilder};
 use parquet::arrow::ProjectionMask;
 
-use memleak_trace::reader::RowGroupUnit;
-use memleak_trace::{EventBatch, EventColumns, EventKind, Table, Trace};
-
-use crate::pages;
+use super::pages;
+use crate::reader::RowGroupUnit;
+use crate::{EventBatch, EventColumns, EventKind, Trace};
 
 /// Kind code of rows whose kind this version does not know.
 pub const UNKNOWN_KIND: u8 = 255;
@@ -76,6 +75,7 @@ pub struct Slices<'a> {
 
 impl<'a> Slices<'a> {
     /// Rows `start..end`.
+    #[inline]
     pub fn range(&self, start: usize, end: usize) -> Slices<'a> {
         Slices {
             ts: &self.ts[start..end],
@@ -92,16 +92,19 @@ impl<'a> Slices<'a> {
 
 impl Columns {
     /// Number of rows.
+    #[inline]
     pub fn len(&self) -> usize {
         self.rows
     }
 
     /// True when there are no rows.
+    #[inline]
     pub fn is_empty(&self) -> bool {
         self.rows == 0
     }
 
     /// The first `n` rows as slices.
+    #[inline]
     pub fn slices(&self, n: usize) -> Slices<'_> {
         Slices {
             ts: &self.ts[..n],
@@ -130,9 +133,10 @@ impl Columns {
     }
 }
 
-struct Segment {
-    path: PathBuf,
-    meta: ArrowReaderMetadata,
+struct Segment<'t> {
+    path: &'t Path,
+    /// The footer, as the reader loaded it.
+    meta: &'t ArrowReaderMetadata,
     /// Leaf column index of each of [`NAMES`], if the file has it.
     leaves: [Option<usize>; 8],
 }
@@ -140,9 +144,8 @@ struct Segment {
 /// Decodes the event row groups of a trace.
 pub struct Decoder<'t> {
     trace: &'t Trace,
-    /// The events segments, as the trace's units number them; `None` when
-    /// they could not be matched (then every unit takes the slow path).
-    segments: Option<Vec<Segment>>,
+    /// The events segments, as the trace's units number them.
+    segments: Vec<Segment<'t>>,
     /// Decoded row groups replay is done with, and read buffers, kept for
     /// reuse: fresh multi-megabyte buffers for every row group cost more
     /// in page faults than decoding into them.
@@ -157,6 +160,12 @@ pub struct Decoder<'t> {
 /// the page decoder falls back.
 const SPARE: usize = 8;
 
+/// Locks a pool of spare buffers, even one a panicking replay worker left
+/// poisoned: a pool holds only buffers to reuse, never half-written state.
+fn lock_pool<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 thread_local! {
     static SCRATCH: RefCell<pages::Scratch> = RefCell::default();
 }
@@ -170,7 +179,7 @@ impl<'t> Decoder<'t> {
     pub fn new(trace: &'t Trace) -> Self {
         Decoder {
             trace,
-            segments: match_segments(trace),
+            segments: segments(trace),
             spare: Mutex::new(Vec::new()),
             bufs: Mutex::new(Vec::new()),
         }
@@ -179,15 +188,15 @@ impl<'t> Decoder<'t> {
     /// Hands back a decoded row group whose buffers the next reads can
     /// reuse.
     pub fn recycle(&self, c: Columns) {
-        let mut spare = crate::lock_pool(&self.spare);
+        let mut spare = lock_pool(&self.spare);
         if spare.len() < SPARE {
             spare.push(c);
         }
     }
 
     /// Decodes one row group.
-    pub fn read(&self, unit: &RowGroupUnit) -> memleak_trace::Result<Columns> {
-        if let Some(seg) = self.segments.as_ref().and_then(|s| s.get(unit.segment)) {
+    pub fn read(&self, unit: &RowGroupUnit) -> crate::Result<Columns> {
+        if let Some(seg) = self.segments.get(unit.segment) {
             if let Some(cols) = self.read_pages(seg, unit) {
                 return Ok(cols);
             }
@@ -201,51 +210,35 @@ impl<'t> Decoder<'t> {
     }
 }
 
-/// Loads the footers of the trace's events segments, and checks that
-/// their row groups are exactly the trace's units.
-fn match_segments(trace: &Trace) -> Option<Vec<Segment>> {
-    let mut segments = Vec::new();
-    for path in trace.segment_paths(Table::Events) {
-        let meta = load_footer(path)?;
-        let schema = meta.parquet_schema();
-        let leaves = NAMES.map(|name| {
-            (0..schema.num_columns()).find(|&i| schema.column(i).path().string() == name)
-        });
-        segments.push(Segment {
-            path: path.to_path_buf(),
-            meta,
-            leaves,
-        });
-    }
-    let units = trace.event_units();
-    let ok = units.iter().all(|u| {
-        segments.get(u.segment).is_some_and(|s| {
-            let md = s.meta.metadata();
-            u.row_group < md.num_row_groups()
-                && md.row_group(u.row_group).num_rows() as u64 == u.rows
-        })
-    });
-    let total: usize = segments
+/// The trace's events segments with the leaf columns of [`NAMES`]: the
+/// reader's own footers, whose row groups are the trace's units.
+fn segments(trace: &Trace) -> Vec<Segment<'_>> {
+    trace
+        .event_segments()
         .iter()
-        .map(|s| s.meta.metadata().num_row_groups())
-        .sum();
-    (ok && total == units.len()).then_some(segments)
-}
-
-fn load_footer(path: &Path) -> Option<ArrowReaderMetadata> {
-    let file = File::open(path).ok()?;
-    ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).ok()
+        .map(|s| {
+            let schema = s.meta.parquet_schema();
+            let leaves = NAMES.map(|name| {
+                (0..schema.num_columns()).find(|&i| schema.column(i).path().string() == name)
+            });
+            Segment {
+                path: &s.path,
+                meta: &s.meta,
+                leaves,
+            }
+        })
+        .collect()
 }
 
 impl Decoder<'_> {
-    /// Decodes a row group page by page with [`crate::pages`] into spare
+    /// Decodes a row group page by page with [`super::pages`] into spare
     /// buffers; `None` when anything is unexpected.
     fn read_pages(&self, seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         let md = seg.meta.metadata().row_group(unit.row_group);
         let rows = usize::try_from(md.num_rows()).ok()?;
         let leaves = page_leaves(seg, md)?;
         let chunk = self.read_chunk(seg, md, &leaves)?;
-        let mut c = crate::lock_pool(&self.spare).pop().unwrap_or_default();
+        let mut c = lock_pool(&self.spare).pop().unwrap_or_default();
         c.rows = rows;
         let ok =
             SCRATCH.with(|s| decode_into(&chunk, md, &leaves, rows, &mut s.borrow_mut(), &mut c));
@@ -272,13 +265,13 @@ impl Decoder<'_> {
         let start = ranges.iter().map(|r| r.0).min()?;
         let end = ranges.iter().map(|r| r.0.checked_add(r.1)).max()??;
         let len = usize::try_from(end - start).ok()?;
-        let mut data = crate::lock_pool(&self.bufs).pop().unwrap_or_default();
+        let mut data = lock_pool(&self.bufs).pop().unwrap_or_default();
         // Zero only what was never used: the read overwrites it all.
         if data.len() < len {
             data.resize(len, 0);
         }
         data.truncate(len);
-        let file = File::open(&seg.path).ok()?;
+        let file = File::open(seg.path).ok()?;
         std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, start).ok()?;
         Some(Arc::new(pages::Chunk {
             base: start,
@@ -290,7 +283,7 @@ impl Decoder<'_> {
     fn give_back(&self, chunk: Arc<pages::Chunk>) {
         if let Ok(chunk) = Arc::try_unwrap(chunk) {
             if let Ok(b) = chunk.data.try_into_mut() {
-                crate::lock_pool(&self.bufs).push(b.into());
+                lock_pool(&self.bufs).push(b.into());
             }
         }
     }
@@ -307,9 +300,9 @@ impl Decoder<'_> {
         &self,
         unit: &RowGroupUnit,
         sink: &mut dyn FnMut(Slices<'_>) -> bool,
-    ) -> memleak_trace::Result<()> {
+    ) -> crate::Result<()> {
         let mut done = 0;
-        if let Some(seg) = self.segments.as_ref().and_then(|s| s.get(unit.segment)) {
+        if let Some(seg) = self.segments.get(unit.segment) {
             if self.stream_pages(seg, unit, &mut done, sink).is_some() {
                 return Ok(());
             }
@@ -541,7 +534,7 @@ fn kind_code(name: &[u8]) -> u64 {
 /// unexpected, so the caller takes the reference path (which reports the
 /// error properly if there is one).
 fn read_fast(seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
-    let file = File::open(&seg.path).ok()?;
+    let file = File::open(seg.path).ok()?;
     let mask = ProjectionMask::columns(seg.meta.parquet_schema(), NAMES);
     let reader = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())
         .with_projection(mask)
@@ -628,7 +621,7 @@ fn kind_codes(col: &dyn Array) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use memleak_trace::{Event, Meta, TraceWriter, WriterOptions};
+    use crate::{Event, Meta, TraceWriter, WriterOptions};
     use parquet::file::properties::WriterPropertiesBuilder;
 
     type Tuning = Option<fn(WriterPropertiesBuilder) -> WriterPropertiesBuilder>;
@@ -703,7 +696,7 @@ mod tests {
     /// The rows [`Decoder::stream`] hands out, gathered, against the
     /// reference reader; and a sink that stops after the first piece.
     fn streams_as_the_reference(trace: &Trace, dec: &Decoder<'_>, t: usize) {
-        let segs = dec.segments.as_ref().expect("segments match the units");
+        let segs = &dec.segments;
         for u in trace.event_units() {
             let slow = Columns::from_batch(trace.read_unit(&u, EventColumns::REPLAY).unwrap());
             let b = slow.slices(slow.len());
@@ -796,7 +789,7 @@ mod tests {
             write_trace(&path, tuning);
             let trace = Trace::open(&path).unwrap();
             let dec = Decoder::new(&trace);
-            let segs = dec.segments.as_ref().expect("segments match the units");
+            let segs = &dec.segments;
             // The page decoder handles all of these itself.
             for u in trace.event_units() {
                 let c = dec.read_pages(&segs[u.segment], &u);
