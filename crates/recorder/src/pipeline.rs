@@ -177,6 +177,10 @@ impl Recorder {
             stack_id,
         };
         self.stats.events += 1;
+        if self.writer.next_event_checkpoints() {
+            // The stacks this segment's events refer to go first.
+            self.flush_frames()?;
+        }
         self.writer.push_event(&ev)
     }
 
@@ -410,6 +414,51 @@ mod tests {
             "/usr/lib/x86_64-linux-gnu/libstdc++.so.6.0.30"
         ))));
         assert!(!looks_complete(None));
+    }
+
+    /// A segment that fills up makes a checkpoint at once, between two
+    /// timer ticks: the stacks its events use must be listed with it, not
+    /// left waiting for their frames' symbolization.
+    #[test]
+    fn a_full_segment_lists_the_stacks_its_events_use() {
+        use crate::event::RawEvent;
+        use memleak_trace::{EventColumns, EventKind, Meta, Trace, TraceWriter, WriterOptions};
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.parquet");
+        let opts = WriterOptions {
+            segment_rows: 8,
+            segment_duration: std::time::Duration::from_secs(3600),
+            merge_segments: 0,
+            ..WriterOptions::default()
+        };
+        let writer = TraceWriter::create(&root, Meta::default(), opts).unwrap();
+        let mut rec = super::Recorder::new(writer, false);
+        let pid = std::process::id();
+        // Frames in this test binary, a distinct stack per event.
+        let code = a_full_segment_lists_the_stacks_its_events_use as usize as u64;
+        for i in 0..8u64 {
+            let raw =
+                RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 32);
+            rec.handle(&raw.encode(&[code + i, code + 100])).unwrap();
+        }
+        // No tick: the eighth event filled the segment and checkpointed.
+        let trace = Trace::open(&root).unwrap();
+        assert_eq!(trace.event_count(), 8, "the full segment is listed");
+        let stacks: std::collections::HashSet<u64> =
+            trace.stacks().unwrap().iter().map(|s| s.stack_id).collect();
+        let mut used = Vec::new();
+        for unit in trace.event_units() {
+            let batch = trace.read_unit(&unit, EventColumns::ALL).unwrap();
+            used.extend((0..batch.len()).filter_map(|i| batch.event(i).stack_id));
+        }
+        assert_eq!(used.len(), 8);
+        for id in used {
+            assert!(
+                stacks.contains(&id),
+                "stack {id} of a listed event is not listed"
+            );
+        }
     }
 
     #[test]

@@ -413,6 +413,18 @@ impl TraceWriter {
         Ok(())
     }
 
+    /// Whether the next [`push_event`](Self::push_event) fills the events
+    /// segment and so makes a checkpoint. A caller that holds rows of
+    /// other tables back (the recorder keeps stacks until their frames are
+    /// symbolized) writes them first: a listed events segment must never
+    /// refer to a stack that no listed segment holds.
+    #[inline]
+    pub fn next_event_checkpoints(&self) -> bool {
+        let pending = self.events.rows.len() + 1;
+        pending >= self.events_drain_at
+            && self.events.rows_in_segment + pending >= self.opts.segment_rows
+    }
+
     /// Hands a full batch of events to the Parquet writer; rotates when the
     /// segment is full.
     #[cold]
