@@ -1,0 +1,13 @@
+//! DWARF-based unwinding for code without frame pointers (issue 18).
+//!
+//! Distribution binaries and `-O2` builds keep no frame pointers, so a
+//! frame-pointer walk stops after one frame. Instead, at record time each
+//! executable object's `.eh_frame` (or `.debug_frame`) is reduced to a
+//! compact, sorted table of 8-byte [`Row`]s that the probe can search and
+//! apply with a few loads per frame.
+//!
+//! - [`row`]: the row layout shared with BPF, and its lookup.
+
+pub mod row;
+
+pub use row::{Kind, Row};
