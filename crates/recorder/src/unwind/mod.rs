@@ -7,7 +7,10 @@
 //! apply with a few loads per frame.
 //!
 //! - [`row`]: the row layout shared with BPF, and its lookup.
+//! - [`build`]: rows from an ELF file's CFI, with gimli.
 
+pub mod build;
 pub mod row;
 
+pub use build::{build, BuildError, BuildStats, Table, Unsupported};
 pub use row::{Kind, Row};
