@@ -8,9 +8,15 @@
 //!
 //! - [`row`]: the row layout shared with BPF, and its lookup.
 //! - [`build`]: rows from an ELF file's CFI, with gimli.
+//! - [`cache`]: tables by build id, so a shared library is read once.
+//! - [`reference`]: the unwinder the probe will implement, in user space.
 
 pub mod build;
+pub mod cache;
+pub mod reference;
 pub mod row;
 
 pub use build::{build, BuildError, BuildStats, Table, Unsupported};
+pub use cache::{UnwindCache, UnwindObject};
+pub use reference::{unwind, End, Frame, Memory, Mode, ObjectMap, Regs, Truncation, Unwound};
 pub use row::{Kind, Row};
