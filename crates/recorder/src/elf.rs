@@ -393,6 +393,65 @@ impl ElfFile {
     }
 }
 
+/// A section found by [`ElfFile::section`].
+#[derive(Clone, Copy, Debug)]
+pub struct SectionData<'a> {
+    /// `sh_addr`: where the section is in the object's virtual address
+    /// space (0 for sections that are not loaded, such as `.debug_frame`).
+    pub vaddr: u64,
+    /// The section's bytes in the file.
+    pub bytes: &'a [u8],
+}
+
+const SHT_NOBITS: u32 = 8;
+const SHF_COMPRESSED: u64 = 0x800;
+
+impl ElfFile {
+    /// The first section named `name`, or `None` when there is none or it
+    /// has no usable bytes: `SHT_NOBITS` (the `.debug_*` stubs left in a
+    /// stripped file) and `SHF_COMPRESSED` sections (not decompressed here).
+    ///
+    /// The section headers are read again on each call, rather than kept
+    /// from [`ElfFile::parse`], because only the unwind-table builder asks,
+    /// a few times per object.
+    pub fn section(&self, name: &str) -> Option<SectionData<'_>> {
+        let d = &self.data[..];
+        let shoff = u64_at(d, 40).ok()?;
+        let shentsize = u64::from(u16_at(d, 58).ok()?);
+        let shnum = u64::from(u16_at(d, 60).ok()?);
+        let shstrndx = u64::from(u16_at(d, 62).ok()?);
+        if shoff == 0 || shentsize < 64 {
+            return None;
+        }
+        let header = |i: u64| shoff.checked_add(i.checked_mul(shentsize)?);
+        let names = u64_at(d, header(shstrndx)? + 24).ok()?;
+        for i in 0..shnum {
+            let sh = header(i)?;
+            let Ok(name_off) = u32_at(d, sh) else { break };
+            if cstr(d, names.saturating_add(u64::from(name_off))) != Some(name) {
+                continue;
+            }
+            let kind = u32_at(d, sh + 4).ok()?;
+            let flags = u64_at(d, sh + 8).ok()?;
+            if kind == SHT_NOBITS || flags & SHF_COMPRESSED != 0 {
+                return None;
+            }
+            let vaddr = u64_at(d, sh + 16).ok()?;
+            let offset = usize::try_from(u64_at(d, sh + 24).ok()?).ok()?;
+            let size = usize::try_from(u64_at(d, sh + 32).ok()?).ok()?;
+            let bytes = d.get(offset..offset.checked_add(size)?)?;
+            return Some(SectionData { vaddr, bytes });
+        }
+        None
+    }
+
+    /// The `PT_LOAD` segments as `(p_vaddr, p_offset, p_filesz)`, for
+    /// callers that map file offsets to addresses (load biases).
+    pub fn load_segments(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
+        self.segments.iter().map(|s| (s.vaddr, s.offset, s.filesz))
+    }
+}
+
 /// `(version index, name)` pairs from `.gnu.version_d`.
 fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
     let mut out = Vec::new();

@@ -7,6 +7,8 @@
 //! - [`symbolize`]: blazesym symbolization of normalized frames.
 //! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
 //! - [`placement`]: where on an allocator function to put the probe.
+//! - [`unwind`]: unwind tables from `.eh_frame` for the probe, and the
+//!   reference unwinder that checks them.
 //!
 //! Loading and attaching the BPF program lives in the `memleak` binary's
 //! `probes` module, the one place that touches libbpf.
@@ -31,5 +33,6 @@ pub mod procmaps;
 pub mod stacks;
 pub mod symbolize;
 pub mod targets;
+pub mod unwind;
 
 pub use pipeline::{Recorder, Stats};
