@@ -52,6 +52,7 @@ use crate::decode::{Columns, Decoder, Slices};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};
+pub use crate::table::Block;
 use crate::table::BlockTable;
 
 /// How to replay.
@@ -69,17 +70,6 @@ pub struct ReplayOptions<'a> {
     /// Highest stack id of the trace, if the caller read the stacks
     /// already (replay sizes per-stack arrays by it).
     pub max_stack_id: Option<u64>,
-}
-
-/// An outstanding heap block.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Block {
-    /// Bytes requested.
-    pub size: u64,
-    /// When it was allocated.
-    pub ts: u64,
-    /// Stack of the allocation (0: unknown).
-    pub stack: u64,
 }
 
 /// An outstanding allocation as the report sees it: a heap block or a
