@@ -8,7 +8,7 @@ use super::packed::{
     C_ALLOC_KERNEL, C_ALLOC_PAGE, C_ALLOC_USER, C_FREE_KERNEL, C_FREE_PAGE, C_FREE_USER, C_REALLOC,
     C_SKIP,
 };
-use super::{KERNEL_SLOT, PAGE_SLOT};
+use super::process::{KERNEL_SLOT, PAGE_SLOT};
 use crate::filter::ResolvedFilter;
 use crate::hash::mix;
 

@@ -8,7 +8,9 @@ use memleak_trace::EventKind;
 use rayon::prelude::*;
 use serde::Serialize;
 
-use super::{Allocated, Partition, PidState, PAGE_PID};
+use super::allocated::Allocated;
+use super::partition::Partition;
+use super::process::{PidState, PAGE_PID};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, IntMap};
 use crate::table::BlockTable;
