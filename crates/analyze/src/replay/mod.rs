@@ -42,7 +42,6 @@
 use std::sync::atomic::{AtomicI64, Ordering::Relaxed};
 use std::sync::Mutex;
 
-use memleak_trace::reader::RowGroupUnit;
 use memleak_trace::{EventKind, Trace};
 use rayon::prelude::*;
 
@@ -51,6 +50,7 @@ pub use crate::table::Block;
 
 mod allocated;
 mod ctx;
+mod decoded;
 mod packed;
 mod partition;
 mod peak;
@@ -58,8 +58,8 @@ mod process;
 mod types;
 
 use allocated::Allocated;
-use ctx::{Ctx, Op};
-use packed::{count_allocations, pack, Packed};
+use ctx::Ctx;
+use decoded::{Decoded, Mode, PackedPool, RowsPool};
 use partition::Partition;
 use peak::{raise, Share};
 use process::{ProcessIndex, NO_PID, NO_PROCESS};
@@ -214,18 +214,25 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             }
             let n = d.rows;
             if n > 0 {
-                if let (Some(packed), [p]) = (&d.packed, partitions.as_mut_slice()) {
+                if let (Mode::Packed(packed), [p]) = (&d.mode, partitions.as_mut_slice()) {
                     let t = std::time::Instant::now();
                     p.replay_packed(packed, &ctx);
                     timed(&t_replay, t);
                     // One partition tracked the peak as it replayed.
                     (outstanding, peak, peak_ts) = (p.outstanding, p.peak, p.peak_ts);
                 } else {
-                    let cols = d.cols.as_ref().expect("columns or operations");
+                    let Mode::Split {
+                        cols,
+                        rows_of,
+                        rows_len,
+                    } = &d.mode
+                    else {
+                        unreachable!("operations are packed for a single partition only");
+                    };
                     let cols = cols.slices(n);
                     partitions.par_iter_mut().for_each(|p| {
                         let t = std::time::Instant::now();
-                        let rows = d.rows_of(p.index).expect("row lists");
+                        let rows = &rows_of[p.index][..rows_len[p.index]];
                         p.replay_batch(cols, rows, &ctx);
                         timed(&t_replay, t);
                     });
@@ -272,15 +279,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
                 *k += c;
             }
-            if let Some(c) = d.cols {
-                decoder.recycle(c);
-            }
-            if let Some(r) = d.rows_of {
-                crate::lock_pool(&rows_pool).push(r);
-            }
-            if let Some(p) = d.packed {
-                crate::lock_pool(&packed_pool).push(p);
-            }
+            d.recycle(&decoder, &rows_pool, &packed_pool);
             if cut {
                 break;
             }
@@ -352,174 +351,6 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         allocated,
         stats,
     })
-}
-
-/// One decoded row group and what was counted while decoding it.
-struct Decoded {
-    /// With several partitions: the columns, and the rows each partition
-    /// takes part in (the first `rows_len[p]` entries of `rows_of[p]`;
-    /// the vectors are recycled and longer).
-    cols: Option<Columns>,
-    rows_of: Option<Vec<Vec<u32>>>,
-    rows_len: Vec<usize>,
-    /// With a single partition: the row group as [`Packed`] operations,
-    /// the filter applied.
-    packed: Option<Packed>,
-    /// Rows at or before the `at` cutoff, and all the rows.
-    rows: usize,
-    total: usize,
-    /// Times of the first and last of `rows`.
-    first_ts: u64,
-    last_ts: u64,
-    kinds: Box<[u64; 256]>,
-}
-
-/// Row lists of spent [`Decoded`]s, for reuse.
-type RowsPool = std::sync::Mutex<Vec<Vec<Vec<u32>>>>;
-
-/// Operation lists of spent [`Decoded`]s, for reuse.
-type PackedPool = std::sync::Mutex<Vec<Packed>>;
-
-impl Decoded {
-    fn read(
-        decoder: &Decoder<'_>,
-        unit: &RowGroupUnit,
-        at: Option<u64>,
-        ctx: &Ctx<'_>,
-        pool: &RowsPool,
-        packed_pool: &PackedPool,
-        allocated: &Mutex<Vec<Allocated>>,
-    ) -> memleak_trace::Result<Decoded> {
-        let mut kinds = Box::new([0u64; 256]);
-        let mut acc = crate::lock_pool(allocated)
-            .pop()
-            .unwrap_or_else(|| Allocated::new(0));
-        let total = unit.rows as usize;
-        let mut d = if ctx.nparts == 1 {
-            let mut packed = crate::lock_pool(packed_pool).pop().unwrap_or_default();
-            packed.ops.clear();
-            packed.rows.clear();
-            let (mut rows, mut first_ts, mut last_ts) = (0usize, None, 0u64);
-            let r = decoder.stream(unit, &mut |b: Slices<'_>| {
-                let all = b.ts.len();
-                let n = match at {
-                    Some(at) => b.ts.partition_point(|&t| t <= at),
-                    None => all,
-                };
-                if n > 0 {
-                    first_ts.get_or_insert(b.ts[0]);
-                    last_ts = b.ts[n - 1];
-                    pack(b.range(0, n), ctx, &mut kinds, &mut acc, &mut packed);
-                }
-                rows += n;
-                n == all
-            });
-            if let Err(e) = r {
-                crate::lock_pool(allocated).push(acc);
-                return Err(e);
-            }
-            Decoded {
-                cols: None,
-                rows_of: None,
-                rows_len: Vec::new(),
-                packed: Some(packed),
-                rows,
-                total,
-                first_ts: first_ts.unwrap_or(0),
-                last_ts,
-                kinds,
-            }
-        } else {
-            let cols = match decoder.read(unit) {
-                Ok(c) => c,
-                Err(e) => {
-                    crate::lock_pool(allocated).push(acc);
-                    return Err(e);
-                }
-            };
-            let all = cols.slices(cols.len());
-            let rows = match at {
-                Some(at) => all.ts.partition_point(|&t| t <= at),
-                None => cols.len(),
-            };
-            let b = cols.slices(rows);
-            count_allocations(b, ctx, &mut kinds, &mut acc);
-            let mut rows_len = vec![0; ctx.nparts];
-            let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
-            split_rows(b, ctx, &mut out, &mut rows_len);
-            let (first_ts, last_ts) = match rows {
-                0 => (0, 0),
-                _ => (b.ts[0], b.ts[rows - 1]),
-            };
-            Decoded {
-                total: cols.len(),
-                cols: Some(cols),
-                rows_of: Some(out),
-                rows_len,
-                packed: None,
-                rows,
-                first_ts,
-                last_ts,
-                kinds,
-            }
-        };
-        crate::lock_pool(allocated).push(acc);
-        d.total = d.total.max(d.rows);
-        Ok(d)
-    }
-
-    /// The rows partition `p` takes part in; `None` with one partition.
-    fn rows_of(&self, p: usize) -> Option<&[u32]> {
-        self.rows_of.as_ref().map(|r| &r[p][..self.rows_len[p]])
-    }
-}
-
-/// Lists, for each partition, the rows it takes part in: the owner of the
-/// address (both owners for a realloc), partition 0 for mappings, every
-/// partition for exec, exit and fork. Done while decoding, in parallel, so
-/// each replay worker reads only its own rows. `out[p]` gets its rows in its
-/// first `len[p]` entries: the vectors are sized to the row group once
-/// and written by index, without a capacity check per row.
-fn split_rows(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Vec<Vec<u32>>, len: &mut [usize]) {
-    let n = b.kind.len();
-    out.resize_with(ctx.nparts, Vec::new);
-    for o in out.iter_mut() {
-        if o.len() < n {
-            o.resize(n, 0);
-        }
-    }
-    len.fill(0);
-    for i in 0..n {
-        let kind = b.kind[i] as usize;
-        if ctx.by_addr[kind] {
-            // Allocations and frees: the owner of the address.
-            let p = ctx.owner(b.addr[i]);
-            out[p][len[p]] = i as u32;
-            len[p] += 1;
-            continue;
-        }
-        let mut put = |p: usize| {
-            out[p][len[p]] = i as u32;
-            len[p] += 1;
-        };
-        match ctx.ops[kind] {
-            Op::Realloc => {
-                let (new, old) = (b.addr[i], b.old_addr[i]);
-                let p = if new != 0 {
-                    ctx.owner(new)
-                } else {
-                    ctx.owner(old)
-                };
-                put(p);
-                if old != 0 && new != 0 && ctx.owner(old) != p {
-                    put(ctx.owner(old));
-                }
-            }
-            Op::Map | Op::Unmap | Op::Remap => put(0),
-            Op::Exec | Op::Exit | Op::Fork => (0..ctx.nparts).for_each(put),
-            _ => {}
-        }
-    }
 }
 
 /// Partitions for `threads` worker threads: half of them. Decoding a row

@@ -5,7 +5,7 @@
 
 use super::allocated::Allocated;
 use super::ctx::{realloc_frees, Ctx, MAP_ALLOC, NOT_ALLOC};
-use crate::decode::Slices;
+use super::Slices;
 
 /// A row group as the single-partition replay reads it: one 32-byte
 /// [`PackedOp`] per allocation or free to make, written by the decode

@@ -15,7 +15,7 @@ use super::process::{
     PAGE_PID, PAGE_SLOT, UNKNOWN_SLOT,
 };
 use super::Anomalies;
-use crate::decode::Slices;
+use super::Slices;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};
 use crate::table::{Block, BlockTable};
