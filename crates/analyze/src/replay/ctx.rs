@@ -63,7 +63,7 @@ pub(super) struct Ctx<'a> {
     /// Kinds replayed by the owner of their address alone (allocations
     /// and frees).
     pub(super) by_addr: [bool; 256],
-    /// How [`count_allocations`] counts rows of a kind.
+    /// How [`count_allocations`](super::packed::count_allocations) counts rows of a kind.
     pub(super) alloc_class: [u8; 256],
     /// The code of a kind for a single-partition replay: one of
     /// [`C_SKIP`], [`C_ALLOC_USER`] … [`C_REALLOC`] for allocations, frees

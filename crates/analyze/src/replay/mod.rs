@@ -38,6 +38,19 @@
 //! frees (to tell double frees from frees of blocks allocated before the
 //! recording started), and a bounded window of decoded row groups; it does
 //! not grow with the length of the trace.
+//!
+//! The parts, in the order a row group goes through them:
+//! * `pipeline.rs`: decodes row groups in parallel and hands them to
+//!   [`replay`] in order;
+//! * `decoded.rs`: what a decode worker makes of a row group, in one of two
+//!   forms: `packed.rs`'s operations for a single partition, or columns
+//!   and one row list per partition for several; `ctx.rs` holds the tables
+//!   by event kind both use, `allocated.rs` the allocations counted on
+//!   the way;
+//! * `partition.rs`: the two replay engines and a partition's state, with
+//!   the per-process state in `process.rs`;
+//! * `peak.rs`: the live total and its peaks across partitions;
+//! * `types.rs`: the public options and results, re-exported here.
 
 use std::time::Instant;
 

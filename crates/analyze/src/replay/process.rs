@@ -18,7 +18,7 @@ pub(super) const PAGE_PID: u32 = u32::MAX - 1;
 pub(super) const KERNEL_SLOT: usize = 0;
 pub(super) const PAGE_SLOT: usize = 1;
 /// No slot: a process the pid cache did not hold (see
-/// [`Partition::known_slot`]).
+/// [`Partition::known_slot`](super::partition::Partition::known_slot)).
 pub(super) const UNKNOWN_SLOT: usize = usize::MAX;
 /// Never a real pid (Linux pids stay below 2^22).
 pub(super) const NO_PID: u32 = u32::MAX - 2;
@@ -136,7 +136,7 @@ impl PidState {
     }
 }
 
-/// In [`Partition::deltas`]: a change that belongs to no process (the
+/// In [`Partition::deltas`](super::partition::Partition::deltas): a change that belongs to no process (the
 /// kernel's, or a pid replay keeps for itself).
 pub(super) const NO_PROCESS: u32 = 0;
 
