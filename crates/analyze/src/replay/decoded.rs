@@ -47,6 +47,9 @@ pub(super) type RowsPool = Mutex<Vec<Vec<Vec<u32>>>>;
 pub(super) type PackedPool = Mutex<Vec<Packed>>;
 
 impl Decoded {
+    /// Decodes `unit`, up to the `at` cutoff, in the form the replay of
+    /// `ctx.nparts` partitions reads; counts its rows by kind, and its
+    /// allocations in one of the accumulators of `allocated`.
     pub(super) fn read(
         decoder: &Decoder<'_>,
         unit: &RowGroupUnit,
