@@ -1,4 +1,5 @@
-//! The table of outstanding blocks of one process in one partition.
+//! The table of outstanding blocks of one process in one partition, and
+//! the [`Block`] it holds.
 //!
 //! Replay is bound by memory latency: each event looks up a block in a
 //! table far larger than the caches. A general-purpose hash map cannot say
@@ -22,7 +23,17 @@
 //! 16 MiB).
 
 use crate::hash::{int_map, mix, IntMap};
-use crate::replay::Block;
+
+/// An outstanding heap block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Bytes requested.
+    pub size: u64,
+    /// When it was allocated.
+    pub ts: u64,
+    /// Stack of the allocation (0: unknown).
+    pub stack: u64,
+}
 
 /// One slot: 32 bytes, two per cache line. Address 0 marks an empty slot
 /// (no block lives at address 0; replay never inserts it); [`TOMB`] in
