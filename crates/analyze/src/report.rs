@@ -205,8 +205,8 @@ pub struct Report {
 /// tables of outstanding blocks, the stacks and frames tables), kept by
 /// the report and freed with it rather than before it is returned: a
 /// caller that exits once the report is written can skip freeing it. The
-/// frames table alone is tens of thousands of small strings, about 9 ms
-/// to free after the 100 M-event bench trace. Not part of the report's
+/// frames table alone is tens of thousands of small strings, whose
+/// freeing showed in the bench trace's wall time. Not part of the report's
 /// value: every `Spent` equals every other.
 #[derive(Clone, Default)]
 pub(crate) struct Spent(

@@ -283,11 +283,10 @@ impl BlockTable {
     /// The table is rebuilt once live slots and tombstones fill one
     /// `sparsity()`-th of it. Probing branches on each slot it passes,
     /// and those branches mispredict about as often as a slot is taken:
-    /// at quarter load replay took about 10% less CPU than at half load
-    /// while the tables of the bench traces fit in the caches' reach.
-    /// Tables past 16 MiB miss the caches anyway, and there half load was
-    /// faster as well as half the memory (1.5 M outstanding blocks: 266
-    /// against 374 MiB peak RSS).
+    /// at quarter load replay took less CPU than at half load while the
+    /// tables of the bench traces fit in the caches' reach. Tables past
+    /// 16 MiB miss the caches anyway, and there half load was faster as
+    /// well as half the memory.
     #[inline(always)]
     fn sparsity(&self) -> usize {
         if self.slots.len() <= BIG {

@@ -65,8 +65,8 @@ struct Segment {
 /// The bytes of an ELF file: mapped read-only from disk, or owned.
 ///
 /// Mapped, only the pages that are read (headers, symbol tables, a few
-/// functions' code) are ever loaded: libc's debug file is 4 MiB, and
-/// reading whole files was ~4 ms of every recording's start-up.
+/// functions' code) are ever loaded: reading whole files (libc's debug
+/// file is megabytes) showed in every recording's start-up.
 enum Bytes {
     Owned(Vec<u8>),
     Mapped(memmap2::Mmap),

@@ -228,8 +228,8 @@ pub fn resolve(
 /// (glibc's `__libc_thread_freeres` is not exported). Only the housekeeping
 /// hooks come here, and only when the exported tables lack them. The debug
 /// file found by build id is read for its symbol table alone; blazesym's
-/// lookup, the fallback, also decompresses the DWARF (about 60 ms of CPU at
-/// every start for glibc).
+/// lookup, the fallback, also decompresses the DWARF, tens of milliseconds
+/// of CPU at every start for glibc.
 fn debug_symbol_offset(path: &Path, elf: &ElfFile, name: &str) -> Option<u64> {
     debug_symbol_by_build_id(elf, name).or_else(|| debug_symbol_by_blazesym(path, elf, name))
 }
