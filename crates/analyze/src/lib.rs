@@ -26,13 +26,13 @@ mod hash;
 pub mod histogram;
 pub mod json;
 pub mod progress;
-pub mod ranges;
+mod ranges;
 pub mod replay;
 pub mod report;
 pub mod svg;
 mod table;
 pub mod text;
-pub mod time;
+mod time;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;

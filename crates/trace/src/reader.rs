@@ -406,15 +406,6 @@ impl Trace {
         })
     }
 
-    /// The segment files of a table, in order (the files the events units
-    /// number with [`RowGroupUnit::segment`]).
-    pub fn segment_paths(&self, table: Table) -> Vec<&Path> {
-        self.segments[table.name()]
-            .iter()
-            .map(|s| s.path.as_path())
-            .collect()
-    }
-
     /// The trace directory.
     pub fn path(&self) -> &Path {
         &self.root
