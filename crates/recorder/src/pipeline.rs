@@ -436,7 +436,7 @@ mod tests {
         let mut rec = super::Recorder::new(writer, false);
         let pid = std::process::id();
         // Frames in this test binary, a distinct stack per event.
-        let code = a_full_segment_lists_the_stacks_its_events_use as usize as u64;
+        let code = a_full_segment_lists_the_stacks_its_events_use as *const () as usize as u64;
         for i in 0..8u64 {
             let raw =
                 RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 32);
