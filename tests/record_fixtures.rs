@@ -22,9 +22,38 @@ macro_rules! fixture_tests {
 }
 
 fixture_tests!(
-    seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-    dl_main, execer, deep, longjmp, sigalt, siglongjmp
+    seed,
+    realloc,
+    aligned,
+    mmap,
+    big,
+    short,
+    inline,
+    odd,
+    threads,
+    storm,
+    cxx_new,
+    strdup,
+    dl_main,
+    execer,
+    fork_execer,
+    deep,
+    longjmp,
+    sigalt,
+    siglongjmp
 );
+
+/// The same with the child followed: its exit is recorded, and its copies
+/// of the parent's blocks are still not its leaks.
+#[test]
+fn fork_execer_follow_forks() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("fork_execer");
+    let (_dir, trace) = fx.record(&["--follow-forks"]);
+    check_trace(&fx, &trace, &["outstanding"]);
+}
 
 /// With --follow-forks the child is held at fork until its probes are in
 /// place, and its leaks are attributed to its own pid.

@@ -309,12 +309,27 @@ pub fn analyze_trace(
             .max(start_ts),
     };
 
+    // A forked child's copies of its parent's blocks are the parent's to
+    // report (or gone with the parent's exec): they are the child's only
+    // when it is looked at without its parent, as valgrind run on the
+    // child alone would see them.
+    let inherited_for: HashSet<u32> = opts
+        .filter
+        .pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            meta.parents
+                .get(p)
+                .is_none_or(|parent| !opts.filter.pids.contains(parent))
+        })
+        .collect();
     let stacks = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
         &filter,
-        &opts.filter.pids,
+        (&opts.filter.pids, &inherited_for),
         eval_ts,
         opts.sort,
     );
@@ -464,7 +479,7 @@ fn build_stacks(
     frames: &HashMap<(u32, u64), FrameRecord>,
     replayed: &Replay,
     filter: &ResolvedFilter,
-    pids: &[u32],
+    (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
     sort: SortKey,
 ) -> Vec<StackReport> {
@@ -478,6 +493,9 @@ fn build_stacks(
             }
             if !pids.is_empty() && b.pid.is_some_and(|p| !pids.contains(&p)) {
                 return; // an ancestor, replayed only for what it passed on
+            }
+            if b.inherited && b.pid.is_none_or(|p| !inherited_for.contains(&p)) {
+                return;
             }
             let first_piece = match b.mapping {
                 Some(m) => mappings.insert(m),

@@ -163,7 +163,13 @@ impl Recorder {
         // row's keeps the rows in time order, and a free never before its
         // allocation; every time is still one read before the event was
         // submitted, so never after it.
-        let ts_ns = raw.ts_ns.max(self.last_ts);
+        let mut ts_ns = raw.ts_ns.max(self.last_ts);
+        if kind == EventKind::Fork && self.last_ts > 0 {
+            // Strictly after everything before it: the analyzer tells a
+            // child's inherited copies (allocated before it was born) from
+            // what it allocates itself by time.
+            ts_ns = ts_ns.max(self.last_ts + 1);
+        }
         self.last_ts = ts_ns;
         let ev = Event {
             ts_ns,

@@ -466,6 +466,7 @@ impl Partition {
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
                 st.gone = (!copy.is_empty()).then(|| Box::new(copy));
+                st.born_ts = ts[i];
                 self.hold(slot, d, ts[i]);
                 self.emit::<ALONE>(i, slot, d, ts[i]);
             }

@@ -53,6 +53,10 @@ pub(super) struct PidState {
     /// and the sequential pass sums them).
     pub(super) peak: i64,
     pub(super) peak_ts: u64,
+    /// When the process was forked in the trace (0: not seen forked).
+    /// Its blocks from before then are the copies of its parent's that it
+    /// inherited ([`OutstandingBlock::inherited`](super::OutstandingBlock::inherited)).
+    pub(super) born_ts: u64,
 }
 
 /// Outstanding blocks and mappings of a process that no longer count in
@@ -97,6 +101,7 @@ impl PidState {
             held: 0,
             peak: 0,
             peak_ts: 0,
+            born_ts: 0,
         }
     }
 

@@ -49,6 +49,11 @@ pub struct OutstandingBlock {
     /// For a piece of a mapping: id of the mapping, shared by the pieces a
     /// partial munmap left, so they count as one allocation.
     pub mapping: Option<u64>,
+    /// A forked process's copy of a block its parent allocated before the
+    /// fork (allocated before the process was born). The parent reports
+    /// the block (or dropped it at exec); the copy is the child's only
+    /// when the child is looked at without its parent (`--pid CHILD`).
+    pub inherited: bool,
 }
 
 /// Events that do not fit the model of a complete recording.
@@ -207,6 +212,7 @@ impl Replay {
                             ts: b.ts,
                             stack: b.stack,
                             mapping: None,
+                            inherited: b.ts < st.born_ts,
                         };
                         fold(&mut acc, &o);
                     }
@@ -223,6 +229,7 @@ impl Replay {
                             ts: r.ts,
                             stack: r.stack,
                             mapping: Some(r.origin),
+                            inherited: r.ts < st.born_ts,
                         };
                         fold(&mut acc, &o);
                     }
