@@ -38,7 +38,8 @@ pub use filter::{Filter, KindScope};
 pub use folded::Weight;
 pub use histogram::AgeHistogram;
 pub use report::{
-    analyze, analyze_trace, AnalyzeOptions, PidPeak, Report, SortKey, StackReport, Summary,
+    analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,
+    SortKey, StackReport, Summary,
 };
 
 /// Locks a pool of spare buffers, even one a panicking worker left

@@ -285,6 +285,46 @@ fn exec_drops_fork_copies_exit_keeps() {
     );
 }
 
+/// Heap blocks, mappings and kernel allocations apart, in the summary and
+/// by --kind heap|mmap, so a reader can compare the heap with valgrind's.
+#[test]
+fn heap_mappings_and_kernel_are_told_apart() {
+    let mut tb = TraceBuilder::new();
+    tb.malloc(1, 0x1000, 100, 1)
+        .malloc(2, 0x2000, 200, 1)
+        .ev(3, 100, EventKind::Mmap, 0x10_0000, 0x3000, 2)
+        .ev(4, 100, EventKind::Munmap, 0x10_1000, 0x1000, 0) // two pieces, one mapping
+        .ev(5, 100, EventKind::Mmap, 0x20_0000, 0x1000, 3)
+        .ev(6, 100, EventKind::Munmap, 0x20_0000, 0x1000, 0)
+        .ev(7, 0, EventKind::Kmalloc, 0xffff_8880_0000_1000, 64, 4)
+        .free(8, 0x2000);
+    let r = run(&tb);
+    let c = &r.summary.outstanding_by_class;
+    assert_eq!((c.heap.bytes, c.heap.allocations), (100, 1));
+    assert_eq!((c.mapped.bytes, c.mapped.allocations), (0x2000, 1));
+    assert_eq!((c.kernel.bytes, c.kernel.allocations), (64, 1));
+    assert_eq!(r.summary.outstanding_bytes, 100 + 0x2000 + 64);
+    let s2 = r.stacks.iter().find(|s| s.stack_id == 2).unwrap();
+    assert_eq!((s2.mapped_bytes, s2.mapped_count), (0x2000, 1));
+    for (kind, want) in [
+        (KindScope::Heap, vec![(1, 100, 1)]),
+        (KindScope::Mmap, vec![(2, 0x2000, 1)]),
+        (KindScope::User, vec![(1, 100, 1), (2, 0x2000, 1)]),
+    ] {
+        let r = run_with(
+            &tb,
+            AnalyzeOptions {
+                filter: Filter {
+                    kind,
+                    ..Filter::default()
+                },
+                ..Default::default()
+            },
+        );
+        assert_eq!(outstanding(&r), want, "{kind:?}");
+    }
+}
+
 #[test]
 fn kernel_events_share_one_address_space() {
     let mut tb = TraceBuilder::new();
