@@ -452,6 +452,21 @@ impl ElfFile {
     }
 }
 
+impl ElfFile {
+    /// Whether the file has a `.symtab` (`strip` removes it).
+    pub fn has_symtab(&self) -> bool {
+        self.section(".symtab").is_some()
+    }
+
+    /// Whether `.dynsym` defines function `name` at its default version
+    /// (or unversioned): what the dynamic linker binds a new reference to.
+    pub fn exports_function(&self, name: &str) -> bool {
+        self.symbols
+            .iter()
+            .any(|s| s.dynamic && s.default_version && s.name == name)
+    }
+}
+
 /// `(version index, name)` pairs from `.gnu.version_d`.
 fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
     let mut out = Vec::new();
