@@ -13,6 +13,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 use memleak_recorder::placement::Policy;
+use memleak_recorder::providers::{Allocators, Search};
 use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
 use memleak_recorder::Recorder;
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
@@ -396,6 +397,9 @@ fn record(
     };
 
     let mut libs = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let user_heap = object.is_some() || !args.symbols_prefix.is_empty();
+    let search = RefCell::new(Allocators::new(placement_policy(args), user_heap));
     for &pid in &pids {
         probes.trace_pid(pid)?;
         libs = libraries_for(
@@ -403,26 +407,16 @@ fn record(
             matches!(target, Target::Child(_)),
             object.as_ref(),
             args,
+            &mut search.borrow_mut(),
+            &mut notes,
         )?;
         for lib in &libs {
-            if args.verbose {
-                for p in &lib.points {
-                    say!(
-                        "memleak: probe {}:{} at +{:#x} ({})",
-                        lib.path.display(),
-                        p.symbol,
-                        p.probe_offset - p.entry_offset,
-                        p.note
-                    );
-                }
-                for m in &lib.missing {
-                    say!("memleak: {} has no {m}; skipped", lib.path.display());
-                }
-            }
+            show_probes(lib, args.verbose);
             probes.attach_library(pid as i32, lib)?;
+            search.borrow_mut().mark_attached(pid, lib);
         }
     }
-    let mut notes: Vec<String> = Vec::new();
+    let libs = RefCell::new(libs);
     // Our own ld.so is the one the child will run (same system).
     let ld_so = targets::find_library(std::process::id(), "ld-linux");
     if let Target::Child(c) = &target {
@@ -468,7 +462,12 @@ fn record(
 
     catch_stop_signals();
     if let Target::Child(c) = &mut target {
-        c.release(args.follow_forks)?;
+        // The program is mapped now, not run: a static one is probed here.
+        let (pid, kernel) = (c.pid, cfg.kernel);
+        let notes = &mut recorder.meta_mut().notes;
+        c.release(args.follow_forks, &mut || {
+            add_providers(&probes, &search, pid, &libs, notes, args, !kernel)
+        })?;
     }
 
     let recorder = RefCell::new(recorder);
@@ -489,8 +488,9 @@ fn record(
         // The new process is held stopped: its probes go in before its
         // first instruction.
         probes.trace_pid(pid)?;
-        for lib in &libs {
+        for lib in libs.borrow().iter() {
             probes.attach_library(pid as i32, lib)?;
+            search.borrow_mut().mark_attached(pid, lib);
         }
         if let Some(ld) = &ld_so {
             probes.attach_dl_stops(pid as i32, ld)?;
@@ -503,7 +503,12 @@ fn record(
         // The child is stopped at exit, or in ld.so before it unmaps a
         // library, with its address space intact: drain what it did and
         // capture its maps, so a program that lives 5 ms, or a dlclosed
-        // library, still symbolizes.
+        // library, still symbolizes. After an exec or a dlopen, the
+        // process may have another allocator: it is probed before it runs.
+        let mut rec = recorder.borrow_mut();
+        let notes = &mut rec.meta_mut().notes;
+        add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+        drop(rec);
         probes::drain(&rb, Duration::ZERO)?;
         let mut rec = recorder.borrow_mut();
         rec.snapshot_maps(child_pid)?;
@@ -653,32 +658,73 @@ fn record(
     })
 }
 
+fn placement_policy(args: &RecordArgs) -> Policy {
+    match args.probe_placement {
+        Placement::Auto => Policy::Auto,
+        Placement::Entry => Policy::Entry,
+    }
+}
+
+/// With `-v`: where each probe of `lib` goes, and what it lacks.
+fn show_probes(lib: &LibraryProbes, verbose: bool) {
+    if !verbose {
+        return;
+    }
+    for p in &lib.points {
+        say!(
+            "memleak: probe {}:{} at +{:#x} ({})",
+            lib.path.display(),
+            p.symbol,
+            p.probe_offset - p.entry_offset,
+            p.note
+        );
+    }
+    for m in &lib.missing {
+        say!("memleak: {} has no {m}; skipped", lib.path.display());
+    }
+}
+
+/// The libraries to probe in `pid` before recording starts. A running
+/// process (`-p`) is probed where its allocator functions really are (see
+/// `memleak_recorder::providers`). A command is not running yet: libc and
+/// libstdc++ are probed, and [`add_providers`] adds the allocator the
+/// program turns out to use, at its exec and once ld.so has loaded it.
 fn libraries_for(
     pid: u32,
     launched: bool,
     object: Option<&PathBuf>,
     args: &RecordArgs,
+    search: &mut Allocators,
+    notes: &mut Vec<String>,
 ) -> Result<Vec<LibraryProbes>> {
-    let placement = match args.probe_placement {
-        Placement::Auto => Policy::Auto,
-        Placement::Entry => Policy::Entry,
+    let placement = placement_policy(args);
+    let user_heap = object.is_some() || !args.symbols_prefix.is_empty();
+    let found = match launched {
+        true => None,
+        false => providers_of_running(pid, search, args, notes)?,
     };
     let mut out = Vec::new();
     // In -c mode the child will run our libc (same system).
     let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so");
-    let heap_lib = object.cloned().or_else(|| libc.clone()).with_context(|| {
-        format!("process {pid} has no libc mapped; use -O to name its allocator library")
-    })?;
-    let heap = targets::resolve(&heap_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
-        .map_err(anyhow::Error::msg)?;
-    if heap.points.is_empty() {
-        bail!(
-            "{}: none of the allocator functions found (symbols prefix {:?})",
-            heap_lib.display(),
-            args.symbols_prefix
-        );
+    if found.is_none() || user_heap {
+        let heap_lib = object.cloned().or_else(|| libc.clone()).with_context(|| {
+            format!("process {pid} has no libc mapped; use -O to name its allocator library")
+        })?;
+        let heap = targets::resolve(&heap_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
+            .map_err(anyhow::Error::msg)?;
+        if heap.points.is_empty() {
+            bail!(
+                "{}: none of the allocator functions found (symbols prefix {:?})",
+                heap_lib.display(),
+                args.symbols_prefix
+            );
+        }
+        out.push(heap);
     }
-    out.push(heap);
+    if let Some(found) = found {
+        out.extend(found);
+        return Ok(out);
+    }
     // Mappings and the allocating wrappers are libc's even when -O names
     // another allocator.
     if let Some(path) = libc {
@@ -706,6 +752,91 @@ fn libraries_for(
         }
     }
     Ok(out)
+}
+
+/// The probes a running process needs, from its link map or its static
+/// executable; `None` when that cannot be read (a warning says so) and
+/// libc is probed as it is found in the maps. Fails when its malloc cannot
+/// be probed and nothing else (`--kernel`) is recorded.
+fn providers_of_running(
+    pid: u32,
+    search: &mut Allocators,
+    args: &RecordArgs,
+    notes: &mut Vec<String>,
+) -> Result<Option<Vec<LibraryProbes>>> {
+    // Inside dlopen or dlclose the list is being changed: wait a little.
+    let deadline = Instant::now() + Duration::from_millis(200);
+    let found = loop {
+        let found = search.update(pid);
+        if found.search != Search::NotReady || Instant::now() > deadline {
+            break found;
+        }
+        std::thread::sleep(Duration::from_millis(2));
+    };
+    if let (Some(why), false) = (&found.no_malloc, args.kernel || args.kernel_pid.is_some()) {
+        bail!("{why}");
+    }
+    report(&found.warnings, &found.notes, notes, args.verbose);
+    match found.search {
+        Search::Ready => Ok(Some(found.libs)),
+        Search::NotReady => {
+            report(
+                &[format!(
+                    "the link map of pid {pid} kept changing: allocators other than libc's are not probed"
+                )],
+                &[],
+                notes,
+                args.verbose,
+            );
+            Ok(None)
+        }
+        Search::Failed(_) => Ok(None),
+    }
+}
+
+/// Prints warnings (always) and notes (with `-v`), and keeps both for the
+/// trace's meta.json.
+fn report(warnings: &[String], found: &[String], notes: &mut Vec<String>, verbose: bool) {
+    for w in warnings {
+        say!("memleak: warning: {w}");
+        notes.push(w.clone());
+    }
+    for n in found {
+        if verbose {
+            say!("memleak: {n}");
+        }
+        notes.push(n.clone());
+    }
+}
+
+/// Attaches the allocator probes `pid` needs now that were not attached
+/// yet: its static executable's after an exec, a preloaded allocator's
+/// once ld.so has loaded it. `fatal` (the command's first exec, with
+/// nothing else recorded): a malloc that cannot be probed, or a probe that
+/// cannot be attached, ends the recording; otherwise it is a warning.
+fn add_providers(
+    probes: &Probes<'_>,
+    search: &RefCell<Allocators>,
+    pid: u32,
+    libs: &RefCell<Vec<LibraryProbes>>,
+    notes: &mut Vec<String>,
+    args: &RecordArgs,
+    fatal: bool,
+) -> Result<()> {
+    let found = search.borrow_mut().update(pid);
+    if let (Some(why), true) = (&found.no_malloc, fatal) {
+        bail!("{why}");
+    }
+    report(&found.warnings, &found.notes, notes, args.verbose);
+    for lib in found.libs {
+        show_probes(&lib, args.verbose);
+        match probes.attach_library(pid as i32, &lib) {
+            Ok(()) => libs.borrow_mut().push(lib),
+            Err(e) if fatal => return Err(e),
+            Err(e) => report(&[format!("{e:#}: not probed")], &[], notes, args.verbose),
+        }
+    }
+    Ok(())
 }
 
 fn self_cpu_ns() -> u64 {
