@@ -457,14 +457,6 @@ impl ElfFile {
     pub fn has_symtab(&self) -> bool {
         self.section(".symtab").is_some()
     }
-
-    /// Whether `.dynsym` defines function `name` at its default version
-    /// (or unversioned): what the dynamic linker binds a new reference to.
-    pub fn exports_function(&self, name: &str) -> bool {
-        self.symbols
-            .iter()
-            .any(|s| s.dynamic && s.default_version && s.name == name)
-    }
 }
 
 /// `(version index, name)` pairs from `.gnu.version_d`.

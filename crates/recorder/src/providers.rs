@@ -207,18 +207,15 @@ pub fn search_order(pid: u32) -> Result<SearchOrder, String> {
     // The load bias of the executable: where its entry point really is.
     let bias = auxv(pid, AT_ENTRY)?.wrapping_sub(exe.entry);
     let mem = Mem::open(pid)?;
-    let mut r_debug = None;
-    for i in 0..(dyn_size / 16).min(4096) {
-        let at = bias.wrapping_add(dyn_vaddr).wrapping_add(i * 16);
-        match mem.u64(at)? {
-            DT_NULL => break,
-            DT_DEBUG => {
-                r_debug = Some(mem.u64(at + 8)?);
-                break;
-            }
-            _ => {}
-        }
-    }
+    let mut dynamic = vec![0u8; dyn_size.min(64 << 10) as usize / 16 * 16];
+    mem.read(bias.wrapping_add(dyn_vaddr), &mut dynamic)?;
+    let word = |b: &[u8]| u64::from_le_bytes(b.try_into().expect("8 bytes"));
+    let r_debug = dynamic
+        .chunks_exact(16)
+        .map(|e| (word(&e[..8]), word(&e[8..])))
+        .take_while(|&(tag, _)| tag != DT_NULL)
+        .find(|&(tag, _)| tag == DT_DEBUG)
+        .map(|(_, value)| value);
     let r_debug = r_debug.ok_or_else(|| format!("{exe_name} has no DT_DEBUG entry"))?;
     // struct r_debug { int r_version; struct link_map *r_map;
     //                  ElfW(Addr) r_brk; int r_state; ElfW(Addr) r_ldbase; }
@@ -310,12 +307,32 @@ impl Found {
     }
 }
 
+/// An object's file, parsed once.
+struct Loaded {
+    elf: ElfFile,
+    /// The functions `.dynsym` defines at their default version (or
+    /// unversioned): what the dynamic linker binds new references to.
+    exports: HashSet<String>,
+}
+
+impl Loaded {
+    fn open(path: &Path) -> Result<Loaded, String> {
+        let elf = ElfFile::open(path).map_err(|e| e.to_string())?;
+        let exports = elf
+            .function_symbols()
+            .filter(|s| s.dynamic && s.default_version)
+            .map(|s| s.name.clone())
+            .collect();
+        Ok(Loaded { elf, exports })
+    }
+}
+
 /// Finds the allocator functions' providers in processes and remembers
 /// what is attached where.
 pub struct Allocators {
     policy: Policy,
     funcs: Vec<AllocFn>,
-    files: HashMap<FileId, Result<ElfFile, String>>,
+    files: HashMap<FileId, Result<Loaded, String>>,
     points: HashMap<(FileId, &'static str), Option<ProbePoint>>,
     attached: HashMap<u32, HashSet<(FileId, u64)>>,
     reported: HashSet<(u32, String)>,
@@ -386,7 +403,7 @@ impl Allocators {
                     let elf = self
                         .files
                         .entry(id)
-                        .or_insert_with(|| ElfFile::open(&obj.path).map_err(|e| e.to_string()));
+                        .or_insert_with(|| Loaded::open(&obj.path));
                     if let Err(e) = elf {
                         warnings.push(format!(
                             "cannot read {} ({e}): allocator functions it may provide are not probed",
@@ -402,10 +419,10 @@ impl Allocators {
             }
         }
         // The provider of each function, by index in `ids`.
-        let exports = |files: &HashMap<FileId, Result<ElfFile, String>>, id: &FileId, f: &str| {
+        let exports = |files: &HashMap<FileId, Result<Loaded, String>>, id: &FileId, f: &str| {
             files
                 .get(id)
-                .is_some_and(|e| e.as_ref().is_ok_and(|e| e.exports_function(f)))
+                .is_some_and(|e| e.as_ref().is_ok_and(|e| e.exports.contains(f)))
         };
         let first_exporter = |name: &str| {
             ids.iter()
@@ -429,7 +446,7 @@ impl Allocators {
             .collect();
         let attached = self.attached.entry(pid).or_default();
         for (i, (obj, id)) in ids.iter().enumerate() {
-            let Some(Ok(elf)) = self.files.get(id) else {
+            let Some(Ok(Loaded { elf, .. })) = self.files.get(id) else {
                 continue;
             };
             let mut lib = LibraryProbes {
@@ -573,6 +590,81 @@ mod tests {
         // Everything is attached now: a second search adds nothing.
         let again = a.update(pid);
         assert!(again.libs.is_empty(), "{:?}", again.libs);
+    }
+
+    /// A preloaded jemalloc comes right after the executable, before libc
+    /// and libstdc++ (which it links), and provides malloc and operator
+    /// new; libc still provides mmap and strdup.
+    #[test]
+    fn a_preloaded_allocator_comes_first() {
+        let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+        if !Path::new(je).exists() {
+            eprintln!("skipping: {je} is not installed (libjemalloc2)");
+            return;
+        }
+        struct Killed(std::process::Child);
+        impl Drop for Killed {
+            fn drop(&mut self) {
+                let _ = self.0.kill();
+                let _ = self.0.wait();
+            }
+        }
+        let child = Killed(
+            std::process::Command::new("sleep")
+                .arg("30")
+                .env("LD_PRELOAD", je)
+                .spawn()
+                .unwrap(),
+        );
+        let pid = child.0.id();
+        // Until ld.so has loaded the needed libraries too.
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let objects = loop {
+            match search_order(pid) {
+                Ok(SearchOrder::Dynamic(o)) if o.iter().any(|o| o.name.contains("/libc.so")) => {
+                    break o
+                }
+                _ if std::time::Instant::now() < deadline => {
+                    std::thread::sleep(std::time::Duration::from_millis(5))
+                }
+                other => panic!("{other:?}"),
+            }
+        };
+        let at = |needle: &str| {
+            objects
+                .iter()
+                .position(|o| o.name.contains(needle))
+                .unwrap_or_else(|| panic!("{needle} not in {objects:?}"))
+        };
+        assert!(objects[0].name.ends_with("/sleep"), "{objects:?}");
+        assert_eq!(at("libjemalloc"), 1, "{objects:?}");
+        assert!(at("/libc.so") > 1 && at("libstdc++") > 1);
+        let mut a = Allocators::new(Policy::Auto, false);
+        let found = a.update(pid);
+        assert_eq!(found.search, Search::Ready);
+        let provider = |symbol: &str| {
+            found
+                .libs
+                .iter()
+                .find(|l| l.points.iter().any(|p| p.symbol == symbol))
+                .map(|l| file_id(&l.path).unwrap())
+        };
+        let je_id = file_id(Path::new(je)).unwrap();
+        let libc_id = file_id(&objects[at("/libc.so")].path).unwrap();
+        for symbol in ["malloc", "free", "_Znwm", "_Znam", "_ZdaPv"] {
+            assert_eq!(provider(symbol), Some(je_id), "{symbol}");
+        }
+        for symbol in ["mmap", "strdup", "reallocarray"] {
+            assert_eq!(provider(symbol), Some(libc_id), "{symbol}");
+        }
+        assert!(
+            found
+                .notes
+                .iter()
+                .any(|n| n.contains("malloc") && n.contains("libjemalloc.so.2")),
+            "{:?}",
+            found.notes
+        );
     }
 
     #[test]
