@@ -154,8 +154,15 @@ impl Child {
         })
     }
 
-    /// Lets the child exec; fails if exec fails.
-    pub fn release(&mut self, follow_forks: bool) -> Result<()> {
+    /// Lets the child exec; fails if exec fails. `on_exec` runs at the
+    /// stop right after the exec, before the program's first instruction
+    /// (a statically linked program is mapped then); the child is killed
+    /// if it fails.
+    pub fn release(
+        &mut self,
+        follow_forks: bool,
+        on_exec: &mut dyn FnMut() -> Result<()>,
+    ) -> Result<()> {
         let mut e = 0i32;
         // SAFETY: fds are ours; buffers are valid.
         let n = unsafe {
@@ -181,12 +188,14 @@ impl Child {
                 && *libc::__errno_location() == libc::EINTR
             {}
             if libc::WIFSTOPPED(status) {
+                on_exec()?;
                 libc::ptrace(
                     libc::PTRACE_SETOPTIONS,
                     self.pid as i32,
                     0,
                     libc::PTRACE_O_TRACEEXIT
                         | libc::PTRACE_O_TRACECLONE
+                        | libc::PTRACE_O_TRACEEXEC
                         | if follow_forks {
                             libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK
                         } else {
@@ -231,7 +240,9 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit_code`](Self::exit_code).
+    /// status is then in [`exit_code`](Self::exit_code). `on_stop` runs
+    /// while the command is stopped with its address space intact: at its
+    /// exit, after each exec, and at the `_dl_debug_state` stops.
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
@@ -281,6 +292,14 @@ impl Child {
                 }
                 // Exit of the process: its address space is still there.
                 (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
+                    if main {
+                        on_stop()?;
+                    }
+                    0
+                }
+                // A new program (`env LD_PRELOAD=... prog`): mapped, not
+                // run yet.
+                (libc::SIGTRAP, libc::PTRACE_EVENT_EXEC) => {
                     if main {
                         on_stop()?;
                     }

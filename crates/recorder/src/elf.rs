@@ -452,6 +452,13 @@ impl ElfFile {
     }
 }
 
+impl ElfFile {
+    /// Whether the file has a `.symtab` (`strip` removes it).
+    pub fn has_symtab(&self) -> bool {
+        self.section(".symtab").is_some()
+    }
+}
+
 /// `(version index, name)` pairs from `.gnu.version_d`.
 fn read_verdef(d: &[u8], sections: &[Section]) -> Vec<(u16, String)> {
     let mut out = Vec::new();

@@ -7,6 +7,8 @@
 //! - [`symbolize`]: blazesym symbolization of normalized frames.
 //! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
 //! - [`placement`]: where on an allocator function to put the probe.
+//! - [`targets`] and [`providers`]: which functions to probe, and in which
+//!   loaded object: the one the process's calls really bind to.
 //! - [`unwind`]: unwind tables from `.eh_frame` for the probe, and the
 //!   reference unwinder that checks them.
 //!
@@ -30,6 +32,7 @@ pub mod event;
 pub mod pipeline;
 pub mod placement;
 pub mod procmaps;
+pub mod providers;
 pub mod stacks;
 pub mod symbolize;
 pub mod targets;
