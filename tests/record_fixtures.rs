@@ -122,6 +122,75 @@ fn seed_with_jemalloc_via_object() {
     );
 }
 
+/// A frame prints as `function+0xOFFSET`, where OFFSET is the return
+/// address's offset into the function: the function's start is what
+/// `readelf -s` says of the symbol, in the fixture and in libc. glibc's
+/// `__pthread_create_2_1`, which maps the stacks of the fixture's threads,
+/// is split into a hot and a cold part (DWARF `DW_AT_ranges`); its offset
+/// used to be printed as the address's offset in the file.
+#[test]
+fn frame_offsets_are_offsets_into_the_function() {
+    if !common::can_record() || !common::has_tool("readelf") {
+        return;
+    }
+    let fx = Fixture::load("threads");
+    let (_dir, trace) = fx.record(&[]);
+    let all = memleak_analyze::report::AnalyzeOptions {
+        top: 0,
+        ..Default::default()
+    };
+    let report = memleak_analyze::report::analyze(&trace, &all).unwrap();
+    let text = memleak_analyze::text::render(&report);
+    let mut elfs = common::elfsyms::ElfSymsCache::default();
+    let mut checked = std::collections::BTreeSet::new();
+    let mut libc = None;
+    for f in report
+        .stacks
+        .iter()
+        .filter(|s| !s.kernel && s.count > 0)
+        .flat_map(|s| &s.frames)
+    {
+        let (Some(func), Some(path), Some(file_offset)) =
+            (f.function.as_deref(), f.path.as_deref(), f.file_offset)
+        else {
+            continue;
+        };
+        if path.contains("/libc.so") {
+            libc = Some(path.to_string());
+        }
+        let elf = elfs.get(path);
+        let (ret, _) = elf.vaddr(file_offset).expect("the address is in a segment");
+        let named = elf.functions_named(func);
+        if named.is_empty() {
+            continue; // a name readelf does not list (a DWARF-only one)
+        }
+        let off = f
+            .offset
+            .unwrap_or_else(|| panic!("{func} at {path}+{file_offset:#x} has no offset"));
+        assert!(
+            named.iter().any(|s| s.value + off == ret && off <= s.size),
+            "{func}+{off:#x} (return address {ret:#x} in {path}): readelf says {named:?}"
+        );
+        assert!(
+            text.contains(&format!("{func}+{off:#x}")),
+            "the text report prints {func}+{off:#x}"
+        );
+        checked.insert(func.to_string());
+    }
+    for f in ["leak_t0", "leak_t3", "worker", "start_thread"] {
+        assert!(checked.contains(f), "{f} checked: {checked:?}");
+    }
+    let libc = libc.expect("frames in libc");
+    if elfs.get(&libc).has_debug_file {
+        assert!(
+            checked.contains("__pthread_create_2_1"),
+            "the thread stack's mmap checked: {checked:?}"
+        );
+    } else {
+        eprintln!("libc's debug symbols are not installed: __pthread_create_2_1 not checked");
+    }
+}
+
 /// Another recording running at the same time, of another process, puts
 /// its own consumers on the same libc and libstdc++ probes. Its pid filter
 /// skips this process, but its session consumers still ask the kernel for

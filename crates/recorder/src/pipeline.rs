@@ -13,6 +13,7 @@ use memleak_trace::meta::clock_ns;
 use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter};
 
 use crate::event::{RawEvent, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS};
+use crate::functions::{FunctionIndexes, Lookup};
 use crate::procmaps::{resolve_in_process, MapsCache};
 use crate::stacks::StackInterner;
 use crate::symbolize::{FrameSymbolizer, PendingFrame};
@@ -37,6 +38,8 @@ pub struct Recorder {
     writer: TraceWriter,
     stacks: StackInterner,
     maps: MapsCache,
+    /// Function symbols of the objects the frames are in.
+    functions: FunctionIndexes,
     seen_frames: HashSet<(u32, u64)>,
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
@@ -68,6 +71,7 @@ impl Recorder {
             writer,
             stacks: StackInterner::default(),
             maps: MapsCache::default(),
+            functions: FunctionIndexes::default(),
             seen_frames: HashSet::new(),
             pending: Vec::new(),
             symbolizer: FrameSymbolizer::default(),
@@ -215,6 +219,7 @@ impl Recorder {
                 addr,
                 normalized: None,
                 open_path: None,
+                function: None,
             });
             return Ok(());
         }
@@ -234,11 +239,23 @@ impl Recorder {
             .filter(|n| n.file_offset.is_some())
             .and_then(|n| n.path.as_deref())
             .map(|p| resolve_in_process(pid, p));
+        let function = match (&normalized, &open_path) {
+            (Some(n), Some(path)) => {
+                self.functions
+                    .get(n.build_id.as_deref(), path)
+                    .and_then(|idx| match idx.lookup(n.file_offset?) {
+                        Lookup::Function(f) => Some(f),
+                        Lookup::NotCode | Lookup::Unknown => None,
+                    })
+            }
+            _ => None,
+        };
         self.pending.push(PendingFrame {
             pid,
             addr,
             normalized,
             open_path,
+            function,
         });
         Ok(())
     }

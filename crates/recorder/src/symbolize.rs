@@ -12,6 +12,7 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use memleak_trace::{FrameRecord, InlinedFrame};
 
+use crate::functions::FunctionSym;
 use crate::procmaps::Normalized;
 
 /// A frame waiting for symbolization.
@@ -25,6 +26,9 @@ pub struct PendingFrame {
     pub normalized: Option<Normalized>,
     /// Path our process opens to read the object.
     pub open_path: Option<PathBuf>,
+    /// The ELF function symbol containing the address, if the object's
+    /// symbol tables have one.
+    pub function: Option<FunctionSym>,
 }
 
 /// Turns pending frames into `frames` rows, in batches per object.
@@ -84,6 +88,7 @@ impl FrameSymbolizer {
                 let mut rec = unsymbolized(f);
                 if let Some(Symbolized::Sym(sym)) = syms.get(i) {
                     fill(&mut rec, sym);
+                    rec.func_offset = user_func_offset(sym, f.function.as_ref());
                 }
                 out.push(rec);
             }
@@ -121,6 +126,25 @@ fn unsymbolized(f: &PendingFrame) -> FrameRecord {
         file_offset: n.and_then(|n| n.file_offset),
         ..FrameRecord::default()
     }
+}
+
+/// The offset of a user frame's return address into the function blazesym
+/// named, or `None` when where that function starts is unknown.
+///
+/// blazesym reports the offset from the start it knows: an ELF symbol's
+/// value, or a DWARF subprogram's `DW_AT_low_pc`. A subprogram described
+/// by `DW_AT_ranges` instead (GCC's hot/cold splitting, as glibc's
+/// `__pthread_create_2_1`) has no start for blazesym: it reports start 0,
+/// and the "offset" is the address itself. The ELF function symbol
+/// containing the address then gives the start, unless that symbol is the
+/// split-off part (`foo.cold`) of a function that starts elsewhere.
+fn user_func_offset(sym: &Sym<'_>, func: Option<&FunctionSym>) -> Option<u64> {
+    if sym.addr != 0 {
+        return Some(sym.offset as u64 + 1);
+    }
+    let func = func?;
+    let same_name = func.names.iter().any(|n| *n == *sym.name);
+    (same_name || !func.is_split_part()).then(|| func.offset())
 }
 
 fn file_name(ci: &blazesym::symbolize::CodeInfo<'_>) -> String {
