@@ -191,6 +191,78 @@ fn frame_offsets_are_offsets_into_the_function() {
     }
 }
 
+/// Code without frame pointers leaves %rbp pointing at data, and the
+/// frame-pointer walk reads return addresses there: a pointer into a
+/// table in .rodata, ASCII text, a pointer into .text between functions.
+/// None of them is a frame. Each stack must end before the first one,
+/// marked truncated and counted in meta.json, what is left must be the
+/// true stack's beginning, and every frame must be named by the function
+/// symbol containing it (never by a data object), at the right offset.
+#[test]
+fn nofp_data_is_not_a_frame() {
+    if !common::can_record() || !common::has_tool("readelf") {
+        return;
+    }
+    let fx = Fixture::load("nofp");
+    let (_dir, trace) = fx.record(&[]);
+    let report = memleak_analyze::report::analyze(&trace, &Default::default()).unwrap();
+    let (user, runtime) = fx.actual_groups(&report);
+    assert!(runtime.is_empty(), "{runtime:?}");
+    let expected = fx.expected_groups(&["outstanding"]);
+    assert_eq!(user.len(), expected.len(), "{user:?}");
+    for want in &expected {
+        let got = user
+            .iter()
+            .find(|g| (g.bytes, g.count) == (want.bytes, want.count))
+            .unwrap_or_else(|| panic!("no stack of {} bytes: {user:?}", want.bytes));
+        assert!(
+            !got.frames.is_empty() && want.frames.starts_with(&got.frames),
+            "{:?} is not the beginning of {:?}",
+            got.frames,
+            want.frames
+        );
+    }
+    let mut elfs = common::elfsyms::ElfSymsCache::default();
+    let mut stacks = Vec::new();
+    for s in report.stacks.iter().filter(|s| s.count > 0) {
+        assert!(s.truncated, "stack {} is not marked truncated", s.stack_id);
+        let mut names = Vec::new();
+        for f in &s.frames {
+            let where_ = format!("{:#x} in stack {}", f.addr, s.stack_id);
+            let (Some(path), Some(file_offset)) = (f.path.as_deref(), f.file_offset) else {
+                panic!("{where_}: a frame in no object: {f:?}");
+            };
+            let elf = elfs.get(path);
+            let (ret, exec) = elf.vaddr(file_offset).expect("in a segment");
+            assert!(exec, "{where_}: a frame outside code: {f:?}");
+            let func = f.function.as_deref().unwrap_or("??");
+            let containing = elf.functions_at(ret - 1);
+            assert!(
+                containing
+                    .iter()
+                    .any(|s| s.name == func && Some(ret - s.value) == f.offset),
+                "{where_}: {func}+{:?}, but the function symbols there are {containing:?}",
+                f.offset
+            );
+            names.push(func.to_string());
+        }
+        stacks.push(names);
+    }
+    stacks.sort();
+    assert_eq!(
+        stacks,
+        [
+            vec!["leak_ascii"],
+            vec!["leak_frame", "with_rbp"],
+            vec!["leak_rodata"],
+            vec!["leak_text"],
+        ]
+    );
+    let meta: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap()).unwrap();
+    assert_eq!(meta["cut_stacks"], 4, "stacks cut, in meta.json");
+}
+
 /// Another recording running at the same time, of another process, puts
 /// its own consumers on the same libc and libstdc++ probes. Its pid filter
 /// skips this process, but its session consumers still ask the kernel for

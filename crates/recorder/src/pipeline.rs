@@ -25,6 +25,9 @@ pub struct Stats {
     pub events: u64,
     /// Distinct stacks.
     pub stacks: u64,
+    /// Distinct stacks cut before an address that cannot be a return
+    /// address (`cut_stacks` in meta.json).
+    pub cut_stacks: u64,
     /// Distinct frames.
     pub frames: u64,
     /// Outstanding bytes (only tracked when live tracking is on).
@@ -36,11 +39,21 @@ pub struct Stats {
 /// Turns raw probe records into a trace.
 pub struct Recorder {
     writer: TraceWriter,
+    /// Stacks as the probes sent them.
+    raw_stacks: StackInterner,
+    /// The trace's stack id of each raw stack (raw id - 1 indexes it).
+    trace_ids: Vec<u64>,
+    /// Stacks as the trace holds them: cut before the first frame that
+    /// is not a return address.
     stacks: StackInterner,
     maps: MapsCache,
     /// Function symbols of the objects the frames are in.
     functions: FunctionIndexes,
+    /// Frames queued for symbolization: judged return addresses.
     seen_frames: HashSet<(u32, u64)>,
+    /// Addresses judged not to be return addresses, with the generation
+    /// of the process's maps they were judged with.
+    not_frames: HashMap<(u32, u64), u64>,
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
     last_snapshot: HashMap<u32, Instant>,
@@ -59,6 +72,10 @@ pub struct Recorder {
     last_ts: u64,
 }
 
+/// Ends the frames of a cut stack when it is interned (never an address:
+/// user space ends far below it).
+const CUT_MARK: u64 = u64::MAX;
+
 /// Re-reading maps on a miss is rate-limited per process: a JIT or a
 /// corrupt frame pointer can produce endless unmapped addresses.
 const SNAPSHOT_MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -69,10 +86,13 @@ impl Recorder {
     pub fn new(writer: TraceWriter, track_live: bool) -> Self {
         Recorder {
             writer,
+            raw_stacks: StackInterner::default(),
+            trace_ids: Vec::new(),
             stacks: StackInterner::default(),
             maps: MapsCache::default(),
             functions: FunctionIndexes::default(),
             seen_frames: HashSet::new(),
+            not_frames: HashMap::new(),
             pending: Vec::new(),
             symbolizer: FrameSymbolizer::default(),
             last_snapshot: HashMap::new(),
@@ -131,9 +151,11 @@ impl Recorder {
         match kind {
             EventKind::Exec => {
                 // The old image is gone: its addresses mean nothing now.
+                self.raw_stacks.forget_pid(raw.pid);
                 self.stacks.forget_pid(raw.pid);
                 self.maps.forget(raw.pid);
                 self.seen_frames.retain(|&(p, _)| p != raw.pid);
+                self.not_frames.retain(|&(p, _), _| p != raw.pid);
                 if let Some(live) = &mut self.live {
                     live.retain(|&(p, _), _| p != raw.pid);
                 }
@@ -188,43 +210,97 @@ impl Recorder {
         self.writer.push_event(&ev)
     }
 
+    /// The trace's stack id for an event's stack. A stack seen for the
+    /// first time is judged frame by frame: the frame-pointer walk reads
+    /// whatever the stack holds where a frame record would be, so in code
+    /// without frame pointers it reads data (pointers into tables, text,
+    /// ASCII). The stack ends before the first address that cannot be a
+    /// return address (see [`Recorder::judge_frame`]) and is marked
+    /// truncated: a wrong frame is worse than a missing one. Frame 0 is
+    /// the instruction pointer at the allocator's return, not read from
+    /// the stack, and always stays.
     fn intern_stack(&mut self, raw: &RawEvent<'_>) -> memleak_trace::Result<u64> {
         let kernel = raw.flags & FLAG_KERNEL_STACK != 0;
         let pid = if kernel { 0 } else { raw.pid };
-        let interned = self.stacks.intern(pid, kernel, raw.frames());
+        let seen = self.raw_stacks.intern(pid, kernel, raw.frames());
+        if !seen.new {
+            return Ok(self.trace_ids[(seen.id - 1) as usize]);
+        }
+        let mut frames: Vec<u64> = raw.frames().collect();
+        let mut keep = frames.len();
+        for (i, &addr) in frames.iter().enumerate() {
+            if self.seen_frames.contains(&(pid, addr)) {
+                continue;
+            }
+            let generation = self.maps.generation(pid);
+            if i > 0 && self.not_frames.get(&(pid, addr)) == Some(&generation) {
+                keep = i;
+                break;
+            }
+            // An address judged before is judged again with newer maps,
+            // but does not make the maps be read again.
+            let first_sight = !self.not_frames.contains_key(&(pid, addr));
+            let (frame, is_frame) = self.judge_frame(pid, addr, first_sight)?;
+            if i > 0 && !is_frame {
+                self.not_frames
+                    .insert((pid, addr), self.maps.generation(pid));
+                keep = i;
+                break;
+            }
+            self.seen_frames.insert((pid, addr));
+            self.stats.frames += 1;
+            self.pending.push(frame);
+        }
+        let cut = keep < frames.len();
+        frames.truncate(keep);
+        // A cut stack is interned apart from a walk that ended by itself
+        // at the same frame, which need not be truncated.
+        frames.push(CUT_MARK);
+        let n = frames.len() - usize::from(!cut);
+        let interned = self.stacks.intern(pid, kernel, frames[..n].iter().copied());
+        frames.pop();
+        debug_assert_eq!(self.trace_ids.len() as u64, seen.id - 1);
+        self.trace_ids.push(interned.id);
         if interned.new {
             self.stats.stacks += 1;
-            let frames: Vec<u64> = raw.frames().collect();
+            self.stats.cut_stacks += u64::from(cut);
             self.pending_stacks.push(StackRecord {
                 stack_id: interned.id,
                 pid,
                 kernel,
-                truncated: raw.flags & FLAG_STACK_FULL != 0,
-                frames: frames.clone(),
+                truncated: cut || raw.flags & FLAG_STACK_FULL != 0,
+                frames,
             });
-            for addr in frames {
-                if self.seen_frames.insert((pid, addr)) {
-                    self.stats.frames += 1;
-                    self.queue_frame(pid, addr)?;
-                }
-            }
         }
         Ok(interned.id)
     }
 
-    fn queue_frame(&mut self, pid: u32, addr: u64) -> memleak_trace::Result<()> {
+    /// Normalizes an address (while the process is alive) and says
+    /// whether it can be a return address: it must be in an executable
+    /// mapping, and, in an object that lists all its functions (a
+    /// `.symtab`, its own or its debug file's), inside one of them (or
+    /// the entry of a signal-return trampoline, where a signal handler
+    /// returns to). In a stripped object without debug file, any address
+    /// of its code passes: nothing tells code from code there. A missing
+    /// mapping re-reads the maps, if `may_snapshot`.
+    fn judge_frame(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        may_snapshot: bool,
+    ) -> memleak_trace::Result<(PendingFrame, bool)> {
         if pid == 0 {
-            self.pending.push(PendingFrame {
+            let frame = PendingFrame {
                 pid,
                 addr,
                 normalized: None,
                 open_path: None,
                 function: None,
-            });
-            return Ok(());
+            };
+            return Ok((frame, true));
         }
         let mut normalized = self.maps.normalize(pid, addr);
-        if normalized.is_none() {
+        if normalized.is_none() && may_snapshot {
             let stale = self
                 .last_snapshot
                 .get(&pid)
@@ -239,25 +315,27 @@ impl Recorder {
             .filter(|n| n.file_offset.is_some())
             .and_then(|n| n.path.as_deref())
             .map(|p| resolve_in_process(pid, p));
-        let function = match (&normalized, &open_path) {
-            (Some(n), Some(path)) => {
-                self.functions
-                    .get(n.build_id.as_deref(), path)
-                    .and_then(|idx| match idx.lookup(n.file_offset?) {
-                        Lookup::Function(f) => Some(f),
-                        Lookup::NotCode | Lookup::Unknown => None,
-                    })
-            }
+        let lookup = match (&normalized, &open_path) {
+            (Some(n), Some(path)) => self
+                .functions
+                .get(n.build_id.as_deref(), path)
+                .and_then(|idx| Some(idx.lookup(n.file_offset?))),
             _ => None,
         };
-        self.pending.push(PendingFrame {
+        let is_frame = normalized.as_ref().is_some_and(|n| n.executable)
+            && !matches!(lookup, Some(Lookup::NotCode));
+        let function = match lookup {
+            Some(Lookup::Function(f)) => Some(f),
+            _ => None,
+        };
+        let frame = PendingFrame {
             pid,
             addr,
             normalized,
             open_path,
             function,
-        });
-        Ok(())
+        };
+        Ok((frame, is_frame))
     }
 
     /// Symbolizes queued frames and appends them to the `frames` table,
@@ -284,6 +362,7 @@ impl Recorder {
             }
             self.writer.push_stack(&stack)?;
         }
+        self.writer.meta_mut().cut_stacks = Some(self.stats.cut_stacks);
         Ok(())
     }
 
@@ -453,7 +532,7 @@ mod tests {
         let mut rec = super::Recorder::new(writer, false);
         let pid = std::process::id();
         // Frames in this test binary, a distinct stack per event.
-        let code = a_full_segment_lists_the_stacks_its_events_use as usize as u64;
+        let code = a_full_segment_lists_the_stacks_its_events_use as *const () as u64;
         for i in 0..8u64 {
             let raw =
                 RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 32);
@@ -475,6 +554,67 @@ mod tests {
                 stacks.contains(&id),
                 "stack {id} of a listed event is not listed"
             );
+        }
+    }
+
+    /// What the frame-pointer walk reads in code without frame pointers
+    /// is data: a stack ends before it, is marked truncated and counted,
+    /// and walks that differ only beyond the cut share one stack. A walk
+    /// that ended by itself at the same frame is another stack.
+    #[test]
+    fn data_read_as_a_return_address_ends_the_stack() {
+        use crate::event::RawEvent;
+        use memleak_trace::{EventColumns, EventKind, Meta, Trace, TraceWriter, WriterOptions};
+
+        static TABLE: &str = "a table in .rodata, as the walk may read a pointer to";
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.parquet");
+        let writer = TraceWriter::create(&root, Meta::default(), WriterOptions::default()).unwrap();
+        let mut rec = super::Recorder::new(writer, false);
+        let pid = std::process::id();
+        let code = data_read_as_a_return_address_ends_the_stack as *const () as u64;
+        let data = TABLE.as_ptr() as u64;
+        let stacks: [&[u64]; 6] = [
+            &[code + 4, data + 8],
+            &[code + 4, data + 16, code + 8],
+            &[code + 4, 0x336e_6f68_7479_702f], // "/python3"
+            &[code + 4],
+            &[code + 4, code + 8],
+            &[code + 4, code + 8, data],
+        ];
+        for (i, frames) in stacks.iter().enumerate() {
+            let i = i as u64;
+            let raw = RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 8);
+            rec.handle(&raw.encode(frames)).unwrap();
+        }
+        let meta = rec.finish().unwrap();
+        assert_eq!(meta.cut_stacks, Some(2));
+        let trace = Trace::open(&root).unwrap();
+        assert_eq!(trace.meta().cut_stacks, Some(2));
+        let mut ids = Vec::new();
+        for unit in trace.event_units() {
+            let batch = trace.read_unit(&unit, EventColumns::ALL).unwrap();
+            ids.extend((0..batch.len()).map(|i| batch.event(i).stack_id.unwrap()));
+        }
+        assert_eq!(ids[0], ids[1]);
+        assert_eq!(ids[0], ids[2]);
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), 4, "{ids:?}");
+        let table = trace.stacks().unwrap();
+        let stack = |id: u64| table.iter().find(|s| s.stack_id == id).unwrap();
+        assert_eq!(stack(ids[0]).frames, [code + 4]);
+        assert!(stack(ids[0]).truncated);
+        assert_eq!(stack(ids[3]).frames, [code + 4]);
+        assert_eq!(stack(ids[4]).frames, [code + 4, code + 8]);
+        assert_eq!(stack(ids[5]).frames, [code + 4, code + 8]);
+        assert!(stack(ids[5]).truncated);
+        // Only kept frames are symbolized, each named by this function.
+        let frames = trace.frames().unwrap();
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        for f in frames {
+            let name = f.function.as_deref().unwrap_or("");
+            assert!(name.contains("data_read_as_a_return_address"), "{f:?}");
+            assert_eq!(f.func_offset, Some(f.addr - code));
         }
     }
 

@@ -70,6 +70,9 @@ pub struct Normalized {
     pub file_offset: Option<u64>,
     /// Build id of the object, lowercase hex.
     pub build_id: Option<String>,
+    /// The mapping may be executed (`x` in its permissions): only there
+    /// can a return address point.
+    pub executable: bool,
 }
 
 /// The latest maps of each traced process, plus build ids by path.
@@ -77,6 +80,8 @@ pub struct Normalized {
 pub struct MapsCache {
     by_pid: HashMap<u32, Vec<Mapping>>,
     build_ids: HashMap<String, Option<String>>,
+    /// Snapshots taken of each process so far.
+    generations: HashMap<u32, u64>,
 }
 
 impl MapsCache {
@@ -106,7 +111,14 @@ impl MapsCache {
             })
             .collect();
         self.by_pid.insert(pid, maps);
+        *self.generations.entry(pid).or_default() += 1;
         records
+    }
+
+    /// How many snapshots of `pid` were taken: what was judged with an
+    /// older one may be judged again.
+    pub fn generation(&self, pid: u32) -> u64 {
+        self.generations.get(&pid).copied().unwrap_or(0)
     }
 
     /// Whether a snapshot of `pid` exists.
@@ -129,18 +141,21 @@ impl MapsCache {
             return None;
         }
         let m = m.clone();
+        let executable = m.perms.as_bytes().get(2) == Some(&b'x');
         if m.is_file() {
             let path = m.path.clone().expect("file mapping has a path");
             Some(Normalized {
                 build_id: self.build_id(&path, pid),
                 file_offset: Some(addr - m.start + m.offset),
                 path: Some(path),
+                executable,
             })
         } else {
             Some(Normalized {
                 path: m.path,
                 file_offset: None,
                 build_id: None,
+                executable,
             })
         }
     }
@@ -205,6 +220,10 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(n.path.as_deref(), exe.to_str());
         assert!(n.file_offset.is_some());
+        assert!(n.executable);
+        static DATA: [u8; 4] = [1, 2, 3, 4];
+        let d = cache.normalize(pid, DATA.as_ptr() as u64).unwrap();
+        assert!(!d.executable, "{d:?}");
         assert!(cache.normalize(pid, 8).is_none());
     }
 }

@@ -59,6 +59,10 @@ impl FrameSymbolizer {
         for f in frames {
             if f.pid == 0 {
                 kernel.push(f);
+            } else if f.function.as_ref().is_none_or(|func| func.trampoline) {
+                // Named by the function symbol or not at all (see
+                // `named_user_frame`): nothing to ask blazesym.
+                out.push(named_user_frame(&f, None));
             } else if let (Some(path), Some(_)) = (
                 f.open_path.clone(),
                 f.normalized.as_ref().and_then(|n| n.file_offset),
@@ -85,12 +89,11 @@ impl FrameSymbolizer {
                 .symbolize(&src, Input::FileOffset(&offsets))
                 .unwrap_or_default();
             for (i, f) in group.iter().enumerate() {
-                let mut rec = unsymbolized(f);
-                if let Some(Symbolized::Sym(sym)) = syms.get(i) {
-                    fill(&mut rec, sym);
-                    rec.func_offset = user_func_offset(sym, f.function.as_ref());
-                }
-                out.push(rec);
+                let sym = match syms.get(i) {
+                    Some(Symbolized::Sym(sym)) => Some(sym),
+                    _ => None,
+                };
+                out.push(named_user_frame(f, sym));
             }
         }
         if !kernel.is_empty() {
@@ -126,6 +129,40 @@ fn unsymbolized(f: &PendingFrame) -> FrameRecord {
         file_offset: n.and_then(|n| n.file_offset),
         ..FrameRecord::default()
     }
+}
+
+/// The row of a user frame. Only a function may name a frame: the ELF
+/// function symbol containing the address (`f.function`, which the
+/// recorder found when it judged the frame), by the name blazesym gives
+/// it (from DWARF, demangled) with blazesym's source location and
+/// inlined chain. blazesym alone names the nearest symbol below an
+/// address, of any type: a table in `.rodata`, a label inside a
+/// function. When its symbol is not the function (it starts elsewhere),
+/// the function symbol's own name is used; without a function symbol the
+/// frame has no name, only its object and offset.
+fn named_user_frame(f: &PendingFrame, sym: Option<&Sym<'_>>) -> FrameRecord {
+    let mut rec = unsymbolized(f);
+    let Some(func) = &f.function else {
+        return rec;
+    };
+    match sym {
+        // 0: a DWARF subprogram without a start (see `user_func_offset`).
+        Some(sym) if !func.trampoline && (sym.addr == func.start || sym.addr == 0) => {
+            fill(&mut rec, sym);
+            rec.func_offset = user_func_offset(sym, Some(func));
+        }
+        _ => {
+            rec.function = func.names.first().cloned();
+            rec.func_offset = rec.function.as_ref().map(|_| func.offset());
+            if let Some(ci) = sym.and_then(|s| s.code_info.as_ref()) {
+                // The line table still places the address.
+                rec.file = Some(file_name(ci));
+                rec.line = ci.line;
+                rec.column = ci.column.map(u32::from);
+            }
+        }
+    }
+    rec
 }
 
 /// The offset of a user frame's return address into the function blazesym
