@@ -1,9 +1,20 @@
 //! Symbolization of normalized frames with blazesym, done by the recorder
 //! while the binaries are at hand, so a trace analyzes on any machine.
 //!
-//! Every frame of a stack is a return address, so the lookup uses
-//! `addr - 1`: the call instruction. That gives the line of the call, not
-//! the line after it (bcc's memleak is off by one here).
+//! Every frame of a user stack is a return address, so the lookup uses
+//! `addr - 1`, inside the call instruction: that gives the line of the
+//! call, not the line after it (bcc's memleak is off by one here), and the
+//! function of the call even when the call is a function's last
+//! instruction. Frame 0 is no exception: `walk_user_stack` stores the
+//! instruction pointer as frame 0 only in the return halves of the
+//! allocator probes, when the kernel has already sent the thread back to
+//! the address the allocator returns to (the uretprobe trampoline sets
+//! `ip` to the original return address before the program runs): the
+//! instruction after the call in the caller, like every other frame.
+//! Only the entry of a signal-return trampoline, where the kernel makes a
+//! signal handler return, is a return address that follows no call; the
+//! recorder recognizes it (see `crate::functions`). Kernel frames are
+//! looked up the same way.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
