@@ -76,6 +76,17 @@ pub struct Recorder {
 /// user space ends far below it).
 const CUT_MARK: u64 = u64::MAX;
 
+/// Whether an address missing from a process's maps re-reads them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reread {
+    /// Yes: the address is certainly mapped (frame 0).
+    Always,
+    /// Unless the maps were read less than [`SNAPSHOT_MIN_INTERVAL`] ago.
+    RateLimited,
+    /// No: the address was missing before (data read as a frame).
+    Never,
+}
+
 /// Re-reading maps on a miss is rate-limited per process: a JIT or a
 /// corrupt frame pointer can produce endless unmapped addresses.
 const SNAPSHOT_MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -237,10 +248,18 @@ impl Recorder {
                 keep = i;
                 break;
             }
-            // An address judged before is judged again with newer maps,
-            // but does not make the maps be read again.
-            let first_sight = !self.not_frames.contains_key(&(pid, addr));
-            let (frame, is_frame) = self.judge_frame(pid, addr, first_sight)?;
+            // Frame 0 is code: missing from the maps, they are out of date
+            // (a library mapped since), whatever the rate limit says. An
+            // address judged before is judged again with newer maps, but
+            // does not make the maps be read again.
+            let reread = if i == 0 {
+                Reread::Always
+            } else if self.not_frames.contains_key(&(pid, addr)) {
+                Reread::Never
+            } else {
+                Reread::RateLimited
+            };
+            let (frame, is_frame) = self.judge_frame(pid, addr, reread)?;
             if i > 0 && !is_frame {
                 self.not_frames
                     .insert((pid, addr), self.maps.generation(pid));
@@ -282,12 +301,12 @@ impl Recorder {
     /// the entry of a signal-return trampoline, where a signal handler
     /// returns to). In a stripped object without debug file, any address
     /// of its code passes: nothing tells code from code there. A missing
-    /// mapping re-reads the maps, if `may_snapshot`.
+    /// mapping re-reads the maps as `reread` says.
     fn judge_frame(
         &mut self,
         pid: u32,
         addr: u64,
-        may_snapshot: bool,
+        reread: Reread,
     ) -> memleak_trace::Result<(PendingFrame, bool)> {
         if pid == 0 {
             let frame = PendingFrame {
@@ -300,12 +319,12 @@ impl Recorder {
             return Ok((frame, true));
         }
         let mut normalized = self.maps.normalize(pid, addr);
-        if normalized.is_none() && may_snapshot {
+        if normalized.is_none() && reread != Reread::Never {
             let stale = self
                 .last_snapshot
                 .get(&pid)
                 .is_none_or(|t| t.elapsed() >= SNAPSHOT_MIN_INTERVAL);
-            if stale || !self.maps.has(pid) {
+            if stale || !self.maps.has(pid) || reread == Reread::Always {
                 self.snapshot_maps(pid)?;
                 normalized = self.maps.normalize(pid, addr);
             }
@@ -616,6 +635,50 @@ mod tests {
             assert!(name.contains("data_read_as_a_return_address"), "{f:?}");
             assert_eq!(f.func_offset, Some(f.addr - code));
         }
+    }
+
+    /// Frame 0 is code: an address missing from the maps means they are
+    /// out of date (an object mapped since), and they are read again at
+    /// once, not only 20 ms after the last read.
+    #[test]
+    fn frame_0_outside_the_maps_rereads_them() {
+        use crate::event::RawEvent;
+        use memleak_trace::{EventKind, Meta, Trace, TraceWriter, WriterOptions};
+        use std::os::fd::AsRawFd;
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.parquet");
+        let writer = TraceWriter::create(&root, Meta::default(), WriterOptions::default()).unwrap();
+        let mut rec = super::Recorder::new(writer, false);
+        let pid = std::process::id();
+        rec.snapshot_maps(pid).unwrap();
+        // An object mapped after the snapshot, as dlopen would.
+        let exe = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: a fresh private read-only mapping of a file we opened.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                exe.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let frame0 = base as u64 + 0x100;
+        let raw = RawEvent::header(1000, pid, EventKind::Malloc as u8, 0x10000, 8);
+        rec.handle(&raw.encode(&[frame0])).unwrap();
+        rec.finish().unwrap();
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(base, 4096) };
+        let frames = Trace::open(&root).unwrap().frames().unwrap();
+        assert_eq!(frames.len(), 1);
+        assert!(
+            frames[0].path.is_some() && frames[0].file_offset == Some(0x100),
+            "{:?}",
+            frames[0]
+        );
     }
 
     #[test]
