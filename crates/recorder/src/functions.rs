@@ -13,6 +13,8 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use iced_x86::{Decoder, DecoderOptions, FlowControl};
+
 use crate::elf::ElfFile;
 
 /// One function symbol's address range, `[start, end)` in the object's
@@ -235,6 +237,37 @@ impl FunctionIndex {
         }
     }
 
+    /// Whether the instruction before a return address (given as its
+    /// offset in the object file) is a call: some instruction of 2 to 15
+    /// bytes ending right at it decodes as a call. A return address is
+    /// pushed by a call (the entry of a signal-return trampoline excepted,
+    /// see [`FunctionSym::trampoline`]); a word of data that points into
+    /// code rarely follows one. `None` when the file holds no code there.
+    pub fn follows_call(&self, file_offset: u64) -> Option<bool> {
+        let ret = self.vaddr_of(file_offset)?;
+        let mut any_bytes = false;
+        for len in 2..=15u64 {
+            let Some(code) = ret.checked_sub(len).and_then(|a| self.elf.bytes_at(a, len)) else {
+                continue;
+            };
+            if code.len() as u64 != len {
+                continue;
+            }
+            any_bytes = true;
+            let insn = Decoder::with_ip(64, code, ret - len, DecoderOptions::NONE).decode();
+            if !insn.is_invalid()
+                && insn.len() as u64 == len
+                && matches!(
+                    insn.flow_control(),
+                    FlowControl::Call | FlowControl::IndirectCall
+                )
+            {
+                return Some(true);
+            }
+        }
+        any_bytes.then_some(false)
+    }
+
     fn is_sigreturn(&self, vaddr: u64) -> bool {
         SIGRETURN
             .iter()
@@ -323,6 +356,41 @@ mod tests {
         let n = maps.normalize(pid, TEXT.as_ptr() as u64 + 8).unwrap();
         assert_eq!(idx.lookup(n.file_offset.unwrap()), Lookup::NotCode);
         probe_target(1);
+        // A return address follows a call; the middle of a function
+        // rarely does.
+        let after_call = idx
+            .ranges
+            .iter()
+            .find(|r| {
+                r.names
+                    .iter()
+                    .any(|n| n.contains("finds_functions_of_this_binary"))
+            })
+            .map(|r| (r.start, r.end))
+            .unwrap();
+        let code = idx
+            .elf
+            .bytes_at(after_call.0, after_call.1 - after_call.0)
+            .unwrap();
+        let mut calls = 0;
+        let mut others = 0;
+        let mut d = Decoder::with_ip(64, code, after_call.0, DecoderOptions::NONE);
+        for insn in &mut d {
+            let next = insn.next_ip();
+            let (seg_vaddr, seg_off, _) = *idx
+                .segments
+                .iter()
+                .find(|&&(v, _, sz)| next >= v && next - v < sz)
+                .unwrap();
+            let follows = idx.follows_call(next - seg_vaddr + seg_off);
+            if insn.flow_control() == FlowControl::Call {
+                assert_eq!(follows, Some(true), "after the call at {:#x}", insn.ip());
+                calls += 1;
+            } else if follows == Some(false) {
+                others += 1;
+            }
+        }
+        assert!(calls > 3 && others > 10, "{calls} calls, {others} others");
     }
 
     /// glibc's `__restore_rt` is where a signal handler returns to: its

@@ -296,12 +296,12 @@ impl Recorder {
 
     /// Normalizes an address (while the process is alive) and says
     /// whether it can be a return address: it must be in an executable
-    /// mapping, and, in an object that lists all its functions (a
-    /// `.symtab`, its own or its debug file's), inside one of them (or
-    /// the entry of a signal-return trampoline, where a signal handler
-    /// returns to). In a stripped object without debug file, any address
-    /// of its code passes: nothing tells code from code there. A missing
-    /// mapping re-reads the maps as `reread` says.
+    /// mapping; in an object that lists all its functions (a `.symtab`,
+    /// its own or its debug file's), inside one of them; and in an object
+    /// file, right after a call instruction. The entry of a signal-return
+    /// trampoline, where a signal handler returns to, passes too. In
+    /// memory without a file (JIT code, the vDSO) only the mapping is
+    /// checked. A missing mapping re-reads the maps as `reread` says.
     fn judge_frame(
         &mut self,
         pid: u32,
@@ -334,15 +334,22 @@ impl Recorder {
             .filter(|n| n.file_offset.is_some())
             .and_then(|n| n.path.as_deref())
             .map(|p| resolve_in_process(pid, p));
-        let lookup = match (&normalized, &open_path) {
+        let (lookup, after_call) = match (&normalized, &open_path) {
             (Some(n), Some(path)) => self
                 .functions
                 .get(n.build_id.as_deref(), path)
-                .and_then(|idx| Some(idx.lookup(n.file_offset?))),
-            _ => None,
+                .zip(n.file_offset)
+                .map_or((None, None), |(idx, off)| {
+                    (Some(idx.lookup(off)), idx.follows_call(off))
+                }),
+            _ => (None, None),
         };
         let is_frame = normalized.as_ref().is_some_and(|n| n.executable)
-            && !matches!(lookup, Some(Lookup::NotCode));
+            && match &lookup {
+                Some(Lookup::NotCode) => false,
+                Some(Lookup::Function(f)) if f.trampoline => true,
+                _ => after_call != Some(false),
+            };
         let function = match lookup {
             Some(Lookup::Function(f)) => Some(f),
             _ => None,
@@ -576,6 +583,20 @@ mod tests {
         }
     }
 
+    /// The address after the first call instruction of the function at
+    /// `f` of this process: a return address.
+    fn return_address_in(f: u64) -> u64 {
+        use iced_x86::{Decoder, DecoderOptions, FlowControl};
+        // SAFETY: the code of a function of this process, mapped and
+        // readable; decoding stops at its first call.
+        let code = unsafe { std::slice::from_raw_parts(f as *const u8, 4096) };
+        Decoder::with_ip(64, code, f, DecoderOptions::NONE)
+            .into_iter()
+            .find(|i| i.flow_control() == FlowControl::Call)
+            .expect("a call in the first 4 KiB")
+            .next_ip()
+    }
+
     /// What the frame-pointer walk reads in code without frame pointers
     /// is data: a stack ends before it, is marked truncated and counted,
     /// and walks that differ only beyond the cut share one stack. A walk
@@ -592,14 +613,16 @@ mod tests {
         let mut rec = super::Recorder::new(writer, false);
         let pid = std::process::id();
         let code = data_read_as_a_return_address_ends_the_stack as *const () as u64;
+        let ret = return_address_in(code);
         let data = TABLE.as_ptr() as u64;
-        let stacks: [&[u64]; 6] = [
+        let stacks: [&[u64]; 7] = [
             &[code + 4, data + 8],
-            &[code + 4, data + 16, code + 8],
+            &[code + 4, data + 16, ret],
             &[code + 4, 0x336e_6f68_7479_702f], // "/python3"
+            &[code + 4, ret - 1],               // code, but after no call
             &[code + 4],
-            &[code + 4, code + 8],
-            &[code + 4, code + 8, data],
+            &[code + 4, ret],
+            &[code + 4, ret, data],
         ];
         for (i, frames) in stacks.iter().enumerate() {
             let i = i as u64;
@@ -617,16 +640,17 @@ mod tests {
         }
         assert_eq!(ids[0], ids[1]);
         assert_eq!(ids[0], ids[2]);
+        assert_eq!(ids[0], ids[3]);
         let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
         assert_eq!(distinct.len(), 4, "{ids:?}");
         let table = trace.stacks().unwrap();
         let stack = |id: u64| table.iter().find(|s| s.stack_id == id).unwrap();
         assert_eq!(stack(ids[0]).frames, [code + 4]);
         assert!(stack(ids[0]).truncated);
-        assert_eq!(stack(ids[3]).frames, [code + 4]);
-        assert_eq!(stack(ids[4]).frames, [code + 4, code + 8]);
-        assert_eq!(stack(ids[5]).frames, [code + 4, code + 8]);
-        assert!(stack(ids[5]).truncated);
+        assert_eq!(stack(ids[4]).frames, [code + 4]);
+        assert_eq!(stack(ids[5]).frames, [code + 4, ret]);
+        assert_eq!(stack(ids[6]).frames, [code + 4, ret]);
+        assert!(stack(ids[6]).truncated);
         // Only kept frames are symbolized, each named by this function.
         let frames = trace.frames().unwrap();
         assert_eq!(frames.len(), 2, "{frames:?}");

@@ -138,8 +138,9 @@ pub struct Meta {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_allocations: Option<u64>,
     /// User stacks the recorder cut short before an address that cannot
-    /// be a return address (outside executable memory, or in no function
-    /// of an object that lists them all): what the frame-pointer walk read
+    /// be a return address (outside executable memory, in no function of
+    /// an object that lists them all, or after no call instruction): what
+    /// the frame-pointer walk read
     /// there was data, in code without frame pointers. Those stacks are
     /// marked truncated. The recorder always writes it; `None` in traces
     /// from other writers.
