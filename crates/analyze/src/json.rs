@@ -61,6 +61,8 @@ struct SummaryJson<'a> {
     process_peaks: Vec<ProcessPeakJson>,
     anomalies: Anomalies,
     lost_events: LostJson<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cut_stacks: Option<u64>,
     age_histogram: Vec<Bucket>,
     filters: &'a [String],
     sort: &'static str,
@@ -283,6 +285,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
                 total: s.lost_total(),
                 by_reason: &s.lost_by_reason,
             },
+            cut_stacks: s.cut_stacks,
             age_histogram: s.age_histogram.buckets(),
             filters: &s.filters,
             sort: s.sort.name(),

@@ -187,6 +187,10 @@ pub struct Summary {
     pub anomalies: Anomalies,
     /// Events the recorder lost, by reason, from meta.json.
     pub lost_by_reason: BTreeMap<String, u64>,
+    /// User stacks the recorder cut before data the frame-pointer walk
+    /// read as return addresses (`cut_stacks` of meta.json; `None` when
+    /// the trace does not say).
+    pub cut_stacks: Option<u64>,
     /// Ages of every outstanding allocation matching the filters.
     pub age_histogram: AgeHistogram,
     /// Whether the recording finished cleanly.
@@ -415,6 +419,7 @@ pub fn analyze_trace(
         process_peaks,
         anomalies: stats.anomalies,
         lost_by_reason: meta.counters.lost.clone(),
+        cut_stacks: meta.cut_stacks,
         age_histogram,
         complete: meta.complete,
         incomplete: trace.incomplete(),

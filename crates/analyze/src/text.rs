@@ -277,6 +277,15 @@ fn render_summary(out: &mut String, s: &Summary) {
             format!("{}: {}", s.lost_total(), lost.join(", "))
         },
     );
+    if let Some(n) = s.cut_stacks.filter(|&n| n > 0) {
+        row(
+            "cut stacks",
+            format!(
+                "{} cut where the frame-pointer walk read data (code without frame pointers), marked truncated",
+                plural(n, "stack", "stacks")
+            ),
+        );
+    }
     if !s.filters.is_empty() {
         row("filters", s.filters.join(", "));
     }

@@ -4,6 +4,7 @@
 //! - [`event`]: the byte layout of probe records (`bpf/memleak.h`).
 //! - [`stacks`]: exact stack deduplication into trace-unique ids.
 //! - [`procmaps`]: `/proc/PID/maps` snapshots and address normalization.
+//! - [`functions`]: the ELF function symbols a return address lies in.
 //! - [`symbolize`]: blazesym symbolization of normalized frames.
 //! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
 //! - [`placement`]: where on an allocator function to put the probe.
@@ -29,6 +30,7 @@
 
 pub mod elf;
 pub mod event;
+pub mod functions;
 pub mod pipeline;
 pub mod placement;
 pub mod procmaps;
