@@ -228,6 +228,8 @@ fn cxx_new_with_preloaded_jemalloc() {
     let fx = Fixture::load("cxx_new");
     let (_dir, trace) = record_with_jemalloc(&fx, false);
     check_trace(&fx, &trace, &["outstanding", "mappings"]);
+}
+
 /// A frame prints as `function+0xOFFSET`, where OFFSET is the return
 /// address's offset into the function: the function's start is what
 /// `readelf -s` says of the symbol, in the fixture and in libc. glibc's
