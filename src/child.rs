@@ -52,6 +52,19 @@ fn is_process(tid: u32) -> bool {
         == Some(tid)
 }
 
+/// The process of a thread (itself if it cannot be read).
+fn tgid_of(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Tgid:")
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+            })
+        })
+        .unwrap_or(tid)
+}
+
 /// Whether a SIGSTOP is queued for a thread (stable while it is in a
 /// ptrace stop: only it dequeues its signals).
 fn sigstop_pending(tid: u32) -> bool {
@@ -154,8 +167,13 @@ impl Child {
         })
     }
 
-    /// Lets the child exec; fails if exec fails.
-    pub fn release(&mut self, follow_forks: bool) -> Result<()> {
+    /// Lets the child exec; fails if exec fails. `on_exec` runs at the
+    /// exec stop, before the new program's first instruction.
+    pub fn release(
+        &mut self,
+        follow_forks: bool,
+        on_exec: &mut dyn FnMut(u32) -> Result<()>,
+    ) -> Result<()> {
         let mut e = 0i32;
         // SAFETY: fds are ours; buffers are valid.
         let n = unsafe {
@@ -181,6 +199,7 @@ impl Child {
                 && *libc::__errno_location() == libc::EINTR
             {}
             if libc::WIFSTOPPED(status) {
+                on_exec(self.pid)?;
                 libc::ptrace(
                     libc::PTRACE_SETOPTIONS,
                     self.pid as i32,
@@ -231,11 +250,14 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit_code`](Self::exit_code).
+    /// status is then in [`exit_code`](Self::exit_code). `on_maps` gets
+    /// the process of a thread stopped where its mappings may have changed
+    /// (ld.so's `_dl_debug_state`, an exec), before it runs on.
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
         on_fork: &mut dyn FnMut(u32) -> Result<()>,
+        on_maps: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<()> {
         loop {
             let mut status = 0;
@@ -286,6 +308,11 @@ impl Child {
                     }
                     0
                 }
+                // After an exec (no PTRACE_O_TRACEEXEC): a new image.
+                (libc::SIGTRAP, 0) => {
+                    on_maps(tgid_of(tid as u32))?;
+                    0
+                }
                 (libc::SIGTRAP, _) => 0,
                 // Our probe on ld.so's _dl_debug_state (or a new
                 // thread's first stop): the maps are about to change.
@@ -296,6 +323,7 @@ impl Child {
                         self.adopt(tid as u32, on_fork)?;
                     }
                     on_stop()?;
+                    on_maps(tgid_of(tid as u32))?;
                     0
                 }
                 (other, _) => other,

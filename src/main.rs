@@ -40,6 +40,8 @@ mod probes;
 #[cfg(feature = "bpf")]
 mod record_cmd;
 mod units;
+#[cfg(feature = "bpf")]
+mod unwinder;
 
 /// eBPF memory-leak tracer with record and replay.
 #[derive(Parser)]

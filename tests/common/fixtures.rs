@@ -163,8 +163,12 @@ impl Fixture {
         out
     }
 
-    /// Splits the report's outstanding stacks into groups with user frames
-    /// (compared exactly) and runtime groups (stacks with no fixture frame).
+    /// Splits the report's outstanding stacks into the program's groups
+    /// (compared exactly) and runtime groups: allocations the C runtime
+    /// makes itself (ld.so, libstdc++ and libc before main, or inside
+    /// pthread_create, dlopen, register_printf_specifier), whose innermost
+    /// frame is not the program's. An unwinder that reaches through the
+    /// runtime finds the program's frames beyond those too.
     pub fn actual_groups(&self, report: &Report) -> (Vec<Group>, Vec<RuntimeGroup>) {
         let sources = self.sources();
         let fixtures_src = root().join("fixtures");
@@ -206,8 +210,8 @@ impl Fixture {
                 ));
                 ours.push(is_ours(f.file.as_deref()));
             }
-            match ours.iter().position(|&o| o) {
-                Some(_) => {
+            match ours.first() {
+                Some(true) => {
                     // Keep the stack up to the last fixture frame: what lies
                     // beyond (libc start code, thread start) is not ours.
                     let last = ours.iter().rposition(|&o| o).unwrap();
@@ -218,7 +222,7 @@ impl Fixture {
                         count: s.count,
                     });
                 }
-                None => runtime.push((s.bytes, s.count, all_functions)),
+                _ => runtime.push((s.bytes, s.count, all_functions)),
             }
         }
         user.sort();
@@ -360,14 +364,18 @@ fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report) {
         return;
     }
     let fixtures_src = root().join("fixtures");
+    // The program's calls: the innermost frame is the program's (see
+    // actual_groups).
     let user_stacks: std::collections::HashSet<u64> = report
         .stacks
         .iter()
         .filter(|s| {
-            s.frames.iter().any(|f| {
-                f.file
-                    .as_deref()
-                    .is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
+            s.frames.first().is_some_and(|f| {
+                let file = f
+                    .inlined
+                    .first()
+                    .map_or(f.file.as_deref(), |i| i.file.as_deref());
+                file.is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
             })
         })
         .map(|s| s.stack_id)

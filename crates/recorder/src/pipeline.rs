@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use memleak_trace::meta::clock_ns;
 use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter};
 
-use crate::event::{RawEvent, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS};
+use crate::event::{
+    RawEvent, UnwindEnd, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS, UNWIND_ENDS,
+};
 use crate::procmaps::{resolve_in_process, MapsCache};
 use crate::stacks::StackInterner;
 use crate::symbolize::{FrameSymbolizer, PendingFrame};
@@ -32,6 +34,17 @@ pub struct Stats {
     pub malformed: u64,
 }
 
+/// A change the probe's unwind tables must follow, seen in the events
+/// ([`Recorder::take_table_updates`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TableUpdate {
+    /// Re-read the process's maps: it exec'd, or a stack ended at an
+    /// address its table does not know (a library mapped since).
+    Refresh(u32),
+    /// The process exited.
+    Forget(u32),
+}
+
 /// Turns raw probe records into a trace.
 pub struct Recorder {
     writer: TraceWriter,
@@ -41,9 +54,14 @@ pub struct Recorder {
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
     last_snapshot: HashMap<u32, Instant>,
-    /// New stacks, written once their frames are symbolized (see
-    /// [`looks_complete`]).
-    pending_stacks: Vec<StackRecord>,
+    /// New stacks, written once their frames are symbolized, with
+    /// whether the walk knew if the stack is complete (otherwise
+    /// [`looks_complete`] judges).
+    pending_stacks: Vec<(StackRecord, bool)>,
+    /// Whether the probe unwinds with tables that must follow the
+    /// processes ([`Recorder::track_tables`]), and the updates seen.
+    track_tables: bool,
+    table_updates: Vec<TableUpdate>,
     /// Function and object of each symbolized user frame, to judge stack
     /// completeness.
     frame_functions: HashMap<(u32, u64), (Option<String>, Option<String>)>,
@@ -73,6 +91,8 @@ impl Recorder {
             symbolizer: FrameSymbolizer::default(),
             last_snapshot: HashMap::new(),
             pending_stacks: Vec::new(),
+            track_tables: false,
+            table_updates: Vec::new(),
             frame_functions: HashMap::new(),
             live: track_live.then(HashMap::new),
             page_frames: None,
@@ -97,6 +117,51 @@ impl Recorder {
     /// The metadata that will be written.
     pub fn meta_mut(&mut self) -> &mut Meta {
         self.writer.meta_mut()
+    }
+
+    /// Collects the [`TableUpdate`]s the events call for (off by default:
+    /// nothing collects them).
+    pub fn track_tables(&mut self, on: bool) {
+        self.track_tables = on;
+    }
+
+    /// The table updates seen since the last call, each once.
+    pub fn take_table_updates(&mut self) -> Vec<TableUpdate> {
+        std::mem::take(&mut self.table_updates)
+    }
+
+    fn table_update(&mut self, u: TableUpdate) {
+        if self.track_tables && !self.table_updates.contains(&u) {
+            self.table_updates.push(u);
+        }
+    }
+
+    /// Stores how user stacks were walked: the probe's counts of walks by
+    /// [`UnwindEnd`] code, and what the tables hold.
+    pub fn set_unwind(
+        &mut self,
+        mode: crate::unwind::WalkMode,
+        ends: &[u64],
+        tables: crate::unwind::TablesStats,
+    ) {
+        let mut info = memleak_trace::UnwindInfo {
+            mode: mode.name().to_string(),
+            objects: tables.objects,
+            rows: tables.rows,
+            ..Default::default()
+        };
+        for (end, &n) in UNWIND_ENDS.iter().zip(ends) {
+            match end.truncated() {
+                _ if n == 0 => {}
+                Some(false) => info.complete += n,
+                None if *end == UnwindEnd::FramePointer => info.frame_pointer += n,
+                None => {}
+                Some(true) => {
+                    info.truncated.insert(end.name().to_string(), n);
+                }
+            }
+        }
+        self.writer.meta_mut().unwind = Some(info);
     }
 
     /// Snapshots a process's maps into the `maps` table and the cache.
@@ -134,7 +199,9 @@ impl Recorder {
                     live.retain(|&(p, _), _| p != raw.pid);
                 }
                 self.snapshot_maps(raw.pid)?;
+                self.table_update(TableUpdate::Refresh(raw.pid));
             }
+            EventKind::Exit => self.table_update(TableUpdate::Forget(raw.pid)),
             EventKind::Fork => {
                 // The analyzer needs the lineage to give a child (and only
                 // it) the heap it inherited. `addr` is the child pid.
@@ -187,17 +254,27 @@ impl Recorder {
     fn intern_stack(&mut self, raw: &RawEvent<'_>) -> memleak_trace::Result<u64> {
         let kernel = raw.flags & FLAG_KERNEL_STACK != 0;
         let pid = if kernel { 0 } else { raw.pid };
+        let end = raw.unwind_end();
+        if !kernel && matches!(end, UnwindEnd::NoMapping | UnwindEnd::NoTable) {
+            self.table_update(TableUpdate::Refresh(raw.pid));
+        }
         let interned = self.stacks.intern(pid, kernel, raw.frames());
         if interned.new {
             self.stats.stacks += 1;
             let frames: Vec<u64> = raw.frames().collect();
-            self.pending_stacks.push(StackRecord {
-                stack_id: interned.id,
-                pid,
-                kernel,
-                truncated: raw.flags & FLAG_STACK_FULL != 0,
-                frames: frames.clone(),
-            });
+            // The walk knows, unless it followed frame pointers to their
+            // end (or this is a kernel stack).
+            let known = if kernel { None } else { end.truncated() };
+            self.pending_stacks.push((
+                StackRecord {
+                    stack_id: interned.id,
+                    pid,
+                    kernel,
+                    truncated: raw.flags & FLAG_STACK_FULL != 0 || known == Some(true),
+                    frames: frames.clone(),
+                },
+                known.is_some(),
+            ));
             for addr in frames {
                 if self.seen_frames.insert((pid, addr)) {
                     self.stats.frames += 1;
@@ -257,8 +334,8 @@ impl Recorder {
                 self.writer.push_frame(&rec)?;
             }
         }
-        for mut stack in std::mem::take(&mut self.pending_stacks) {
-            if !stack.kernel && !stack.truncated {
+        for (mut stack, known) in std::mem::take(&mut self.pending_stacks) {
+            if !stack.kernel && !stack.truncated && !known {
                 let outer = stack
                     .frames
                     .last()
