@@ -26,6 +26,41 @@ fixture_tests!(
     dl_main, execer, deep, longjmp, sigalt, siglongjmp
 );
 
+/// The fixtures built without frame pointers: the probe unwinds with the
+/// objects' unwind tables, and every stack of the program is the one the
+/// frame-pointer build gives (the same expected file, frame by frame,
+/// inlined frames included) and complete.
+macro_rules! unwound_fixture_tests {
+    ($build:expr; $($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            if !common::can_record() {
+                return;
+            }
+            let fx = common::fixtures::Fixture::load_built(stringify!($name), $build);
+            common::fixtures::check_fixture_complete(&fx, &[]);
+        }
+    )*};
+}
+
+mod omit_frame_pointer {
+    use super::common;
+    unwound_fixture_tests!(
+        common::fixtures::Build::OmitFramePointer;
+        seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
+        dl_main, execer, deep, longjmp, sigalt, siglongjmp
+    );
+}
+
+mod o2 {
+    use super::common;
+    unwound_fixture_tests!(
+        common::fixtures::Build::O2;
+        seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
+        dl_main, execer, deep, longjmp, sigalt, siglongjmp
+    );
+}
+
 /// With --follow-forks the child is held at fork until its probes are in
 /// place, and its leaks are attributed to its own pid.
 #[test]
