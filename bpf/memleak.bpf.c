@@ -635,8 +635,13 @@ __noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *pr
 	case UR_END:
 		return uw_end(w, UE_COMPLETE);
 	case UR_SIGNAL:
-		/* No progress check: the handler may run on a signal stack
-		 * above or below the interrupted one. */
+		/* The handler returned here, to the trampoline's first
+		 * instruction: like an interrupted pc, that is where the
+		 * frame is, so it is recorded as pc + 1 (glibc starts the
+		 * trampoline's FDE a byte early for the pc - 1 lookup, but
+		 * its symbol at pc). No progress check: the handler may run
+		 * on a signal stack above or below the interrupted one. */
+		b->ev.frames[i] = pc + 1;
 		if (!uw_fetch(w, b, sp + UR_SIGNAL_RBP, UR_SIGNAL_RIP + 8 - UR_SIGNAL_RBP) ||
 		    !uw_load(w, b, sp + UR_SIGNAL_RIP, &ra) ||
 		    !uw_load(w, b, sp + UR_SIGNAL_RSP, &cfa) ||
