@@ -23,7 +23,7 @@ macro_rules! fixture_tests {
 
 fixture_tests!(
     seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-    dl_main, execer, deep, longjmp, sigalt, siglongjmp
+    dl_main, execer, deep, longjmp, sigalt, siglongjmp, sighandler
 );
 
 /// The fixtures built without frame pointers: the probe unwinds with the
@@ -48,7 +48,7 @@ mod omit_frame_pointer {
     unwound_fixture_tests!(
         common::fixtures::Build::OmitFramePointer;
         seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-        dl_main, execer, deep, longjmp, sigalt, siglongjmp
+        dl_main, execer, deep, longjmp, sigalt, siglongjmp, sighandler
     );
 }
 
@@ -57,7 +57,7 @@ mod o2 {
     unwound_fixture_tests!(
         common::fixtures::Build::O2;
         seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-        dl_main, execer, deep, longjmp, sigalt, siglongjmp
+        dl_main, execer, deep, longjmp, sigalt, siglongjmp, sighandler
     );
 }
 
