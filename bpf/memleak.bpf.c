@@ -469,12 +469,10 @@ struct uwalk {
  * window from lo up (the callers' frames are above) unless the current
  * one holds it. A window that would cross the end of the stack's mapping
  * is replaced by a copy of just [lo, lo + len). */
-__noinline bool uw_fetch(struct uwalk *w, struct ev_buf *b, __u64 lo, __u64 len)
+static __always_inline bool uw_fetch(struct uwalk *w, struct ev_buf *b, __u64 lo, __u64 len)
 {
 	__u64 words;
 
-	if (!w || !b)
-		return false;
 	if (lo >= w->base && lo + len <= w->end && !((lo - w->base) & 7))
 		return true;
 	if (len == 0 || len > STACK_WINDOW_WORDS * 8)
@@ -492,18 +490,12 @@ __noinline bool uw_fetch(struct uwalk *w, struct ev_buf *b, __u64 lo, __u64 len)
 	return true;
 }
 
-/* The stack word at addr, read through the window. */
-static __always_inline bool uw_load(struct uwalk *w, struct ev_buf *b, __u64 addr, __u64 *v)
+/* The stack word at addr, once uw_fetch() made it readable. */
+static __always_inline __u64 uw_word(struct uwalk *w, struct ev_buf *b, __u64 addr)
 {
-	__u64 i;
+	__u64 i = (addr - w->base) / 8;
 
-	if (!uw_fetch(w, b, addr, 8))
-		return false;
-	i = (addr - w->base) / 8;
-	if (i >= STACK_WINDOW_WORDS)
-		return false;
-	*v = b->win[i];
-	return true;
+	return i < STACK_WINDOW_WORDS ? b->win[i] : 0;
 }
 
 /* The mapping containing `at`, or UNWIND_MAX_MAPS. The searches are
@@ -565,6 +557,61 @@ __noinline __u32 uw_find_row(__u32 first, __u32 n, __u32 rel)
 	return r ? r->info : UR_INVALID;
 }
 
+/* A rule where there is no row: kind 7 (rows use 0-5), and why. */
+#define UR_NONE 7
+#define UR_NONE_RULE(reason) ((__u32)(reason) << 3 | UR_NONE)
+
+/* The rule at `at` (a row's info, or UR_NONE_RULE), as the two searches
+ * find it, through a per-CPU cache: allocation sites repeat, and a frame's
+ * mapping and row searches cost ~150 instructions where a hit costs ~20.
+ * An entry is valid for one table (its generation, which user space makes
+ * unique at every write) and one address; the check word mixes both, so
+ * an entry half-written when a preempting program took the CPU reads as
+ * a miss. */
+#define UW_CACHE_SLOTS 4096
+
+struct uw_cache_slot {
+	__u64 at;
+	__u64 val; /* check << 32 | rule */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, UW_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct uw_cache_slot);
+} uw_cache SEC(".maps");
+
+static __always_inline __u32 uw_rule(struct uwalk *w, struct unwind_proc *proc, __u64 at)
+{
+	__u64 h = at * 0x9E3779B97F4A7C15ULL;
+	__u32 key = h >> 52, check = (__u32)h ^ proc->gen, idx, rule;
+	struct uw_cache_slot *c = bpf_map_lookup_elem(&uw_cache, &key);
+	struct unwind_map *m;
+
+	if (c && c->at == at && (c->val >> 32) == check)
+		return (__u32)c->val;
+	idx = uw_find_map(proc, at, w->hint);
+	if (idx >= UNWIND_MAX_MAPS) {
+		rule = UR_NONE_RULE(proc->flags & UPF_MAPS_FULL ? UE_MAPS_FULL : UE_NO_MAPPING);
+	} else {
+		w->hint = idx;
+		m = &proc->maps[idx & (UNWIND_MAX_MAPS - 1)];
+		if (!m->nrows)
+			/* first_row says why there are no rows. */
+			rule = UR_NONE_RULE(m->first_row < UE_NR ? m->first_row : UE_NONE);
+		else if (at - m->bias > 0xffffffffULL)
+			rule = UR_INVALID;
+		else
+			rule = uw_find_row(m->first_row, m->nrows, at - m->bias);
+	}
+	if (c) {
+		c->val = (__u64)check << 32 | rule;
+		c->at = at;
+	}
+	return rule;
+}
+
 static __always_inline int uw_end(struct uwalk *w, __u32 reason)
 {
 	w->reason = reason;
@@ -576,17 +623,16 @@ static __always_inline int uw_end(struct uwalk *w, __u32 reason)
  * such a walk ends says nothing of completeness (UE_FP_END). */
 static __always_inline int uw_fp_step(struct uwalk *w, struct ev_buf *b)
 {
-	__u64 bp = w->bp, ra, next;
+	__u64 bp = w->bp, ra;
 
-	if (!bp || bp < w->sp)
+	if (!bp || bp < w->sp || !uw_fetch(w, b, bp, 16))
 		return uw_end(w, UE_FP_END);
-	if (!uw_fetch(w, b, bp, 16) || !uw_load(w, b, bp, &next) || !uw_load(w, b, bp + 8, &ra))
-		return uw_end(w, UE_FP_END);
+	ra = uw_word(w, b, bp + 8);
 	if (!ra)
 		return uw_end(w, UE_FP_END);
 	w->pc = ra;
 	w->sp = bp + 16;
-	w->bp = next;
+	w->bp = uw_word(w, b, bp);
 	w->exact = 0;
 	w->interrupted = 0;
 	return 0;
@@ -598,9 +644,8 @@ static __always_inline int uw_fp_step(struct uwalk *w, struct ev_buf *b)
  * calls it. */
 __noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *proc)
 {
-	__u64 pc, at, cfa, ra, bp, sp, lo, hi;
-	struct unwind_map *m;
-	__u32 i, idx, info;
+	__u64 pc, cfa, ra, bp, sp, lo, hi, at;
+	__u32 i, rule, why;
 	__s64 slot;
 
 	if (!w || !b || !proc)
@@ -616,24 +661,16 @@ __noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *pr
 	/* A return address may be just past a call that ends its function:
 	 * the call itself is at pc - 1. */
 	at = w->exact ? pc : pc - 1;
-	idx = uw_find_map(proc, at, w->hint);
-	if (idx >= UNWIND_MAX_MAPS)
-		return uw_end(w, proc->flags & UPF_MAPS_FULL ? UE_MAPS_FULL : UE_NO_MAPPING);
-	w->hint = idx;
-	m = &proc->maps[idx & (UNWIND_MAX_MAPS - 1)];
-	if (!m->nrows) {
-		/* first_row says why there are no rows. */
-		if (unwind_mode == MU_AUTO && m->first_row != UE_ANONYMOUS)
-			return uw_fp_step(w, b);
-		return uw_end(w, m->first_row);
-	}
-	if (at - m->bias > 0xffffffffULL)
-		return uw_end(w, UE_INVALID_ROW);
-	info = uw_find_row(m->first_row, m->nrows, at - m->bias);
+	rule = uw_rule(w, proc, at);
 	sp = w->sp;
-	switch (info & UR_KIND_MASK) {
+	switch (rule & UR_KIND_MASK) {
 	case UR_END:
 		return uw_end(w, UE_COMPLETE);
+	case UR_NONE:
+		why = rule >> 3;
+		if (unwind_mode == MU_AUTO && (why == UE_NO_UNWIND_INFO || why == UE_ROWS_FULL))
+			return uw_fp_step(w, b);
+		return uw_end(w, why);
 	case UR_SIGNAL:
 		/* The handler returned here, to the trampoline's first
 		 * instruction: like an interrupted pc, that is where the
@@ -642,16 +679,14 @@ __noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *pr
 		 * its symbol at pc). No progress check: the handler may run
 		 * on a signal stack above or below the interrupted one. */
 		b->ev.frames[i] = pc + 1;
-		if (!uw_fetch(w, b, sp + UR_SIGNAL_RBP, UR_SIGNAL_RIP + 8 - UR_SIGNAL_RBP) ||
-		    !uw_load(w, b, sp + UR_SIGNAL_RIP, &ra) ||
-		    !uw_load(w, b, sp + UR_SIGNAL_RSP, &cfa) ||
-		    !uw_load(w, b, sp + UR_SIGNAL_RBP, &bp))
+		if (!uw_fetch(w, b, sp + UR_SIGNAL_RBP, UR_SIGNAL_RIP + 8 - UR_SIGNAL_RBP))
 			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, sp + UR_SIGNAL_RIP);
 		if (!ra)
 			return uw_end(w, UE_NULL_RA);
 		w->pc = ra;
-		w->sp = cfa;
-		w->bp = bp;
+		w->bp = uw_word(w, b, sp + UR_SIGNAL_RBP);
+		w->sp = uw_word(w, b, sp + UR_SIGNAL_RSP);
 		w->exact = 1;
 		w->interrupted = 1;
 		return 0;
@@ -668,20 +703,28 @@ __noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *pr
 	default:
 		return uw_end(w, UE_INVALID_ROW);
 	}
-	cfa += (__s64)((__s32)info >> UR_CFA_SHIFT);
-	slot = (__s8)(info >> UR_RBP_SHIFT);
+	cfa += (__s64)((__s32)rule >> UR_CFA_SHIFT);
+	slot = (__s8)(rule >> UR_RBP_SHIFT);
 	bp = w->bp;
-	if (slot) {
-		/* Both words in one copy when they are close (rbp is usually
-		 * at CFA - 16, next to the return address). */
-		lo = slot < 0 ? cfa + slot * 8 : cfa - 8;
-		hi = slot < 0 ? cfa : cfa + slot * 8 + 8;
-		uw_fetch(w, b, lo, hi - lo);
+	/* The return address at CFA - 8 and, when this frame saved it, rbp
+	 * from its slot (usually CFA - 16): one copy holds both when they are
+	 * close. */
+	lo = slot < 0 ? cfa + slot * 8 : cfa - 8;
+	hi = slot > 0 ? cfa + slot * 8 + 8 : cfa;
+	if (hi - lo <= STACK_WINDOW_WORDS * 8) {
+		if (!uw_fetch(w, b, lo, hi - lo))
+			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, cfa - 8);
+		if (slot)
+			bp = uw_word(w, b, cfa + slot * 8);
+	} else {
+		if (!uw_fetch(w, b, cfa - 8, 8))
+			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, cfa - 8);
+		if (!uw_fetch(w, b, cfa + slot * 8, 8))
+			return uw_end(w, UE_READ_FAILED);
+		bp = uw_word(w, b, cfa + slot * 8);
 	}
-	if (!uw_load(w, b, cfa - 8, &ra))
-		return uw_end(w, UE_READ_FAILED);
-	if (slot && !uw_load(w, b, cfa + slot * 8, &bp))
-		return uw_end(w, UE_READ_FAILED);
 	if (!ra)
 		return uw_end(w, UE_NULL_RA);
 	if (cfa <= sp)

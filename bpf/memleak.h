@@ -136,6 +136,8 @@ struct unwind_map {
 struct unwind_proc {
 	__u32 nmaps;
 	__u32 flags;
+	__u32 gen;       /* unique per table written: keys the probe's rule cache */
+	__u32 reserved;
 	struct unwind_map maps[UNWIND_MAX_MAPS];
 };
 

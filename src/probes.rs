@@ -823,6 +823,7 @@ mod tests {
         assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<MapEntry>());
         assert_eq!(offset_of!(P, nmaps), offset_of!(ProcTable, nmaps));
         assert_eq!(offset_of!(P, flags), offset_of!(ProcTable, flags));
+        assert_eq!(offset_of!(P, gen), offset_of!(ProcTable, gen));
         assert_eq!(offset_of!(P, maps), offset_of!(ProcTable, maps));
         assert_eq!(std::mem::size_of::<P>(), std::mem::size_of::<ProcTable>());
     }

@@ -88,18 +88,24 @@ pub struct ProcTable {
     pub nmaps: u32,
     /// [`MAPS_FULL`].
     pub flags: u32,
+    /// Unique per table written: the probe caches rules by it.
+    pub gen: u32,
+    /// Zero.
+    pub reserved: u32,
     /// The mappings; the first `nmaps` are used.
     pub maps: [MapEntry; MAX_MAPS],
 }
 
 const _: () = assert!(std::mem::size_of::<MapEntry>() == 32);
-const _: () = assert!(std::mem::size_of::<ProcTable>() == 8 + 32 * MAX_MAPS);
+const _: () = assert!(std::mem::size_of::<ProcTable>() == 16 + 32 * MAX_MAPS);
 
 impl Default for ProcTable {
     fn default() -> Self {
         ProcTable {
             nmaps: 0,
             flags: 0,
+            gen: 0,
+            reserved: 0,
             maps: [MapEntry::default(); MAX_MAPS],
         }
     }
@@ -170,6 +176,8 @@ pub struct UnwindTables {
     placed: HashMap<Key, Placed>,
     next_row: u32,
     procs: HashMap<u32, Box<ProcTable>>,
+    /// The last table generation given out.
+    gen: u32,
     stats: TablesStats,
 }
 
@@ -213,11 +221,15 @@ impl UnwindTables {
         sink: &mut dyn UnwindSink,
     ) -> io::Result<bool> {
         let t0 = std::time::Instant::now();
-        let table = self.table_of(pid, maps, sink)?;
+        let mut table = self.table_of(pid, maps, sink)?;
         self.stats.build_ns += t0.elapsed().as_nanos() as u64;
-        if self.procs.get(&pid).is_some_and(|t| **t == *table) {
-            return Ok(false);
+        if let Some(old) = self.procs.get(&pid) {
+            table.gen = old.gen;
+            if **old == *table {
+                return Ok(false);
+            }
         }
+        table.gen = self.next_gen();
         sink.set_process(pid, &table)?;
         self.stats.tables_written += 1;
         self.stats.mappings_without_rows += table
@@ -232,9 +244,10 @@ impl UnwindTables {
     /// Gives `child` a copy of `parent`'s table (a fork: the address space
     /// is a copy). Returns false when the parent has none.
     pub fn copy(&mut self, parent: u32, child: u32, sink: &mut dyn UnwindSink) -> io::Result<bool> {
-        let Some(table) = self.procs.get(&parent).cloned() else {
+        let Some(mut table) = self.procs.get(&parent).cloned() else {
             return Ok(false);
         };
+        table.gen = self.next_gen();
         sink.set_process(child, &table)?;
         self.stats.tables_written += 1;
         self.procs.insert(child, table);
@@ -252,6 +265,13 @@ impl UnwindTables {
     /// The table `pid` has now, if any.
     pub fn table(&self, pid: u32) -> Option<&ProcTable> {
         self.procs.get(&pid).map(|t| &**t)
+    }
+
+    /// A generation no table has had (0 is never given out: a zeroed
+    /// rule-cache entry must not match).
+    fn next_gen(&mut self) -> u32 {
+        self.gen = self.gen.wrapping_add(1).max(1);
+        self.gen
     }
 
     fn table_of(
@@ -426,9 +446,12 @@ mod tests {
         }
         let loaded = tables.stats().rows;
         assert_eq!(loaded as usize, sink.rows.len());
-        // A fork's copy shares the rows; exit drops the table.
+        // A fork's copy shares the rows, under a generation of its own;
+        // exit drops the table.
         assert!(tables.copy(pid, 1_000_000, &mut sink).unwrap());
-        assert_eq!(sink.procs[&1_000_000], sink.procs[&pid]);
+        let (a, b) = (&sink.procs[&1_000_000], &sink.procs[&pid]);
+        assert_eq!(a.entries(), b.entries());
+        assert_ne!(a.gen, b.gen);
         assert_eq!(tables.stats().rows, loaded);
         tables.forget(1_000_000, &mut sink).unwrap();
         assert!(!sink.procs.contains_key(&1_000_000));
