@@ -828,6 +828,91 @@ mod tests {
         assert_eq!(std::mem::size_of::<P>(), std::mem::size_of::<ProcTable>());
     }
 
+    /// The value of `#define NAME value` or `NAME = value,` in memleak.h,
+    /// evaluated for the simple forms the header uses (`40 + 128`, `1u`).
+    fn header_value(name: &str) -> i64 {
+        let header = include_str!("../bpf/memleak.h");
+        let line = header
+            .lines()
+            .map(str::trim)
+            .find(|l| {
+                l.strip_prefix("#define ")
+                    .is_some_and(|r| r.split_whitespace().next() == Some(name))
+                    || l.split_whitespace().next() == Some(name) && l.contains('=')
+            })
+            .unwrap_or_else(|| panic!("{name} not in memleak.h"));
+        let expr = match line.strip_prefix("#define ") {
+            Some(r) => r[name.len()..].to_string(),
+            None => line.split_once('=').unwrap().1.to_string(),
+        };
+        let expr = expr.split("/*").next().unwrap();
+        let expr = expr
+            .trim()
+            .trim_end_matches(',')
+            .trim_matches(|c| c == '(' || c == ')');
+        expr.split('+')
+            .map(|t| {
+                let t = t.trim().trim_end_matches('u');
+                match t.strip_prefix("0x") {
+                    Some(h) => i64::from_str_radix(h, 16).unwrap(),
+                    None => t.parse::<i64>().unwrap_or_else(|_| panic!("{name}: {t}")),
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn unwind_constants_match_the_bpf_header() {
+        use memleak_recorder::event::{FLAG_END_MASK, FLAG_END_SHIFT, UNWIND_ENDS};
+        use memleak_recorder::unwind::{row, tables, WalkMode};
+        let names = [
+            "UE_NONE",
+            "UE_COMPLETE",
+            "UE_FP_END",
+            "UE_MAX_DEPTH",
+            "UE_NO_MAPPING",
+            "UE_NO_TABLE",
+            "UE_MAPS_FULL",
+            "UE_ANONYMOUS",
+            "UE_NO_UNWIND_INFO",
+            "UE_ROWS_FULL",
+            "UE_INVALID_ROW",
+            "UE_READ_FAILED",
+            "UE_NULL_RA",
+            "UE_NOT_PROGRESSING",
+        ];
+        for (end, name) in UNWIND_ENDS.iter().zip(names) {
+            assert_eq!(header_value(name), *end as i64, "{name}");
+        }
+        assert_eq!(header_value("UE_NR"), UNWIND_ENDS.len() as i64);
+        assert!(UNWIND_ENDS.len() <= usize::from(FLAG_END_MASK) + 1);
+        assert_eq!(header_value("MEF_END_SHIFT"), i64::from(FLAG_END_SHIFT));
+        assert_eq!(header_value("MEF_END_MASK"), i64::from(FLAG_END_MASK));
+        for (name, v) in [
+            ("UR_KIND_MASK", i64::from(row::KIND_MASK)),
+            ("UR_RBP_SHIFT", i64::from(row::RBP_SHIFT)),
+            ("UR_CFA_SHIFT", i64::from(row::CFA_SHIFT)),
+            ("UR_INVALID", i64::from(row::KIND_INVALID)),
+            ("UR_CFA_RSP", i64::from(row::KIND_CFA_RSP)),
+            ("UR_CFA_RBP", i64::from(row::KIND_CFA_RBP)),
+            ("UR_PLT", i64::from(row::KIND_PLT)),
+            ("UR_SIGNAL", i64::from(row::KIND_SIGNAL)),
+            ("UR_END", i64::from(row::KIND_END)),
+            ("UR_SIGNAL_RIP", row::SIGNAL_RIP as i64),
+            ("UR_SIGNAL_RSP", row::SIGNAL_RSP as i64),
+            ("UR_SIGNAL_RBP", row::SIGNAL_RBP as i64),
+            ("UR_PLT_PUSHED_FROM", row::PLT_PUSHED_FROM as i64),
+            ("UR_SEARCH_STEPS", i64::from(row::MAX_SEARCH_STEPS)),
+            ("UNWIND_MAX_MAPS", tables::MAX_MAPS as i64),
+            ("UPF_MAPS_FULL", i64::from(tables::MAPS_FULL)),
+            ("MU_FP", i64::from(WalkMode::FramePointer.code())),
+            ("MU_AUTO", i64::from(WalkMode::Auto.code())),
+            ("MU_DWARF", i64::from(WalkMode::Dwarf.code())),
+        ] {
+            assert_eq!(header_value(name), v, "{name}");
+        }
+    }
+
     #[test]
     fn kind_codes_match_the_trace_schema() {
         use memleak_trace::EventKind;
