@@ -375,8 +375,7 @@ static long walk_frame_cb(__u64 k, void *data)
  * bounded loop over all 127 frames took it 100 ms at every start. */
 #define INLINE_FRAMES 32
 
-/* The frame-pointer walk (--unwind fp, and processes without a table in
- * auto mode). Returns why it ended. */
+/* The frame-pointer walk (--unwind fp). Returns why it ended. */
 static __always_inline __u32 fp_walk(struct pt_regs *ctx, struct ev_buf *b)
 {
 	struct walk w = {
@@ -778,9 +777,11 @@ __noinline int walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
 		}
 		b->ev.nframes = w.n;
 		reason = w.reason;
-	} else if (unwind_mode == MU_DWARF) {
-		/* Not known yet (user space is building it, or the process
-		 * just exec'd): the stack ends at its first frame. */
+	} else if (unwind_mode != MU_FP) {
+		/* Not known yet (with -p, for a moment after an exec): the
+		 * stack ends at its first frame, and user space, told so,
+		 * builds the table. Falling back to the frame-pointer walk
+		 * here cost the verifier as much again at every start. */
 		b->ev.frames[0] = PT_REGS_IP(ctx);
 		b->ev.nframes = 1;
 		reason = UE_NO_TABLE;

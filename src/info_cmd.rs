@@ -221,7 +221,7 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
             .collect();
         writeln!(
             out,
-            "stacks:    --unwind {}: {} complete, {} ended by frame pointer, {} truncated{}; \
+            "unwind:    --unwind {}: {} complete, {} ended by frame pointer, {} truncated{}; \
              {} objects' unwind rows ({} rows)",
             u.mode,
             u.complete,

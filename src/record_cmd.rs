@@ -675,6 +675,16 @@ fn record(
     if has_user_targets {
         let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
         rec.set_unwind(cfg.unwind, &probes.unwind_ends(), tables);
+        if args.verbose && cfg.unwind.uses_rows() {
+            say!(
+                "memleak: unwind tables: {} objects, {} rows, {} process tables written, \
+                 {:.1} ms building them",
+                tables.objects,
+                tables.rows,
+                tables.tables_written,
+                tables.build_ns as f64 / 1e6
+            );
+        }
     }
     if let Some(e) = unwinder.and_then(Unwinder::finish) {
         say!("memleak: warning: {e}");
