@@ -261,8 +261,9 @@ impl<'obj> Probes<'obj> {
                 map.set_max_entries(1).context("sizing a kernel-mode map")?;
             }
         }
-        // The unwind tables only with rows (the row array is 32 MiB).
-        if !cfg.unwind.uses_rows() {
+        // The unwind tables only when stacks are walked with rows (the
+        // row array is 32 MiB).
+        if !cfg.unwind.uses_rows() || cfg.count_only {
             for map in [&mut open.maps.unwind_rows, &mut open.maps.unwind_procs] {
                 map.set_max_entries(1).context("sizing an unwind map")?;
             }
