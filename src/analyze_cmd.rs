@@ -60,6 +60,11 @@ pub enum KindArg {
     User,
     /// Kernel allocators.
     Kernel,
+    /// Heap allocator calls of processes, without mmap: what valgrind
+    /// counts.
+    Heap,
+    /// Memory mappings of processes (mmap, munmap, mremap).
+    Mmap,
     /// Both.
     All,
 }
@@ -171,6 +176,8 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             kind: match args.kind {
                 KindArg::User => KindScope::User,
                 KindArg::Kernel => KindScope::Kernel,
+                KindArg::Heap => KindScope::Heap,
+                KindArg::Mmap => KindScope::Mmap,
                 KindArg::All => KindScope::All,
             },
             min_size: args.min_size,

@@ -168,11 +168,13 @@ impl Child {
     }
 
     /// Lets the child exec; fails if exec fails. `on_exec` runs at the
-    /// exec stop, before the new program's first instruction.
+    /// stop right after the exec, before the program's first instruction
+    /// (a statically linked program is mapped then); the child is killed
+    /// if it fails.
     pub fn release(
         &mut self,
         follow_forks: bool,
-        on_exec: &mut dyn FnMut(u32) -> Result<()>,
+        on_exec: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
         let mut e = 0i32;
         // SAFETY: fds are ours; buffers are valid.
@@ -199,13 +201,14 @@ impl Child {
                 && *libc::__errno_location() == libc::EINTR
             {}
             if libc::WIFSTOPPED(status) {
-                on_exec(self.pid)?;
+                on_exec()?;
                 libc::ptrace(
                     libc::PTRACE_SETOPTIONS,
                     self.pid as i32,
                     0,
                     libc::PTRACE_O_TRACEEXIT
                         | libc::PTRACE_O_TRACECLONE
+                        | libc::PTRACE_O_TRACEEXEC
                         | if follow_forks {
                             libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK
                         } else {
@@ -250,9 +253,11 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit_code`](Self::exit_code). `on_maps` gets
-    /// the process of a thread stopped where its mappings may have changed
-    /// (ld.so's `_dl_debug_state`, an exec), before it runs on.
+    /// status is then in [`exit_code`](Self::exit_code). `on_stop` runs
+    /// while the command is stopped with its address space intact: at its
+    /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
+    /// gets the process of a thread stopped where its mappings may have
+    /// changed (an exec, ld.so's `_dl_debug_state`), before it runs on.
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
@@ -308,8 +313,12 @@ impl Child {
                     }
                     0
                 }
-                // After an exec (no PTRACE_O_TRACEEXEC): a new image.
-                (libc::SIGTRAP, 0) => {
+                // A new program (`env LD_PRELOAD=... prog`): mapped, not
+                // run yet.
+                (libc::SIGTRAP, libc::PTRACE_EVENT_EXEC) => {
+                    if main {
+                        on_stop()?;
+                    }
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }

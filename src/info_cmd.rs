@@ -46,6 +46,8 @@ pub fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
 struct Report<'a> {
     command: &'a [String],
     complete: bool,
+    /// User stacks the recorder cut before data (`null`: not recorded).
+    cut_stacks: Option<u64>,
     duration_s: Option<f64>,
     end_ns: u64,
     end_utc: Option<String>,
@@ -113,6 +115,7 @@ fn report(trace: &Trace) -> Report<'_> {
     Report {
         command: &m.command,
         complete: m.complete,
+        cut_stacks: m.cut_stacks,
         duration_s,
         end_ns: m.end_ns,
         end_utc: wall(m.end_ns).map(utc),
@@ -240,6 +243,12 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
         writeln!(
             out,
             "failed allocations: {n} (returned NULL; not outstanding)"
+        )?;
+    }
+    if let Some(n) = r.cut_stacks.filter(|&n| n > 0) {
+        writeln!(
+            out,
+            "cut stacks: {n} (ended before data the frame-pointer walk read; marked truncated)"
         )?;
     }
     for note in r.notes.into_iter().flatten() {

@@ -39,6 +39,8 @@ mod output;
 mod probes;
 #[cfg(feature = "bpf")]
 mod record_cmd;
+#[cfg(feature = "bpf")]
+mod record_targets;
 mod units;
 #[cfg(feature = "bpf")]
 mod unwinder;

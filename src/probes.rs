@@ -118,8 +118,8 @@ fn slab_entry(i: usize) -> (bool, bool) {
 }
 
 /// Whether the kernel's BTF names `name` (None if there is no BTF). The
-/// string section is read into a set once: scanning the 5 MiB file for
-/// each name cost ~10 ms a lookup, and startup makes two dozen.
+/// string section is read into a set once: startup makes two dozen
+/// lookups, and scanning the whole file for each one was most of its time.
 fn btf_has_name(name: &str) -> Option<bool> {
     static NAMES: std::sync::OnceLock<Option<HashSet<Vec<u8>>>> = std::sync::OnceLock::new();
     let names = NAMES.get_or_init(|| btf_strings(&std::fs::read("/sys/kernel/btf/vmlinux").ok()?));
@@ -179,8 +179,8 @@ pub struct Probes<'obj> {
 }
 
 /// Detaching a uprobe or tracepoint link waits for an RCU grace period
-/// (30-100 ms each here); one after the other they kept a finished
-/// recording alive for half a second, so they are detached in parallel.
+/// (tens of milliseconds each); one after the other they kept a finished
+/// recording alive for a noticeable time, so they are detached in parallel.
 fn drop_links(links: Vec<Link>) {
     std::thread::scope(|s| {
         for link in links {
@@ -254,8 +254,8 @@ impl<'obj> Probes<'obj> {
             prog.set_autoload(cfg.count_only);
         }
         // Maps only --kernel uses are shrunk to one entry otherwise: the
-        // kernel objects' LRU map is preallocated (15 MiB, ~4 ms of
-        // start-up), the slab programs' per-CPU tokens 192 KiB a CPU (3 ms).
+        // kernel objects' LRU map and the slab programs' per-CPU tokens are
+        // preallocated, megabytes whose allocation shows in start-up.
         if !cfg.kernel {
             for map in [&mut open.maps.kobjs, &mut open.maps.tokens] {
                 map.set_max_entries(1).context("sizing a kernel-mode map")?;

@@ -11,15 +11,16 @@ use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context, Result};
-use memleak_recorder::placement::Policy;
-use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
+use anyhow::{bail, Result};
+use memleak_recorder::providers::Allocators;
+use memleak_recorder::targets;
 use memleak_recorder::unwind::WalkMode;
 use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
 use crate::child::Child;
 use crate::probes::{self, ProbeConfig, Probes};
+use crate::record_targets::{add_providers, libraries_for, placement_policy};
 use crate::units::{
     format_duration, format_size, parse_duration, parse_positive_duration, parse_size,
 };
@@ -436,6 +437,9 @@ fn record(
     };
 
     let mut libs = Vec::new();
+    let mut notes: Vec<String> = Vec::new();
+    let user_heap = object.is_some() || !args.symbols_prefix.is_empty();
+    let search = RefCell::new(Allocators::new(placement_policy(args), user_heap));
     for &pid in &pids {
         probes.trace_pid(pid)?;
         libs = libraries_for(
@@ -443,6 +447,8 @@ fn record(
             matches!(target, Target::Child(_)),
             object.as_ref(),
             args,
+            &mut search.borrow_mut(),
+            &mut notes,
         )?;
         for lib in &libs {
             if args.verbose {
@@ -460,9 +466,10 @@ fn record(
                 }
             }
             probes.attach_library(pid as i32, lib)?;
+            search.borrow_mut().mark_attached(pid, lib);
         }
     }
-    let mut notes: Vec<String> = Vec::new();
+    let libs = RefCell::new(libs);
     // Our own ld.so is the one the child will run (same system).
     let ld_so = targets::find_library(std::process::id(), "ld-linux");
     if let Target::Child(c) = &target {
@@ -520,7 +527,14 @@ fn record(
 
     catch_stop_signals();
     if let Target::Child(c) = &mut target {
-        c.release(args.follow_forks, &mut on_maps)?;
+        // The program is mapped now, not run: a static one is probed here,
+        // and its table written.
+        let (pid, kernel) = (c.pid, cfg.kernel);
+        let notes = &mut recorder.meta_mut().notes;
+        c.release(args.follow_forks, &mut || {
+            add_providers(&probes, &search, pid, &libs, notes, args, !kernel)?;
+            on_maps(pid)
+        })?;
     }
 
     let recorder = RefCell::new(recorder);
@@ -541,8 +555,9 @@ fn record(
         // The new process is held stopped: its probes go in before its
         // first instruction.
         probes.trace_pid(pid)?;
-        for lib in &libs {
+        for lib in libs.borrow().iter() {
             probes.attach_library(pid as i32, lib)?;
+            search.borrow_mut().mark_attached(pid, lib);
         }
         if let Some(ld) = &ld_so {
             probes.attach_dl_stops(pid as i32, ld)?;
@@ -560,9 +575,12 @@ fn record(
         // The child is stopped at exit, or in ld.so before it unmaps a
         // library, with its address space intact: drain what it did and
         // capture its maps, so a program that lives 5 ms, or a dlclosed
-        // library, still symbolizes.
+        // library, still symbolizes. After an exec or a dlopen, the
+        // process may have another allocator: it is probed before it runs.
         probes::drain(&rb, Duration::ZERO)?;
         let mut rec = recorder.borrow_mut();
+        let notes = &mut rec.meta_mut().notes;
+        add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
         rec.snapshot_maps(child_pid)?;
         rec.flush_frames()?;
         Ok(())
@@ -738,61 +756,6 @@ fn record(
         Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
-}
-
-fn libraries_for(
-    pid: u32,
-    launched: bool,
-    object: Option<&PathBuf>,
-    args: &RecordArgs,
-) -> Result<Vec<LibraryProbes>> {
-    let placement = match args.probe_placement {
-        Placement::Auto => Policy::Auto,
-        Placement::Entry => Policy::Entry,
-    };
-    let mut out = Vec::new();
-    // In -c mode the child will run our libc (same system).
-    let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so");
-    let heap_lib = object.cloned().or_else(|| libc.clone()).with_context(|| {
-        format!("process {pid} has no libc mapped; use -O to name its allocator library")
-    })?;
-    let heap = targets::resolve(&heap_lib, C_ALLOCATORS, &args.symbols_prefix, placement)
-        .map_err(anyhow::Error::msg)?;
-    if heap.points.is_empty() {
-        bail!(
-            "{}: none of the allocator functions found (symbols prefix {:?})",
-            heap_lib.display(),
-            args.symbols_prefix
-        );
-    }
-    out.push(heap);
-    // Mappings and the allocating wrappers are libc's even when -O names
-    // another allocator.
-    if let Some(path) = libc {
-        let funcs = [targets::C_MAPPINGS, targets::C_WRAPPERS].concat();
-        out.push(targets::resolve(&path, &funcs, "", placement).map_err(anyhow::Error::msg)?);
-    }
-    let cxx = if launched {
-        [
-            "/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib64/libstdc++.so.6",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-    } else {
-        targets::find_library(pid, "libstdc++.so")
-            .or_else(|| targets::find_library(pid, "libc++.so"))
-    };
-    if let Some(path) = cxx {
-        let lib =
-            targets::resolve(&path, CXX_ALLOCATORS, "", placement).map_err(anyhow::Error::msg)?;
-        if !lib.points.is_empty() {
-            out.push(lib);
-        }
-    }
-    Ok(out)
 }
 
 /// Objects whose unwind rows a recording will need first: for a command,

@@ -586,3 +586,36 @@ fn missing_tracepoint_note_is_stored_in_the_trace() {
     check_success("memleak info", &info);
     assert!(String::from_utf8_lossy(&info.stdout).contains("kmem:mm_page_free"));
 }
+
+/// With --kernel there is something to record even when the program's
+/// malloc cannot be probed (a stripped static program): a warning, kept
+/// in the trace's notes, instead of a refusal.
+#[test]
+fn stripped_static_program_is_a_warning_with_kernel() {
+    if !common::can_record() {
+        return;
+    }
+    let _guard = serial();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("k.parquet");
+    let prog = fixtures_dir().join("seed_static_stripped");
+    let out = memleak()
+        .args(["record", "--kernel", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    check_success("memleak record --kernel of a stripped static program", &out);
+    let warning = format!(
+        "{} is statically linked and stripped: its malloc cannot be probed",
+        prog.display()
+    );
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!("memleak: warning: {warning}")),
+        "{stderr}"
+    );
+    let notes = Trace::open(&trace).unwrap().meta().notes.clone();
+    assert!(notes.contains(&warning), "{notes:?}");
+}

@@ -103,6 +103,93 @@ fn missing_symbols_prefix_is_refused() {
     assert!(!dir.path().join("t").exists(), "no empty trace left behind");
 }
 
+/// A statically linked program has no libc: its own malloc is probed,
+/// found in its .symtab. Stripped, it has none: rather than a recording
+/// that reports nothing, one line says so, the program does not run and
+/// no trace is left.
+#[test]
+fn stripped_static_program_is_refused() {
+    if !common::can_record() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let prog = fixtures_dir().join("seed_static_stripped");
+    let out = memleak()
+        .args(["record", "-o"])
+        .arg(dir.path().join("t"))
+        .arg("--")
+        .arg(&prog)
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert_eq!(
+        line,
+        format!(
+            "memleak: error: {} is statically linked and stripped: its malloc cannot be probed",
+            prog.display()
+        )
+    );
+    assert!(!dir.path().join("t").exists(), "no empty trace left behind");
+}
+
+/// `-p` with a process whose allocator is preloaded jemalloc: its malloc
+/// is probed in jemalloc, where the calls go (probing libc's found none),
+/// and the trace says so.
+#[test]
+fn attach_to_a_process_with_preloaded_jemalloc() {
+    if !common::can_record() {
+        return;
+    }
+    let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
+    if !Path::new(je).exists() {
+        eprintln!("skipping: {je} is not installed (libjemalloc2)");
+        return;
+    }
+    // Past pymalloc's 512-byte limit, so every iteration calls malloc.
+    let mut target = Command::new("python3")
+        .env("LD_PRELOAD", je)
+        .args(["-c", "import time\nfor i in range(6000):\n    b = bytearray(1000 + i)\n    time.sleep(0.001)\n"])
+        .spawn()
+        .unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = memleak()
+        .args([
+            "record",
+            "-q",
+            "-d",
+            "1s",
+            "-p",
+            &target.id().to_string(),
+            "-o",
+        ])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let meta = t.meta();
+    assert!(
+        meta.counters.events.get("malloc").copied().unwrap_or(0) > 100,
+        "{:?}",
+        meta.counters.events
+    );
+    assert!(
+        meta.notes
+            .iter()
+            .any(|n| n.contains("malloc") && n.contains("libjemalloc.so.2")),
+        "{:?}",
+        meta.notes
+    );
+}
+
 #[test]
 fn command_that_cannot_run_is_refused() {
     if !common::can_record() {

@@ -521,7 +521,7 @@ macro_rules! valgrind_diff {
 // that our mappings are not counted as heap blocks.
 valgrind_diff!(
     seed, threads, realloc, aligned, mmap, cxx_new, strdup, big, short, inline, odd, storm, forker,
-    dl_main, execer
+    dl_main, execer, nofp
 );
 
 /// The forked child of `forker` (valgrind follows forks by itself; we

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod elfsyms;
 pub mod fixtures;
 
 /// Whether this process can load BPF programs (root). If not, prints the

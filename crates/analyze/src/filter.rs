@@ -7,6 +7,7 @@
 //! must still find its block even when the block is filtered out of the
 //! report, or it would be miscounted as a free of an unknown address.
 
+use memleak_trace::schema::KindClass;
 use memleak_trace::EventKind;
 
 /// User-space events, kernel events, or both.
@@ -19,6 +20,11 @@ pub enum KindScope {
     User,
     /// Kernel allocators (kmalloc, kmem_cache, pages, per-CPU).
     Kernel,
+    /// Heap allocator calls of processes (malloc, new, …: what valgrind
+    /// counts), without their memory mappings.
+    Heap,
+    /// Memory mappings of processes (mmap, munmap, mremap).
+    Mmap,
 }
 
 impl KindScope {
@@ -28,8 +34,20 @@ impl KindScope {
             KindScope::All => true,
             KindScope::User => !kind.is_kernel(),
             KindScope::Kernel => kind.is_kernel(),
+            // Process events (exec, exit, fork) belong to both.
+            KindScope::Heap => !kind.is_kernel() && !is_mapping(kind),
+            KindScope::Mmap => {
+                !kind.is_kernel() && (is_mapping(kind) || kind.class() == KindClass::Process)
+            }
         }
     }
+}
+
+fn is_mapping(kind: EventKind) -> bool {
+    matches!(
+        kind.class(),
+        KindClass::MapRange | KindClass::UnmapRange | KindClass::RemapRange
+    )
 }
 
 /// Report filters, with times relative to the start of the trace.

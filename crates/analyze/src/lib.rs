@@ -26,19 +26,20 @@ mod hash;
 pub mod histogram;
 pub mod json;
 pub mod progress;
-pub mod ranges;
+mod ranges;
 pub mod replay;
 pub mod report;
 pub mod svg;
 mod table;
 pub mod text;
-pub mod time;
+mod time;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
 pub use histogram::AgeHistogram;
 pub use report::{
-    analyze, analyze_trace, AnalyzeOptions, PidPeak, Report, SortKey, StackReport, Summary,
+    analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,
+    SortKey, StackReport, Summary,
 };
 
 /// Locks a pool of spare buffers, even one a panicking worker left

@@ -38,6 +38,7 @@ impl RangeSet {
     }
 
     /// Total bytes mapped.
+    #[cfg(test)]
     pub fn bytes(&self) -> u64 {
         self.regions.iter().map(|(&s, r)| r.end - s).sum()
     }

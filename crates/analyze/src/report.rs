@@ -5,6 +5,7 @@ use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
 use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace};
+use serde::Serialize;
 
 use crate::filter::{Filter, ResolvedFilter};
 use crate::hash::{int_map, IntMap};
@@ -93,6 +94,11 @@ pub struct StackReport {
     pub bytes: u64,
     /// Outstanding allocations.
     pub count: u64,
+    /// Of `bytes`, those of memory mappings (`mmap`) rather than heap
+    /// blocks.
+    pub mapped_bytes: u64,
+    /// Of `count`, the mappings.
+    pub mapped_count: u64,
     /// Timestamp of the oldest outstanding allocation.
     pub oldest_ts: Option<u64>,
     /// Age of the oldest outstanding allocation at the evaluation time.
@@ -105,6 +111,33 @@ pub struct StackReport {
     pub age_histogram: AgeHistogram,
     /// Frames, innermost first.
     pub frames: Vec<Frame>,
+}
+
+/// Outstanding bytes and allocations of one class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ClassTotals {
+    /// Bytes.
+    pub bytes: u64,
+    /// Allocations (a mapping cut in pieces by munmap counts once).
+    pub allocations: u64,
+}
+
+impl ClassTotals {
+    fn add(&mut self, bytes: u64, allocations: u64) {
+        self.bytes += bytes;
+        self.allocations += allocations;
+    }
+}
+
+/// [`Summary::outstanding_by_class`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct OutstandingByClass {
+    /// Heap blocks of processes: malloc, new and the rest.
+    pub heap: ClassTotals,
+    /// Memory mappings of processes (`mmap`).
+    pub mapped: ClassTotals,
+    /// Kernel allocations.
+    pub kernel: ClassTotals,
 }
 
 /// Totals of the whole analysis.
@@ -137,6 +170,10 @@ pub struct Summary {
     pub outstanding_allocations: u64,
     /// Stacks with outstanding allocations matching every filter.
     pub outstanding_stacks: u64,
+    /// The outstanding bytes and allocations split by what holds them:
+    /// heap blocks of processes (what valgrind counts), their memory
+    /// mappings, and the kernel's.
+    pub outstanding_by_class: OutstandingByClass,
     /// Highest outstanding bytes of the processes alive at the time and
     /// of the kernel (within filters on pid and kind): a process's blocks
     /// stop counting when it exits, though they stay outstanding.
@@ -150,6 +187,10 @@ pub struct Summary {
     pub anomalies: Anomalies,
     /// Events the recorder lost, by reason, from meta.json.
     pub lost_by_reason: BTreeMap<String, u64>,
+    /// User stacks the recorder cut before data the frame-pointer walk
+    /// read as return addresses (`cut_stacks` of meta.json; `None` when
+    /// the trace does not say).
+    pub cut_stacks: Option<u64>,
     /// Ages of every outstanding allocation matching the filters.
     pub age_histogram: AgeHistogram,
     /// Whether the recording finished cleanly.
@@ -205,8 +246,8 @@ pub struct Report {
 /// tables of outstanding blocks, the stacks and frames tables), kept by
 /// the report and freed with it rather than before it is returned: a
 /// caller that exits once the report is written can skip freeing it. The
-/// frames table alone is tens of thousands of small strings, about 9 ms
-/// to free after the 100 M-event bench trace. Not part of the report's
+/// frames table alone is tens of thousands of small strings, whose
+/// freeing showed in the bench trace's wall time. Not part of the report's
 /// value: every `Spent` equals every other.
 #[derive(Clone, Default)]
 pub(crate) struct Spent(
@@ -309,12 +350,27 @@ pub fn analyze_trace(
             .max(start_ts),
     };
 
-    let stacks = build_stacks(
+    // A forked child's copies of its parent's blocks are the parent's to
+    // report (or gone with the parent's exec): they are the child's only
+    // when it is looked at without its parent, as valgrind run on the
+    // child alone would see them.
+    let inherited_for: HashSet<u32> = opts
+        .filter
+        .pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            meta.parents
+                .get(p)
+                .is_none_or(|parent| !opts.filter.pids.contains(parent))
+        })
+        .collect();
+    let (stacks, by_class) = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
         &filter,
-        &opts.filter.pids,
+        (&opts.filter.pids, &inherited_for),
         eval_ts,
         opts.sort,
     );
@@ -357,11 +413,13 @@ pub fn analyze_trace(
         outstanding_bytes,
         outstanding_allocations,
         outstanding_stacks,
+        outstanding_by_class: by_class,
         peak_bytes: stats.peak_bytes,
         peak_ns: stats.peak_ts.saturating_sub(start_ts),
         process_peaks,
         anomalies: stats.anomalies,
         lost_by_reason: meta.counters.lost.clone(),
+        cut_stacks: meta.cut_stacks,
         age_histogram,
         complete: meta.complete,
         incomplete: trace.incomplete(),
@@ -428,6 +486,8 @@ fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
         KindScope::All => {}
         KindScope::User => out.push("kind=user".into()),
         KindScope::Kernel => out.push("kind=kernel".into()),
+        KindScope::Heap => out.push("kind=heap".into()),
+        KindScope::Mmap => out.push("kind=mmap".into()),
     }
     if let Some(v) = f.min_size {
         out.push(format!("min-size={v}"));
@@ -455,6 +515,8 @@ fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
 struct OutstandingByStack {
     bytes: u64,
     count: u64,
+    mapped_bytes: u64,
+    mapped_count: u64,
     oldest_ts: u64,
     histogram: AgeHistogram,
 }
@@ -464,20 +526,29 @@ fn build_stacks(
     frames: &HashMap<(u32, u64), FrameRecord>,
     replayed: &Replay,
     filter: &ResolvedFilter,
-    pids: &[u32],
+    (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
     sort: SortKey,
-) -> Vec<StackReport> {
+) -> (Vec<StackReport>, OutstandingByClass) {
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
     let per_partition = replayed.fold_outstanding(
-        || (int_map::<u64, OutstandingByStack>(), HashSet::<u64>::new()),
-        |(acc, mappings), b: &OutstandingBlock| {
+        || {
+            (
+                int_map::<u64, OutstandingByStack>(),
+                HashSet::<u64>::new(),
+                OutstandingByClass::default(),
+            )
+        },
+        |(acc, mappings, class), b: &OutstandingBlock| {
             if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
                 return;
             }
             if !pids.is_empty() && b.pid.is_some_and(|p| !pids.contains(&p)) {
                 return; // an ancestor, replayed only for what it passed on
+            }
+            if b.inherited && b.pid.is_none_or(|p| !inherited_for.contains(&p)) {
+                return;
             }
             let first_piece = match b.mapping {
                 Some(m) => mappings.insert(m),
@@ -490,15 +561,30 @@ fn build_stacks(
             let count = first_piece as u64;
             e.bytes += b.size;
             e.count += count;
+            if b.mapping.is_some() {
+                e.mapped_bytes += b.size;
+                e.mapped_count += count;
+            }
+            match (b.pid, b.mapping) {
+                (None, _) => class.kernel.add(b.size, count),
+                (Some(_), Some(_)) => class.mapped.add(b.size, count),
+                (Some(_), None) => class.heap.add(b.size, count),
+            }
             e.oldest_ts = e.oldest_ts.min(b.ts);
             e.histogram.add(eval_ts.saturating_sub(b.ts), count, b.size);
         },
     );
     // Merged pairwise on the pool's threads, not one after another.
     use rayon::prelude::*;
+    let mut by_class = OutstandingByClass::default();
+    for (_, _, c) in &per_partition {
+        by_class.heap.add(c.heap.bytes, c.heap.allocations);
+        by_class.mapped.add(c.mapped.bytes, c.mapped.allocations);
+        by_class.kernel.add(c.kernel.bytes, c.kernel.allocations);
+    }
     let mut by_stack: IntMap<u64, OutstandingByStack> = per_partition
         .into_par_iter()
-        .map(|(part, _)| part)
+        .map(|(part, _, _)| part)
         .reduce(int_map, |mut a, mut b| {
             if a.len() < b.len() {
                 std::mem::swap(&mut a, &mut b);
@@ -508,6 +594,8 @@ fn build_stacks(
                     Some(e) => {
                         e.bytes += o.bytes;
                         e.count += o.count;
+                        e.mapped_bytes += o.mapped_bytes;
+                        e.mapped_count += o.mapped_count;
                         e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
                         e.histogram.merge(&o.histogram);
                     }
@@ -546,6 +634,8 @@ fn build_stacks(
             if let Some(o) = o {
                 s.bytes = o.bytes;
                 s.count = o.count;
+                s.mapped_bytes = o.mapped_bytes;
+                s.mapped_count = o.mapped_count;
                 s.oldest_ts = Some(o.oldest_ts);
                 s.oldest_age_ns = eval_ts.saturating_sub(o.oldest_ts);
                 s.age_histogram = o.histogram;
@@ -554,7 +644,7 @@ fn build_stacks(
         })
         .collect();
     sort_stacks(&mut out, sort);
-    out
+    (out, by_class)
 }
 
 fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {

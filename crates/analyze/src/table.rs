@@ -1,4 +1,5 @@
-//! The table of outstanding blocks of one process in one partition.
+//! The table of outstanding blocks of one process in one partition, and
+//! the [`Block`] it holds.
 //!
 //! Replay is bound by memory latency: each event looks up a block in a
 //! table far larger than the caches. A general-purpose hash map cannot say
@@ -22,7 +23,17 @@
 //! 16 MiB).
 
 use crate::hash::{int_map, mix, IntMap};
-use crate::replay::Block;
+
+/// An outstanding heap block.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Block {
+    /// Bytes requested.
+    pub size: u64,
+    /// When it was allocated.
+    pub ts: u64,
+    /// Stack of the allocation (0: unknown).
+    pub stack: u64,
+}
 
 /// One slot: 32 bytes, two per cache line. Address 0 marks an empty slot
 /// (no block lives at address 0; replay never inserts it); [`TOMB`] in
@@ -272,11 +283,10 @@ impl BlockTable {
     /// The table is rebuilt once live slots and tombstones fill one
     /// `sparsity()`-th of it. Probing branches on each slot it passes,
     /// and those branches mispredict about as often as a slot is taken:
-    /// at quarter load replay took about 10% less CPU than at half load
-    /// while the tables of the bench traces fit in the caches' reach.
-    /// Tables past 16 MiB miss the caches anyway, and there half load was
-    /// faster as well as half the memory (1.5 M outstanding blocks: 266
-    /// against 374 MiB peak RSS).
+    /// at quarter load replay took less CPU than at half load while the
+    /// tables of the bench traces fit in the caches' reach. Tables past
+    /// 16 MiB miss the caches anyway, and there half load was faster as
+    /// well as half the memory.
     #[inline(always)]
     fn sparsity(&self) -> usize {
         if self.slots.len() <= BIG {

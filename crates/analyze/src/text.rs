@@ -212,6 +212,21 @@ fn render_summary(out: &mut String, s: &Summary) {
             plural(s.outstanding_stacks, "stack", "stacks")
         ),
     );
+    // valgrind counts heap blocks only: the split lets a reader compare.
+    let c = &s.outstanding_by_class;
+    let mut parts = Vec::new();
+    for (name, t) in [("heap", c.heap), ("mapped", c.mapped), ("kernel", c.kernel)] {
+        if t.allocations > 0 || t.bytes > 0 {
+            parts.push(format!(
+                "{name} {} in {}",
+                bytes_phrase(t.bytes),
+                plural(t.allocations, "allocation", "allocations")
+            ));
+        }
+    }
+    if !parts.is_empty() {
+        row("outstanding in", parts.join("; "));
+    }
     row(
         "peak outstanding",
         format!(
@@ -262,6 +277,15 @@ fn render_summary(out: &mut String, s: &Summary) {
             format!("{}: {}", s.lost_total(), lost.join(", "))
         },
     );
+    if let Some(n) = s.cut_stacks.filter(|&n| n > 0) {
+        row(
+            "cut stacks",
+            format!(
+                "{} cut where the frame-pointer walk read data (code without frame pointers), marked truncated",
+                plural(n, "stack", "stacks")
+            ),
+        );
+    }
     if !s.filters.is_empty() {
         row("filters", s.filters.join(", "));
     }

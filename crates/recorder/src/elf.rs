@@ -65,8 +65,8 @@ struct Segment {
 /// The bytes of an ELF file: mapped read-only from disk, or owned.
 ///
 /// Mapped, only the pages that are read (headers, symbol tables, a few
-/// functions' code) are ever loaded: libc's debug file is 4 MiB, and
-/// reading whole files was ~4 ms of every recording's start-up.
+/// functions' code) are ever loaded: reading whole files (libc's debug
+/// file is megabytes) showed in every recording's start-up.
 enum Bytes {
     Owned(Vec<u8>),
     Mapped(memmap2::Mmap),
@@ -449,6 +449,13 @@ impl ElfFile {
     /// callers that map file offsets to addresses (load biases).
     pub fn load_segments(&self) -> impl Iterator<Item = (u64, u64, u64)> + '_ {
         self.segments.iter().map(|s| (s.vaddr, s.offset, s.filesz))
+    }
+}
+
+impl ElfFile {
+    /// Whether the file has a `.symtab` (`strip` removes it).
+    pub fn has_symtab(&self) -> bool {
+        self.section(".symtab").is_some()
     }
 }
 

@@ -4,9 +4,12 @@
 //! - [`event`]: the byte layout of probe records (`bpf/memleak.h`).
 //! - [`stacks`]: exact stack deduplication into trace-unique ids.
 //! - [`procmaps`]: `/proc/PID/maps` snapshots and address normalization.
+//! - [`functions`]: the ELF function symbols a return address lies in.
 //! - [`symbolize`]: blazesym symbolization of normalized frames.
 //! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
 //! - [`placement`]: where on an allocator function to put the probe.
+//! - [`targets`] and [`providers`]: which functions to probe, and in which
+//!   loaded object: the one the process's calls really bind to.
 //! - [`unwind`]: unwind tables from `.eh_frame` for the probe, and the
 //!   reference unwinder that checks them.
 //!
@@ -27,9 +30,11 @@
 
 pub mod elf;
 pub mod event;
+pub mod functions;
 pub mod pipeline;
 pub mod placement;
 pub mod procmaps;
+pub mod providers;
 pub mod stacks;
 pub mod symbolize;
 pub mod targets;

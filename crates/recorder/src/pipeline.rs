@@ -15,6 +15,7 @@ use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter};
 use crate::event::{
     RawEvent, UnwindEnd, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS, UNWIND_ENDS,
 };
+use crate::functions::{FunctionIndexes, Lookup};
 use crate::procmaps::{resolve_in_process, MapsCache};
 use crate::stacks::StackInterner;
 use crate::symbolize::{FrameSymbolizer, PendingFrame};
@@ -26,6 +27,9 @@ pub struct Stats {
     pub events: u64,
     /// Distinct stacks.
     pub stacks: u64,
+    /// Distinct stacks cut before an address that cannot be a return
+    /// address (`cut_stacks` in meta.json).
+    pub cut_stacks: u64,
     /// Distinct frames.
     pub frames: u64,
     /// Outstanding bytes (only tracked when live tracking is on).
@@ -48,9 +52,21 @@ pub enum TableUpdate {
 /// Turns raw probe records into a trace.
 pub struct Recorder {
     writer: TraceWriter,
+    /// Stacks as the probes sent them.
+    raw_stacks: StackInterner,
+    /// The trace's stack id of each raw stack (raw id - 1 indexes it).
+    trace_ids: Vec<u64>,
+    /// Stacks as the trace holds them: cut before the first frame that
+    /// is not a return address.
     stacks: StackInterner,
     maps: MapsCache,
+    /// Function symbols of the objects the frames are in.
+    functions: FunctionIndexes,
+    /// Frames queued for symbolization: judged return addresses.
     seen_frames: HashSet<(u32, u64)>,
+    /// Addresses judged not to be return addresses, with the generation
+    /// of the process's maps they were judged with.
+    not_frames: HashMap<(u32, u64), u64>,
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
     last_snapshot: HashMap<u32, Instant>,
@@ -74,6 +90,21 @@ pub struct Recorder {
     last_ts: u64,
 }
 
+/// Ends the frames of a cut stack when it is interned (never an address:
+/// user space ends far below it).
+const CUT_MARK: u64 = u64::MAX;
+
+/// Whether an address missing from a process's maps re-reads them.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Reread {
+    /// Yes: the address is certainly mapped (frame 0).
+    Always,
+    /// Unless the maps were read less than [`SNAPSHOT_MIN_INTERVAL`] ago.
+    RateLimited,
+    /// No: the address was missing before (data read as a frame).
+    Never,
+}
+
 /// Re-reading maps on a miss is rate-limited per process: a JIT or a
 /// corrupt frame pointer can produce endless unmapped addresses.
 const SNAPSHOT_MIN_INTERVAL: Duration = Duration::from_millis(20);
@@ -84,9 +115,13 @@ impl Recorder {
     pub fn new(writer: TraceWriter, track_live: bool) -> Self {
         Recorder {
             writer,
+            raw_stacks: StackInterner::default(),
+            trace_ids: Vec::new(),
             stacks: StackInterner::default(),
             maps: MapsCache::default(),
+            functions: FunctionIndexes::default(),
             seen_frames: HashSet::new(),
+            not_frames: HashMap::new(),
             pending: Vec::new(),
             symbolizer: FrameSymbolizer::default(),
             last_snapshot: HashMap::new(),
@@ -119,8 +154,11 @@ impl Recorder {
         self.writer.meta_mut()
     }
 
-    /// Collects the [`TableUpdate`]s the events call for (off by default:
-    /// nothing collects them).
+    /// Says the probe walks user stacks with unwind tables (`--unwind auto`
+    /// or `dwarf`), which must follow the processes: the [`TableUpdate`]s
+    /// the events call for are collected (off by default: nothing collects
+    /// them), and the frames of such walks are taken as they are (a frame
+    /// a signal interrupted follows no call).
     pub fn track_tables(&mut self, on: bool) {
         self.track_tables = on;
     }
@@ -192,9 +230,11 @@ impl Recorder {
         match kind {
             EventKind::Exec => {
                 // The old image is gone: its addresses mean nothing now.
+                self.raw_stacks.forget_pid(raw.pid);
                 self.stacks.forget_pid(raw.pid);
                 self.maps.forget(raw.pid);
                 self.seen_frames.retain(|&(p, _)| p != raw.pid);
+                self.not_frames.retain(|&(p, _), _| p != raw.pid);
                 if let Some(live) = &mut self.live {
                     live.retain(|&(p, _), _| p != raw.pid);
                 }
@@ -230,7 +270,13 @@ impl Recorder {
         // row's keeps the rows in time order, and a free never before its
         // allocation; every time is still one read before the event was
         // submitted, so never after it.
-        let ts_ns = raw.ts_ns.max(self.last_ts);
+        let mut ts_ns = raw.ts_ns.max(self.last_ts);
+        if kind == EventKind::Fork && self.last_ts > 0 {
+            // Strictly after everything before it: the analyzer tells a
+            // child's inherited copies (allocated before it was born) from
+            // what it allocates itself by time.
+            ts_ns = ts_ns.max(self.last_ts + 1);
+        }
         self.last_ts = ts_ns;
         let ev = Event {
             ts_ns,
@@ -251,6 +297,15 @@ impl Recorder {
         self.writer.push_event(&ev)
     }
 
+    /// The trace's stack id for an event's stack. A stack seen for the
+    /// first time is judged frame by frame: the frame-pointer walk reads
+    /// whatever the stack holds where a frame record would be, so in code
+    /// without frame pointers it reads data (pointers into tables, text,
+    /// ASCII). The stack ends before the first address that cannot be a
+    /// return address (see [`Recorder::judge_frame`]) and is marked
+    /// truncated: a wrong frame is worse than a missing one. Frame 0 is
+    /// the instruction pointer at the allocator's return, not read from
+    /// the stack, and always stays.
     fn intern_stack(&mut self, raw: &RawEvent<'_>) -> memleak_trace::Result<u64> {
         let kernel = raw.flags & FLAG_KERNEL_STACK != 0;
         let pid = if kernel { 0 } else { raw.pid };
@@ -258,50 +313,111 @@ impl Recorder {
         if !kernel && matches!(end, UnwindEnd::NoMapping | UnwindEnd::NoTable) {
             self.table_update(TableUpdate::Refresh(raw.pid));
         }
-        let interned = self.stacks.intern(pid, kernel, raw.frames());
+        let seen = self.raw_stacks.intern(pid, kernel, raw.frames());
+        if !seen.new {
+            return Ok(self.trace_ids[(seen.id - 1) as usize]);
+        }
+        // A walk with unwind rows finds the program's frames: only a
+        // frame-pointer walk (or step) reads data as frames. A frame a
+        // signal interrupted follows no call, and is a frame all the same.
+        let vouched = self.track_tables
+            && !kernel
+            && !matches!(end, UnwindEnd::None | UnwindEnd::FramePointer);
+        let mut frames: Vec<u64> = raw.frames().collect();
+        let mut keep = frames.len();
+        for (i, &addr) in frames.iter().enumerate() {
+            if self.seen_frames.contains(&(pid, addr)) {
+                continue;
+            }
+            let generation = self.maps.generation(pid);
+            if i > 0 && !vouched && self.not_frames.get(&(pid, addr)) == Some(&generation) {
+                keep = i;
+                break;
+            }
+            // Frame 0 is code: missing from the maps, they are out of date
+            // (a library mapped since), whatever the rate limit says. An
+            // address judged before is judged again with newer maps, but
+            // does not make the maps be read again.
+            let reread = if i == 0 {
+                Reread::Always
+            } else if self.not_frames.contains_key(&(pid, addr)) {
+                Reread::Never
+            } else {
+                Reread::RateLimited
+            };
+            let (frame, is_frame) = self.judge_frame(pid, addr, reread)?;
+            if i > 0 && !is_frame && !vouched {
+                self.not_frames
+                    .insert((pid, addr), self.maps.generation(pid));
+                keep = i;
+                break;
+            }
+            self.seen_frames.insert((pid, addr));
+            self.stats.frames += 1;
+            self.pending.push(frame);
+        }
+        let cut = keep < frames.len();
+        frames.truncate(keep);
+        // A cut stack is interned apart from a walk that ended by itself
+        // at the same frame, which need not be truncated.
+        frames.push(CUT_MARK);
+        let n = frames.len() - usize::from(!cut);
+        let interned = self.stacks.intern(pid, kernel, frames[..n].iter().copied());
+        frames.pop();
+        debug_assert_eq!(self.trace_ids.len() as u64, seen.id - 1);
+        self.trace_ids.push(interned.id);
         if interned.new {
             self.stats.stacks += 1;
-            let frames: Vec<u64> = raw.frames().collect();
-            // The walk knows, unless it followed frame pointers to their
-            // end (or this is a kernel stack).
+            self.stats.cut_stacks += u64::from(cut);
+            // How the walk ended says whether the stack is complete,
+            // unless it followed frame pointers to their end (or this is
+            // a kernel stack): then its outermost frame is judged.
             let known = if kernel { None } else { end.truncated() };
             self.pending_stacks.push((
                 StackRecord {
                     stack_id: interned.id,
                     pid,
                     kernel,
-                    truncated: raw.flags & FLAG_STACK_FULL != 0 || known == Some(true),
-                    frames: frames.clone(),
+                    truncated: cut || raw.flags & FLAG_STACK_FULL != 0 || known == Some(true),
+                    frames,
                 },
-                known.is_some(),
+                cut || known.is_some(),
             ));
-            for addr in frames {
-                if self.seen_frames.insert((pid, addr)) {
-                    self.stats.frames += 1;
-                    self.queue_frame(pid, addr)?;
-                }
-            }
         }
         Ok(interned.id)
     }
 
-    fn queue_frame(&mut self, pid: u32, addr: u64) -> memleak_trace::Result<()> {
+    /// Normalizes an address (while the process is alive) and says
+    /// whether it can be a return address: it must be in an executable
+    /// mapping; in an object that lists all its functions (a `.symtab`,
+    /// its own or its debug file's), inside one of them; and in an object
+    /// file, right after a call instruction. The entry of a signal-return
+    /// trampoline, where a signal handler returns to, passes too. In
+    /// memory without a file (JIT code, the vDSO) only the mapping is
+    /// checked. A missing mapping re-reads the maps as `reread` says.
+    fn judge_frame(
+        &mut self,
+        pid: u32,
+        addr: u64,
+        reread: Reread,
+    ) -> memleak_trace::Result<(PendingFrame, bool)> {
         if pid == 0 {
-            self.pending.push(PendingFrame {
+            let frame = PendingFrame {
                 pid,
                 addr,
                 normalized: None,
                 open_path: None,
-            });
-            return Ok(());
+                function: None,
+            };
+            return Ok((frame, true));
         }
         let mut normalized = self.maps.normalize(pid, addr);
-        if normalized.is_none() {
+        if normalized.is_none() && reread != Reread::Never {
             let stale = self
                 .last_snapshot
                 .get(&pid)
                 .is_none_or(|t| t.elapsed() >= SNAPSHOT_MIN_INTERVAL);
-            if stale || !self.maps.has(pid) {
+            if stale || !self.maps.has(pid) || reread == Reread::Always {
                 self.snapshot_maps(pid)?;
                 normalized = self.maps.normalize(pid, addr);
             }
@@ -311,13 +427,34 @@ impl Recorder {
             .filter(|n| n.file_offset.is_some())
             .and_then(|n| n.path.as_deref())
             .map(|p| resolve_in_process(pid, p));
-        self.pending.push(PendingFrame {
+        let (lookup, after_call) = match (&normalized, &open_path) {
+            (Some(n), Some(path)) => self
+                .functions
+                .get(n.build_id.as_deref(), path)
+                .zip(n.file_offset)
+                .map_or((None, None), |(idx, off)| {
+                    (Some(idx.lookup(off)), idx.follows_call(off))
+                }),
+            _ => (None, None),
+        };
+        let is_frame = normalized.as_ref().is_some_and(|n| n.executable)
+            && match &lookup {
+                Some(Lookup::NotCode) => false,
+                Some(Lookup::Function(f)) if f.trampoline => true,
+                _ => after_call != Some(false),
+            };
+        let function = match lookup {
+            Some(Lookup::Function(f)) => Some(f),
+            _ => None,
+        };
+        let frame = PendingFrame {
             pid,
             addr,
             normalized,
             open_path,
-        });
-        Ok(())
+            function,
+        };
+        Ok((frame, is_frame))
     }
 
     /// Symbolizes queued frames and appends them to the `frames` table,
@@ -344,6 +481,7 @@ impl Recorder {
             }
             self.writer.push_stack(&stack)?;
         }
+        self.writer.meta_mut().cut_stacks = Some(self.stats.cut_stacks);
         Ok(())
     }
 
@@ -513,7 +651,7 @@ mod tests {
         let mut rec = super::Recorder::new(writer, false);
         let pid = std::process::id();
         // Frames in this test binary, a distinct stack per event.
-        let code = a_full_segment_lists_the_stacks_its_events_use as usize as u64;
+        let code = a_full_segment_lists_the_stacks_its_events_use as *const () as usize as u64;
         for i in 0..8u64 {
             let raw =
                 RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 32);
@@ -536,6 +674,128 @@ mod tests {
                 "stack {id} of a listed event is not listed"
             );
         }
+    }
+
+    /// The address after the first call instruction of the function at
+    /// `f` of this process: a return address.
+    fn return_address_in(f: u64) -> u64 {
+        use iced_x86::{Decoder, DecoderOptions, FlowControl};
+        // SAFETY: the code of a function of this process, mapped and
+        // readable; decoding stops at its first call.
+        let code = unsafe { std::slice::from_raw_parts(f as *const u8, 4096) };
+        Decoder::with_ip(64, code, f, DecoderOptions::NONE)
+            .into_iter()
+            .find(|i| i.flow_control() == FlowControl::Call)
+            .expect("a call in the first 4 KiB")
+            .next_ip()
+    }
+
+    /// What the frame-pointer walk reads in code without frame pointers
+    /// is data: a stack ends before it, is marked truncated and counted,
+    /// and walks that differ only beyond the cut share one stack. A walk
+    /// that ended by itself at the same frame is another stack.
+    #[test]
+    fn data_read_as_a_return_address_ends_the_stack() {
+        use crate::event::RawEvent;
+        use memleak_trace::{EventColumns, EventKind, Meta, Trace, TraceWriter, WriterOptions};
+
+        static TABLE: &str = "a table in .rodata, as the walk may read a pointer to";
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.parquet");
+        let writer = TraceWriter::create(&root, Meta::default(), WriterOptions::default()).unwrap();
+        let mut rec = super::Recorder::new(writer, false);
+        let pid = std::process::id();
+        let code = data_read_as_a_return_address_ends_the_stack as *const () as u64;
+        let ret = return_address_in(code);
+        let data = TABLE.as_ptr() as u64;
+        let stacks: [&[u64]; 7] = [
+            &[code + 4, data + 8],
+            &[code + 4, data + 16, ret],
+            &[code + 4, 0x336e_6f68_7479_702f], // "/python3"
+            &[code + 4, ret - 1],               // code, but after no call
+            &[code + 4],
+            &[code + 4, ret],
+            &[code + 4, ret, data],
+        ];
+        for (i, frames) in stacks.iter().enumerate() {
+            let i = i as u64;
+            let raw = RawEvent::header(1000 + i, pid, EventKind::Malloc as u8, 0x10000 + 64 * i, 8);
+            rec.handle(&raw.encode(frames)).unwrap();
+        }
+        let meta = rec.finish().unwrap();
+        assert_eq!(meta.cut_stacks, Some(2));
+        let trace = Trace::open(&root).unwrap();
+        assert_eq!(trace.meta().cut_stacks, Some(2));
+        let mut ids = Vec::new();
+        for unit in trace.event_units() {
+            let batch = trace.read_unit(&unit, EventColumns::ALL).unwrap();
+            ids.extend((0..batch.len()).map(|i| batch.event(i).stack_id.unwrap()));
+        }
+        assert_eq!(ids[0], ids[1]);
+        assert_eq!(ids[0], ids[2]);
+        assert_eq!(ids[0], ids[3]);
+        let distinct: std::collections::HashSet<u64> = ids.iter().copied().collect();
+        assert_eq!(distinct.len(), 4, "{ids:?}");
+        let table = trace.stacks().unwrap();
+        let stack = |id: u64| table.iter().find(|s| s.stack_id == id).unwrap();
+        assert_eq!(stack(ids[0]).frames, [code + 4]);
+        assert!(stack(ids[0]).truncated);
+        assert_eq!(stack(ids[4]).frames, [code + 4]);
+        assert_eq!(stack(ids[5]).frames, [code + 4, ret]);
+        assert_eq!(stack(ids[6]).frames, [code + 4, ret]);
+        assert!(stack(ids[6]).truncated);
+        // Only kept frames are symbolized, each named by this function.
+        let frames = trace.frames().unwrap();
+        assert_eq!(frames.len(), 2, "{frames:?}");
+        for f in frames {
+            let name = f.function.as_deref().unwrap_or("");
+            assert!(name.contains("data_read_as_a_return_address"), "{f:?}");
+            assert_eq!(f.func_offset, Some(f.addr - code));
+        }
+    }
+
+    /// Frame 0 is code: an address missing from the maps means they are
+    /// out of date (an object mapped since), and they are read again at
+    /// once, not only 20 ms after the last read.
+    #[test]
+    fn frame_0_outside_the_maps_rereads_them() {
+        use crate::event::RawEvent;
+        use memleak_trace::{EventKind, Meta, Trace, TraceWriter, WriterOptions};
+        use std::os::fd::AsRawFd;
+
+        let dir = tempfile::tempdir().unwrap();
+        let root = dir.path().join("t.parquet");
+        let writer = TraceWriter::create(&root, Meta::default(), WriterOptions::default()).unwrap();
+        let mut rec = super::Recorder::new(writer, false);
+        let pid = std::process::id();
+        rec.snapshot_maps(pid).unwrap();
+        // An object mapped after the snapshot, as dlopen would.
+        let exe = std::fs::File::open("/proc/self/exe").unwrap();
+        // SAFETY: a fresh private read-only mapping of a file we opened.
+        let base = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ | libc::PROT_EXEC,
+                libc::MAP_PRIVATE,
+                exe.as_raw_fd(),
+                0,
+            )
+        };
+        assert_ne!(base, libc::MAP_FAILED);
+        let frame0 = base as u64 + 0x100;
+        let raw = RawEvent::header(1000, pid, EventKind::Malloc as u8, 0x10000, 8);
+        rec.handle(&raw.encode(&[frame0])).unwrap();
+        rec.finish().unwrap();
+        // SAFETY: the mapping made above, no longer used.
+        unsafe { libc::munmap(base, 4096) };
+        let frames = Trace::open(&root).unwrap().frames().unwrap();
+        assert_eq!(frames.len(), 1);
+        assert!(
+            frames[0].path.is_some() && frames[0].file_offset == Some(0x100),
+            "{:?}",
+            frames[0]
+        );
     }
 
     #[test]

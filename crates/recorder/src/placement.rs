@@ -2,11 +2,11 @@
 //!
 //! A uprobe on an instruction the kernel cannot emulate is executed by
 //! single-stepping a copy of the instruction out of line, which costs an extra
-//! trap (~10 µs per hit measured on the development machines, on top of the
-//! ~1 µs of an emulated probe). glibc's `free` starts with `test %rdi,%rdi`,
+//! trap, many times the cost of an emulated probe (docs/placement.md).
+//! glibc's `free` starts with `test %rdi,%rdi`,
 //! which is single-stepped; the `je` right after it is emulated. Moving the
-//! probe a few bytes into the function therefore makes every `free` roughly
-//! ten times cheaper to trace.
+//! probe a few bytes into the function therefore makes every `free` many
+//! times cheaper to trace.
 //!
 //! Moving a probe is only correct when the program state the probe looks at is
 //! the same as at the entry and when every execution of the function still

@@ -70,13 +70,23 @@ pub struct Normalized {
     pub file_offset: Option<u64>,
     /// Build id of the object, lowercase hex.
     pub build_id: Option<String>,
+    /// The mapping may be executed (`x` in its permissions): only there
+    /// can a return address point.
+    pub executable: bool,
 }
 
-/// The latest maps of each traced process, plus build ids by path.
+/// Snapshots of a process kept for addresses the latest one lacks.
+const SNAPSHOTS_KEPT: usize = 4;
+
+/// The latest maps of each traced process (and a few before them), plus
+/// build ids by path.
 #[derive(Default)]
 pub struct MapsCache {
-    by_pid: HashMap<u32, Vec<Mapping>>,
+    /// Snapshots of each process, oldest first, sorted by start.
+    by_pid: HashMap<u32, Vec<Vec<Mapping>>>,
     build_ids: HashMap<String, Option<String>>,
+    /// Snapshots taken of each process so far.
+    generations: HashMap<u32, u64>,
 }
 
 impl MapsCache {
@@ -105,8 +115,24 @@ impl MapsCache {
                 },
             })
             .collect();
-        self.by_pid.insert(pid, maps);
+        self.insert(pid, maps);
         records
+    }
+
+    /// Adds a snapshot (sorted by start) of `pid`.
+    fn insert(&mut self, pid: u32, maps: Vec<Mapping>) {
+        let kept = self.by_pid.entry(pid).or_default();
+        if kept.len() == SNAPSHOTS_KEPT {
+            kept.remove(0);
+        }
+        kept.push(maps);
+        *self.generations.entry(pid).or_default() += 1;
+    }
+
+    /// How many snapshots of `pid` were taken: what was judged with an
+    /// older one may be judged again.
+    pub fn generation(&self, pid: u32) -> u64 {
+        self.generations.get(&pid).copied().unwrap_or(0)
     }
 
     /// Whether a snapshot of `pid` exists.
@@ -119,28 +145,36 @@ impl MapsCache {
         self.by_pid.remove(&pid);
     }
 
-    /// Normalizes an address with the latest snapshot; `None` when no
-    /// mapping contains it.
+    /// Normalizes an address with the latest snapshot that maps it;
+    /// `None` when none does.
+    ///
+    /// The latest snapshot first; an address it lacks may have been
+    /// mapped when its event happened and gone by the time the maps were
+    /// read: the events of a process are handled a poll interval after
+    /// the fact, and a process that execs in between shows the new
+    /// image's maps to a re-read made for its old image's events, until
+    /// its exec event is handled (which forgets the old snapshots).
     pub fn normalize(&mut self, pid: u32, addr: u64) -> Option<Normalized> {
-        let maps = self.by_pid.get(&pid)?;
-        let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
-        let m = &maps[i];
-        if addr >= m.end {
-            return None;
-        }
-        let m = m.clone();
+        let m = self.by_pid.get(&pid)?.iter().rev().find_map(|maps| {
+            let i = maps.partition_point(|m| m.start <= addr).checked_sub(1)?;
+            let m = &maps[i];
+            (addr < m.end).then(|| m.clone())
+        })?;
+        let executable = m.perms.as_bytes().get(2) == Some(&b'x');
         if m.is_file() {
             let path = m.path.clone().expect("file mapping has a path");
             Some(Normalized {
                 build_id: self.build_id(&path, pid),
                 file_offset: Some(addr - m.start + m.offset),
                 path: Some(path),
+                executable,
             })
         } else {
             Some(Normalized {
                 path: m.path,
                 file_offset: None,
                 build_id: None,
+                executable,
             })
         }
     }
@@ -195,6 +229,41 @@ mod tests {
         assert!(!m[3].is_file());
     }
 
+    /// An address the latest snapshot lacks is found in the one before
+    /// (the process exec'd before its old image's events were handled);
+    /// a newer mapping at the address wins; exec forgets them all.
+    #[test]
+    fn an_address_missing_from_the_latest_snapshot_is_found_in_an_older_one() {
+        let line = |start: u64, path: &str| Mapping {
+            start,
+            end: start + 0x1000,
+            perms: "r-xp".into(),
+            offset: 0x2000,
+            inode: 0,
+            path: Some(path.into()),
+        };
+        let mut cache = MapsCache::default();
+        cache.insert(7, vec![line(0x10000, "[old]")]);
+        cache.insert(7, vec![line(0x20000, "[new]")]);
+        let at = |c: &mut MapsCache, a| c.normalize(7, a).and_then(|n| n.path);
+        assert_eq!(at(&mut cache, 0x10010).as_deref(), Some("[old]"));
+        assert_eq!(at(&mut cache, 0x20010).as_deref(), Some("[new]"));
+        cache.insert(7, vec![line(0x10000, "[newer]")]);
+        assert_eq!(at(&mut cache, 0x10010).as_deref(), Some("[newer]"));
+        assert_eq!(at(&mut cache, 0x30000), None);
+        for i in 0..SNAPSHOTS_KEPT as u64 {
+            cache.insert(7, vec![line(0x40000 + i * 0x1000, "[later]")]);
+        }
+        assert_eq!(
+            at(&mut cache, 0x20010),
+            None,
+            "only a few snapshots are kept"
+        );
+        cache.forget(7);
+        assert_eq!(at(&mut cache, 0x40010), None);
+        assert!(!cache.has(7));
+    }
+
     #[test]
     fn normalizes_addresses_of_this_process() {
         let mut cache = MapsCache::default();
@@ -205,6 +274,10 @@ mod tests {
         let exe = std::fs::read_link("/proc/self/exe").unwrap();
         assert_eq!(n.path.as_deref(), exe.to_str());
         assert!(n.file_offset.is_some());
+        assert!(n.executable);
+        static DATA: [u8; 4] = [1, 2, 3, 4];
+        let d = cache.normalize(pid, DATA.as_ptr() as u64).unwrap();
+        assert!(!d.executable, "{d:?}");
         assert!(cache.normalize(pid, 8).is_none());
     }
 }

@@ -1,9 +1,20 @@
 //! Symbolization of normalized frames with blazesym, done by the recorder
 //! while the binaries are at hand, so a trace analyzes on any machine.
 //!
-//! Every frame of a stack is a return address, so the lookup uses
-//! `addr - 1`: the call instruction. That gives the line of the call, not
-//! the line after it (bcc's memleak is off by one here).
+//! Every frame of a user stack is a return address, so the lookup uses
+//! `addr - 1`, inside the call instruction: that gives the line of the
+//! call, not the line after it (bcc's memleak is off by one here), and the
+//! function of the call even when the call is a function's last
+//! instruction. Frame 0 is no exception: `walk_user_stack` stores the
+//! instruction pointer as frame 0 only in the return halves of the
+//! allocator probes, when the kernel has already sent the thread back to
+//! the address the allocator returns to (the uretprobe trampoline sets
+//! `ip` to the original return address before the program runs): the
+//! instruction after the call in the caller, like every other frame.
+//! Only the entry of a signal-return trampoline, where the kernel makes a
+//! signal handler return, is a return address that follows no call; the
+//! recorder recognizes it (see `crate::functions`). Kernel frames are
+//! looked up the same way.
 
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -12,6 +23,7 @@ use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use memleak_trace::{FrameRecord, InlinedFrame};
 
+use crate::functions::FunctionSym;
 use crate::procmaps::Normalized;
 
 /// A frame waiting for symbolization.
@@ -25,6 +37,9 @@ pub struct PendingFrame {
     pub normalized: Option<Normalized>,
     /// Path our process opens to read the object.
     pub open_path: Option<PathBuf>,
+    /// The ELF function symbol containing the address, if the object's
+    /// symbol tables have one.
+    pub function: Option<FunctionSym>,
 }
 
 /// Turns pending frames into `frames` rows, in batches per object.
@@ -55,6 +70,10 @@ impl FrameSymbolizer {
         for f in frames {
             if f.pid == 0 {
                 kernel.push(f);
+            } else if f.function.as_ref().is_none_or(|func| func.trampoline) {
+                // Named by the function symbol or not at all (see
+                // `named_user_frame`): nothing to ask blazesym.
+                out.push(named_user_frame(&f, None));
             } else if let (Some(path), Some(_)) = (
                 f.open_path.clone(),
                 f.normalized.as_ref().and_then(|n| n.file_offset),
@@ -81,11 +100,11 @@ impl FrameSymbolizer {
                 .symbolize(&src, Input::FileOffset(&offsets))
                 .unwrap_or_default();
             for (i, f) in group.iter().enumerate() {
-                let mut rec = unsymbolized(f);
-                if let Some(Symbolized::Sym(sym)) = syms.get(i) {
-                    fill(&mut rec, sym);
-                }
-                out.push(rec);
+                let sym = match syms.get(i) {
+                    Some(Symbolized::Sym(sym)) => Some(sym),
+                    _ => None,
+                };
+                out.push(named_user_frame(f, sym));
             }
         }
         if !kernel.is_empty() {
@@ -121,6 +140,59 @@ fn unsymbolized(f: &PendingFrame) -> FrameRecord {
         file_offset: n.and_then(|n| n.file_offset),
         ..FrameRecord::default()
     }
+}
+
+/// The row of a user frame. Only a function may name a frame: the ELF
+/// function symbol containing the address (`f.function`, which the
+/// recorder found when it judged the frame), by the name blazesym gives
+/// it (from DWARF, demangled) with blazesym's source location and
+/// inlined chain. blazesym alone names the nearest symbol below an
+/// address, of any type: a table in `.rodata`, a label inside a
+/// function. When its symbol is not the function (it starts elsewhere),
+/// the function symbol's own name is used; without a function symbol the
+/// frame has no name, only its object and offset.
+fn named_user_frame(f: &PendingFrame, sym: Option<&Sym<'_>>) -> FrameRecord {
+    let mut rec = unsymbolized(f);
+    let Some(func) = &f.function else {
+        return rec;
+    };
+    match sym {
+        // 0: a DWARF subprogram without a start (see `user_func_offset`).
+        Some(sym) if !func.trampoline && (sym.addr == func.start || sym.addr == 0) => {
+            fill(&mut rec, sym);
+            rec.func_offset = user_func_offset(sym, Some(func));
+        }
+        _ => {
+            rec.function = func.names.first().cloned();
+            rec.func_offset = rec.function.as_ref().map(|_| func.offset());
+            if let Some(ci) = sym.and_then(|s| s.code_info.as_ref()) {
+                // The line table still places the address.
+                rec.file = Some(file_name(ci));
+                rec.line = ci.line;
+                rec.column = ci.column.map(u32::from);
+            }
+        }
+    }
+    rec
+}
+
+/// The offset of a user frame's return address into the function blazesym
+/// named, or `None` when where that function starts is unknown.
+///
+/// blazesym reports the offset from the start it knows: an ELF symbol's
+/// value, or a DWARF subprogram's `DW_AT_low_pc`. A subprogram described
+/// by `DW_AT_ranges` instead (GCC's hot/cold splitting, as glibc's
+/// `__pthread_create_2_1`) has no start for blazesym: it reports start 0,
+/// and the "offset" is the address itself. The ELF function symbol
+/// containing the address then gives the start, unless that symbol is the
+/// split-off part (`foo.cold`) of a function that starts elsewhere.
+fn user_func_offset(sym: &Sym<'_>, func: Option<&FunctionSym>) -> Option<u64> {
+    if sym.addr != 0 {
+        return Some(sym.offset as u64 + 1);
+    }
+    let func = func?;
+    let same_name = func.names.iter().any(|n| *n == *sym.name);
+    (same_name || !func.is_split_part()).then(|| func.offset())
 }
 
 fn file_name(ci: &blazesym::symbolize::CodeInfo<'_>) -> String {

@@ -174,43 +174,9 @@ pub fn resolve(
         missing: Vec::new(),
     };
     for func in funcs {
-        let name = format!("{prefix}{}", func.symbol);
-        let kind = match func.mode {
-            ProbeMode::Session => ProbeKind::EntryAndReturn,
-            ProbeMode::EntryOnly => ProbeKind::EntryOnly,
-        };
-        let point = match resolve_one(&elf, &name, kind, policy) {
-            Some(r) => ProbePoint {
-                func: *func,
-                symbol: name,
-                entry_offset: r.file_offset,
-                size: r.func_size,
-                probe_offset: r.probe_file_offset(),
-                note: match &r.placement {
-                    Placement::Entry { reason } => format!("entry: {reason}"),
-                    Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
-                },
-            },
-            None => match func.cookie == wrapper::SILENT {
-                true => match debug_symbol_offset(path, &elf, &name) {
-                    Some(off) => ProbePoint {
-                        func: *func,
-                        symbol: name,
-                        entry_offset: off,
-                        size: 0,
-                        probe_offset: off,
-                        note: "entry: found in separate debug symbols".into(),
-                    },
-                    None => {
-                        out.missing.push(name);
-                        continue;
-                    }
-                },
-                false => {
-                    out.missing.push(name);
-                    continue;
-                }
-            },
+        let Some(point) = resolve_function(path, &elf, func, prefix, policy) else {
+            out.missing.push(format!("{prefix}{}", func.symbol));
+            continue;
         };
         if out
             .points
@@ -224,12 +190,53 @@ pub fn resolve(
     Ok(out)
 }
 
+/// One function of [`resolve`], in the already parsed file at `path`;
+/// `None` if the file does not define it. Aliases are not looked for.
+pub fn resolve_function(
+    path: &Path,
+    elf: &ElfFile,
+    func: &AllocFn,
+    prefix: &str,
+    policy: Policy,
+) -> Option<ProbePoint> {
+    let name = format!("{prefix}{}", func.symbol);
+    let kind = match func.mode {
+        ProbeMode::Session => ProbeKind::EntryAndReturn,
+        ProbeMode::EntryOnly => ProbeKind::EntryOnly,
+    };
+    if let Some(r) = resolve_one(elf, &name, kind, policy) {
+        return Some(ProbePoint {
+            func: *func,
+            symbol: name,
+            entry_offset: r.file_offset,
+            size: r.func_size,
+            probe_offset: r.probe_file_offset(),
+            note: match &r.placement {
+                Placement::Entry { reason } => format!("entry: {reason}"),
+                Placement::Offset { skipped, .. } => format!("skips {}", skipped.join("; ")),
+            },
+        });
+    }
+    if func.cookie != wrapper::SILENT {
+        return None;
+    }
+    let off = debug_symbol_offset(path, elf, &name)?;
+    Some(ProbePoint {
+        func: *func,
+        symbol: name,
+        entry_offset: off,
+        size: 0,
+        probe_offset: off,
+        note: "entry: found in separate debug symbols".into(),
+    })
+}
+
 /// File offset of a local symbol known only to the separate debug file
 /// (glibc's `__libc_thread_freeres` is not exported). Only the housekeeping
 /// hooks come here, and only when the exported tables lack them. The debug
 /// file found by build id is read for its symbol table alone; blazesym's
-/// lookup, the fallback, also decompresses the DWARF (about 60 ms of CPU at
-/// every start for glibc).
+/// lookup, the fallback, also decompresses the DWARF, tens of milliseconds
+/// of CPU at every start for glibc.
 fn debug_symbol_offset(path: &Path, elf: &ElfFile, name: &str) -> Option<u64> {
     debug_symbol_by_build_id(elf, name).or_else(|| debug_symbol_by_blazesym(path, elf, name))
 }

@@ -137,6 +137,15 @@ pub struct Meta {
     /// other writers.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub failed_allocations: Option<u64>,
+    /// User stacks the recorder cut short before an address that cannot
+    /// be a return address (outside executable memory, in no function of
+    /// an object that lists them all, or after no call instruction): what
+    /// the frame-pointer walk read
+    /// there was data, in code without frame pointers. Those stacks are
+    /// marked truncated. The recorder always writes it; `None` in traces
+    /// from other writers.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cut_stacks: Option<u64>,
     /// Fork lineage seen while recording: child pid -> parent pid (JSON
     /// object keys are the child pids as strings). The analyzer uses it to
     /// give a `--pid` child the heap it inherited. Not written when empty.
@@ -225,6 +234,7 @@ impl Default for Meta {
             checkpoint_ns: 0,
             exit_code: None,
             failed_allocations: None,
+            cut_stacks: None,
             parents: BTreeMap::new(),
             notes: Vec::new(),
             recorder_cpu_ns: None,

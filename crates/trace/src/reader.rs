@@ -406,15 +406,6 @@ impl Trace {
         })
     }
 
-    /// The segment files of a table, in order (the files the events units
-    /// number with [`RowGroupUnit::segment`]).
-    pub fn segment_paths(&self, table: Table) -> Vec<&Path> {
-        self.segments[table.name()]
-            .iter()
-            .map(|s| s.path.as_path())
-            .collect()
-    }
-
     /// The trace directory.
     pub fn path(&self) -> &Path {
         &self.root
@@ -705,8 +696,8 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
         )));
     }
     // Mapped a window at a time, not read: reading copies every byte from
-    // the page cache first, which cost more than the CRC itself (a 75 MB
-    // trace: 40 ms read, 15 ms mapped); and not mapped whole, whose pages
+    // the page cache first, which cost more than the CRC itself; and not
+    // mapped whole, whose pages
     // would all count in the process's RSS at once.
     const WINDOW: u64 = 16 << 20;
     let mut crc = crc32fast::Hasher::new();

@@ -3,9 +3,9 @@
 //! Parquet's Arrow writer is generic, and its cost showed in the recorder,
 //! which writes every event. For `kind` it hashes and compares every
 //! row's string to find its dictionary entry again, although the keys of
-//! our Arrow dictionary already say which entry it is: 11.6 ns a row for
-//! that column alone, where the same keys as an Int8 column cost 5.7 (the
-//! `kind_cost` example). Around every column it runs level and mini-batch
+//! our Arrow dictionary already say which entry it is (about twice the
+//! cost of the same keys as an Int8 column: the `kind_cost` example).
+//! Around every column it runs level and mini-batch
 //! machinery that a flat table of integers does not need. So the columns
 //! are encoded here, into the encodings the Arrow writer produced, and
 //! spliced into the file through Parquet's file writer:
@@ -30,10 +30,8 @@
 //! example and the analyzer's decoder tests ask for some) send a column
 //! through them instead.
 //!
-//! The `write_speed` example (4M events of a two-thread workload, CPU per
-//! event): 86.3 ns through the Arrow writer, 70.5 with `kind` encoded
-//! here, 64.5 with the delta columns too, 61-65 with every column. The
-//! overhead benchmark's recorder: 108 ns per event before, 87 after.
+//! The `write_speed` example compares this path with the Arrow writer's
+//! (docs/benchmarks.md, the writer cost).
 
 use crate::writer::SegmentSink;
 

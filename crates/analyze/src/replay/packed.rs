@@ -1,0 +1,228 @@
+//! The form of a row group a single partition replays: [`Packed`]
+//! operations, and the one pass over the decoded rows that writes them
+//! and counts the rows' allocations ([`count_rows`]; without packing, for
+//! several partitions, [`count_allocations`]).
+
+use super::allocated::Allocated;
+use super::ctx::{realloc_frees, Ctx, MAP_ALLOC, NOT_ALLOC};
+use super::Slices;
+
+/// A row group as the single-partition replay reads it: one 32-byte
+/// [`PackedOp`] per allocation or free to make, written by the decode
+/// workers while the rows' pages are in the cache. Replay then streams
+/// one array instead of seven columns and a code per row (which cost it
+/// about a fifth of its time in memory traffic), and skips rows that do
+/// nothing without reading them. A realloc becomes the free of its old
+/// address then the allocation of its new one; what does not fit an
+/// operation (mappings, exec, exit, fork, a size of 2^56 or more, a stack id
+/// of 2^32 or more) is kept whole in `rows` and replayed from there.
+#[derive(Default)]
+pub(super) struct Packed {
+    pub(super) ops: Vec<PackedOp>,
+    pub(super) rows: Vec<Row>,
+}
+
+/// One operation of [`Packed`]: `size_code` holds the size in its low 56
+/// bits and the operation in its top byte (one of [`C_ALLOC_USER`] …
+/// [`C_FREE_PAGE`], or [`C_ROW`], for which `addr` is the index of the
+/// row in [`Packed::rows`]).
+#[derive(Clone, Copy)]
+#[repr(C)]
+pub(super) struct PackedOp {
+    pub(super) addr: u64,
+    pub(super) ts: u64,
+    pub(super) size_code: u64,
+    pub(super) stack: u32,
+    pub(super) pid: u32,
+}
+
+/// A row replayed as it is.
+#[derive(Clone, Copy)]
+pub(super) struct Row {
+    ts: u64,
+    pid: u32,
+    kind: u8,
+    addr: u64,
+    size: u64,
+    old_addr: u64,
+    stack_id: u64,
+    old_size: u64,
+}
+
+impl Row {
+    pub(super) fn slices(&self) -> Slices<'_> {
+        use std::slice::from_ref;
+        Slices {
+            ts: from_ref(&self.ts),
+            pid: from_ref(&self.pid),
+            kind: from_ref(&self.kind),
+            addr: from_ref(&self.addr),
+            size: from_ref(&self.size),
+            old_addr: from_ref(&self.old_addr),
+            stack_id: from_ref(&self.stack_id),
+            old_size: from_ref(&self.old_size),
+        }
+    }
+}
+
+/// [`PackedOp::size_code`]: the size bits, and the shift of the code.
+pub(super) const SIZE_BITS: u64 = (1 << 56) - 1;
+pub(super) const CODE_SHIFT: u32 = 56;
+/// The code of an operation that is a whole [`Row`].
+const C_ROW: u8 = 0x88;
+
+/// Codes of [`Ctx::code_of`], above every kind's: rows that do nothing,
+/// allocations and frees of a process's, the kernel's or the pages'
+/// table that replay makes, and reallocs.
+pub(super) const C_SKIP: u8 = 0x80;
+pub(super) const C_ALLOC_USER: u8 = 0x81;
+pub(super) const C_ALLOC_KERNEL: u8 = 0x82;
+pub(super) const C_ALLOC_PAGE: u8 = 0x83;
+pub(super) const C_FREE_USER: u8 = 0x84;
+pub(super) const C_FREE_KERNEL: u8 = 0x85;
+pub(super) const C_FREE_PAGE: u8 = 0x86;
+pub(super) const C_REALLOC: u8 = 0x87;
+
+/// Counts the allocations replay makes in these rows, which depend on
+/// the row alone, not on the outstanding blocks: done while decoding, on
+/// the threads that wait for the single replay thread otherwise, they
+/// take a table lookup and an update of the per-stack totals off each
+/// allocation replay makes. An allocation (of the heap, the kernel or
+/// pages) or realloc counts if its address is not 0, a mapping if its
+/// size is not 0 either, an mremap if its new address is not 0 (exactly
+/// the rows whose replay allocates); its stack's totals count it if the
+/// filter selects it.
+pub(super) fn count_allocations(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+) {
+    let f = ctx.filter;
+    let n = b.kind.len();
+    // Rows are in time order: when the filter selects every size and the
+    // whole time span of these rows, the timestamps need not be read.
+    let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
+    let none = &mut Packed::default();
+    match (f.has_pids(), every) {
+        (false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, none),
+        (false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, none),
+        (true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, none),
+        (true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, none),
+    }
+}
+
+/// [`count_allocations`], which also appends the rows' operations for a
+/// single-partition replay to `out`.
+pub(super) fn pack(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+    out: &mut Packed,
+) {
+    let f = ctx.filter;
+    let n = b.kind.len();
+    let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
+    // A realloc makes two operations.
+    out.ops.reserve(2 * n);
+    match (f.has_pids(), every) {
+        (false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, out),
+        (false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, out),
+        (true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, out),
+        (true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, out),
+    }
+}
+
+/// [`count_allocations`], which also counts the rows of each kind,
+/// for a filter with (`BY_PID`) or without a process filter, and with
+/// (`BY_SIZE_TIME`) or without a size or time range to apply. With
+/// `PACK` it also appends to `out` the operations a single-partition
+/// replay makes for the rows (see [`Packed`]): none for a row of a kind
+/// or process the filter drops, or an allocation or free of address 0.
+/// `out.ops` must have room for two operations a row.
+#[inline(always)]
+fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
+    b: Slices<'_>,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+    out: &mut Packed,
+) {
+    let f = ctx.filter;
+    let n = b.kind.len();
+    let base = out.ops.len();
+    let spare = &mut out.ops.spare_capacity_mut()[..if PACK { 2 * n } else { 0 }];
+    let mut len = 0usize;
+    for i in 0..n {
+        let kind = b.kind[i] as usize;
+        kinds[kind] += 1;
+        let class = ctx.alloc_class[kind];
+        let (addr, size) = (b.addr[i], b.size[i]);
+        let mut yes = (class != NOT_ALLOC) & (addr != 0) & ((class != MAP_ALLOC) | (size != 0));
+        // Whether the process filter selects the row: looked up once, for
+        // every row when packing, else for allocations alone.
+        let sel = !(BY_PID && (PACK || yes)) || f.pid_selected(b.pid[i]);
+        yes &= sel;
+        acc.allocations += yes as u64;
+        acc.bytes += size & 0u64.wrapping_sub(yes as u64);
+        let counted = if BY_SIZE_TIME {
+            yes & f.alloc_selected(size, b.ts[i])
+        } else {
+            yes
+        };
+        let stack = b.stack_id[i];
+        acc.totals.add_if(stack, size, counted);
+        if PACK {
+            let c = ctx.code_of[kind];
+            let (pid, ts) = (b.pid[i], b.ts[i]);
+            let fits = (size <= SIZE_BITS) & (stack <= u32::MAX as u64);
+            let op = |addr: u64, code: u8| PackedOp {
+                addr,
+                ts,
+                // Masked for rows, whose sizes may not fit (they are
+                // replayed from the row); the rest fit.
+                size_code: (size & SIZE_BITS) | (code as u64) << CODE_SHIFT,
+                stack: stack as u32,
+                pid,
+            };
+            if (C_ALLOC_USER..=C_FREE_PAGE).contains(&c) & fits {
+                // Written whatever happens, kept if the row does something:
+                // no branch on the address or the process.
+                spare[len].write(op(addr, c));
+                len += ((addr != 0) & sel) as usize;
+            } else if c != C_SKIP && (c < C_SKIP || sel) {
+                let mut op = |addr: u64, code: u8| {
+                    spare[len].write(op(addr, code));
+                    len += 1;
+                };
+                if c == C_REALLOC && fits {
+                    let old = b.old_addr[i];
+                    // The free first: realloc in place reuses the address.
+                    if realloc_frees(old, addr, size) {
+                        op(old, C_FREE_USER);
+                    }
+                    if addr != 0 {
+                        op(addr, C_ALLOC_USER);
+                    }
+                } else {
+                    op(out.rows.len() as u64, C_ROW);
+                    out.rows.push(Row {
+                        ts,
+                        pid,
+                        kind: kind as u8,
+                        addr,
+                        size,
+                        old_addr: b.old_addr[i],
+                        stack_id: stack,
+                        old_size: b.old_size.get(i).copied().unwrap_or(0),
+                    });
+                }
+            }
+        }
+    }
+    if PACK {
+        // SAFETY: the first `len` spare slots were written above.
+        unsafe { out.ops.set_len(base + len) };
+    }
+}
