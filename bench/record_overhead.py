@@ -26,6 +26,7 @@ are switched off for the run and restored after.
 
 usage: bench/record_overhead.py [--pairs N] [--leaks N] [--depth N] [--rounds N]
                                 [--no-peers] [--valgrind] [--cflags "-O2 ..."]
+                                [--unwind auto|fp|dwarf] [--memleak PATH]
 """
 import argparse, json, os, resource, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -43,6 +44,8 @@ def main():
     ap.add_argument("--valgrind-div", type=int, default=20,
                     help="valgrind runs PAIRS/N pairs; its per-pair figures are per pair all the same")
     ap.add_argument("--cflags", default="-O2 -g -fno-omit-frame-pointer")
+    ap.add_argument("--unwind", default=None,
+                    help="memleak record --unwind (auto, fp, dwarf); default: memleak's")
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="memleak-bench-")
     exe = os.path.join(tmp, "alloc_pairs")
@@ -73,7 +76,7 @@ def run(a, args, tmp):
     wall_us = {m: [] for m in modes}
     e2e_wall_us = {m: [] for m in modes}
     e2e_cpu_us = {m: [] for m in modes}
-    cpu, lost, events = [], [], []
+    cpu, lost, events, unwinds = [], [], [], []
 
     def timed(mode, cmd, pairs=a.pairs):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -94,10 +97,12 @@ def run(a, args, tmp):
     for _ in range(a.rounds):
         timed("bare", args)
         timed("floor", [a.memleak, "record", "-q", "--count-only", "--force", "-o", trace, "--"] + args)
-        timed("record", [a.memleak, "record", "-q", "--force", "-o", trace, "--"] + args)
+        unwind = ["--unwind", a.unwind] if a.unwind else []
+        timed("record", [a.memleak, "record", "-q", "--force"] + unwind + ["-o", trace, "--"] + args)
         meta = json.load(open(os.path.join(trace, "meta.json")))
         n = sum(meta["counters"]["events"].values())
         events.append(n)
+        unwinds.append(meta.get("unwind"))
         lost.append(sum(meta["counters"]["lost"].values()))
         cpu.append(meta["recorder_cpu_ns"] / n)
         if "heaptrack" in peers:
@@ -111,7 +116,7 @@ def run(a, args, tmp):
             timed("valgrind", ["valgrind", "-q", "--tool=memcheck", "--leak-check=full",
                                "--log-file=/dev/null"] + vargs, pairs=vp)
     print(f"workload: {a.pairs} malloc(32)+free pairs + {a.leaks} leaks, {a.depth} frames deep, "
-          f"built with {a.cflags}, {a.rounds} rounds, median")
+          f"built with {a.cflags}, --unwind {a.unwind or 'default'}, {a.rounds} rounds, median")
     print("| mode | µs per pair (thread CPU) | × bare | × floor | × heaptrack "
           "| µs per pair (end-to-end wall) | µs per pair (CPU of all processes) |")
     print("|---|---|---|---|---|---|---|")
@@ -126,6 +131,7 @@ def run(a, args, tmp):
               f"| {ew[k]:.3f} | {ec[k]:.3f} |")
     print(f"events per run: {events[0]}; lost: {max(lost)}; recorder CPU per event: "
           f"{statistics.median(cpu):.0f} ns (min {min(cpu):.0f}, max {max(cpu):.0f})")
+    print(f"stack walks (last run): {unwinds[-1]}")
 
 
 if __name__ == "__main__":

@@ -375,14 +375,9 @@ static long walk_frame_cb(__u64 k, void *data)
  * bounded loop over all 127 frames took it 100 ms at every start. */
 #define INLINE_FRAMES 32
 
-/* A global function, which the verifier checks once per program instead
- * of once per call site (there are two: the common allocations, and the
- * calls kept in task storage): inlined twice, it doubled the start-up
- * verification. */
-__noinline int walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
+/* The frame-pointer walk (--unwind fp). Returns why it ended. */
+static __always_inline __u32 fp_walk(struct pt_regs *ctx, struct ev_buf *b)
 {
-	if (!b)
-		return 0;
 	struct walk w = {
 		.b = b,
 		.bp = PT_REGS_FP(ctx),
@@ -399,6 +394,404 @@ __noinline int walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
 	bpf_loop(MEMLEAK_MAX_FRAMES - INLINE_FRAMES, walk_frame_cb, &w, 0);
 out:
 	b->ev.nframes = w.n;
+	return b->ev.flags & MEF_STACK_FULL ? UE_MAX_DEPTH : UE_FP_END;
+}
+
+/* Unwinding with rows (--unwind auto|dwarf; issue 18).
+ *
+ * User space reduces each executable object's .eh_frame/.debug_frame to a
+ * sorted table of 8-byte rows (crates/recorder/src/unwind), loads each
+ * object's rows once into unwind_rows, at a range it allocates, and gives
+ * every traced process its executable mappings, sorted by start, with the
+ * load bias and the range of rows of each. A frame's step finds the
+ * mapping (the previous frame's first, else a binary search), then the row
+ * (a bounded binary search), and applies it exactly as the reference
+ * unwinder does (crates/recorder/src/unwind/reference.rs): CFA from rsp,
+ * rbp or the PLT rule, the return address at CFA - 8, rbp from its slot,
+ * the interrupted registers from a signal frame's ucontext; an END row
+ * ends a complete stack. The stack words come from the same window copies
+ * as the frame-pointer walk, re-read only when a frame needs a word
+ * outside the current copy. */
+#define UNWIND_ROWS (4 << 20)
+
+struct {
+	__uint(type, BPF_MAP_TYPE_ARRAY);
+	/* User space writes rows through a mapping of the array: one memcpy
+	 * per object instead of a syscall per row. */
+	__uint(map_flags, BPF_F_MMAPABLE);
+	__uint(max_entries, UNWIND_ROWS);
+	__type(key, __u32);
+	__type(value, struct unwind_row);
+} unwind_rows SEC(".maps");
+
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	/* 8 KiB a process: allocated on update, not 32 MiB up front. */
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__uint(max_entries, 4096);
+	__type(key, __u32);
+	__type(value, struct unwind_proc);
+} unwind_procs SEC(".maps");
+
+/* User stack walks by how they ended (enum memleak_unwind_end). */
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, UE_NR);
+	__type(key, __u32);
+	__type(value, __u64);
+} unwind_ends SEC(".maps");
+
+const volatile __u32 unwind_mode = MU_FP;
+
+/* The state of a walk with rows. Scalars only: uw_step() is a global
+ * function, and the verifier passes those pointers to structs of scalars
+ * only. */
+struct uwalk {
+	__u64 pc;
+	__u64 sp;
+	__u64 bp;
+	__u64 base; /* b->win holds the user stack at [base, end) */
+	__u64 end;
+	__u32 n;    /* frames recorded */
+	__u32 max;
+	__u32 hint; /* the previous frame's mapping */
+	__u32 exact; /* look pc itself up, not pc - 1: the first frame's
+		      * registers are those at pc, and so are those of a frame
+		      * a signal interrupted */
+	__u32 interrupted; /* a signal interrupted the frame at pc: recorded
+			    * as pc + 1, so that user space, which
+			    * symbolizes every frame at addr - 1, finds pc */
+	__u32 reason;
+};
+
+/* Makes the stack at [lo, lo + len) readable in b->win, len <= 512: a
+ * window from lo up (the callers' frames are above) unless the current
+ * one holds it. A window that would cross the end of the stack's mapping
+ * is replaced by a copy of just [lo, lo + len). */
+static __always_inline bool uw_fetch(struct uwalk *w, struct ev_buf *b, __u64 lo, __u64 len)
+{
+	__u64 words;
+
+	if (lo >= w->base && lo + len <= w->end && !((lo - w->base) & 7))
+		return true;
+	if (len == 0 || len > STACK_WINDOW_WORDS * 8)
+		return false;
+	/* The first copy is shorter: shallow stacks end in it. */
+	words = w->end == 0 && len <= WIN_FIRST_WORDS * 8 ? WIN_FIRST_WORDS : STACK_WINDOW_WORDS;
+	if (bpf_probe_read_user(b->win, words * 8, (void *)lo)) {
+		if (bpf_probe_read_user(b->win, len, (void *)lo))
+			return false;
+		w->end = lo + len;
+	} else {
+		w->end = lo + words * 8;
+	}
+	w->base = lo;
+	return true;
+}
+
+/* The stack word at addr, once uw_fetch() made it readable. */
+static __always_inline __u64 uw_word(struct uwalk *w, struct ev_buf *b, __u64 addr)
+{
+	__u64 i = (addr - w->base) / 8;
+
+	return i < STACK_WINDOW_WORDS ? b->win[i] : 0;
+}
+
+/* The mapping containing `at`, or UNWIND_MAX_MAPS. The searches are
+ * global functions: inline, every way out of their loops was a path the
+ * verifier followed through the rest of the step (200 ms at start-up). */
+__noinline __u32 uw_find_map(struct unwind_proc *proc, __u64 at, __u32 hint)
+{
+	__u32 n, lo = 0, hi, mid;
+	struct unwind_map *m;
+
+	if (!proc)
+		return UNWIND_MAX_MAPS;
+	n = proc->nmaps;
+	/* Not clamped to a constant: the verifier would follow the whole
+	 * search tree of a 256-entry table, value by value. */
+	if (n > UNWIND_MAX_MAPS)
+		return UNWIND_MAX_MAPS;
+	m = &proc->maps[hint & (UNWIND_MAX_MAPS - 1)];
+	if (hint < n && at >= m->start && at < m->end)
+		return hint;
+	if (!n || at < proc->maps[0].start)
+		return UNWIND_MAX_MAPS;
+	hi = n;
+	for (int s = 0; s < 9; s++) {
+		if (hi - lo <= 1)
+			break;
+		mid = lo + (hi - lo) / 2;
+		if (proc->maps[mid & (UNWIND_MAX_MAPS - 1)].start <= at)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	lo &= UNWIND_MAX_MAPS - 1;
+	return at < proc->maps[lo].end ? lo : UNWIND_MAX_MAPS;
+}
+
+/* The info of the row covering `rel` among the n rows from `first`, or 0
+ * (an Invalid row: no rule) below the first. row.rs's lookup(). */
+__noinline __u32 uw_find_row(__u32 first, __u32 n, __u32 rel)
+{
+	__u32 lo = first, hi = first + n, mid;
+	struct unwind_row *r = bpf_map_lookup_elem(&unwind_rows, &lo);
+
+	if (!r || r->pc > rel)
+		return UR_INVALID;
+	for (int s = 0; s <= UR_SEARCH_STEPS; s++) {
+		if (hi - lo <= 1)
+			break;
+		mid = lo + (hi - lo) / 2;
+		r = bpf_map_lookup_elem(&unwind_rows, &mid);
+		if (!r)
+			return UR_INVALID;
+		if (r->pc <= rel)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	r = bpf_map_lookup_elem(&unwind_rows, &lo);
+	return r ? r->info : UR_INVALID;
+}
+
+/* A rule where there is no row: kind 7 (rows use 0-5), and why. */
+#define UR_NONE 7
+#define UR_NONE_RULE(reason) ((__u32)(reason) << 3 | UR_NONE)
+
+/* The rule at `at` (a row's info, or UR_NONE_RULE), as the two searches
+ * find it, through a per-CPU cache: allocation sites repeat, and a frame's
+ * mapping and row searches cost ~150 instructions where a hit costs ~20.
+ * An entry is valid for one table (its generation, which user space makes
+ * unique at every write) and one address; the check word mixes both, so
+ * an entry half-written when a preempting program took the CPU reads as
+ * a miss. */
+#define UW_CACHE_SLOTS 4096
+
+struct uw_cache_slot {
+	__u64 at;
+	__u64 val; /* check << 32 | rule */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, UW_CACHE_SLOTS);
+	__type(key, __u32);
+	__type(value, struct uw_cache_slot);
+} uw_cache SEC(".maps");
+
+static __always_inline __u32 uw_rule(struct uwalk *w, struct unwind_proc *proc, __u64 at)
+{
+	__u64 h = at * 0x9E3779B97F4A7C15ULL;
+	__u32 key = h >> 52, check = (__u32)h ^ proc->gen, idx, rule;
+	struct uw_cache_slot *c = bpf_map_lookup_elem(&uw_cache, &key);
+	struct unwind_map *m;
+
+	if (c && c->at == at && (c->val >> 32) == check)
+		return (__u32)c->val;
+	idx = uw_find_map(proc, at, w->hint);
+	if (idx >= UNWIND_MAX_MAPS) {
+		rule = UR_NONE_RULE(proc->flags & UPF_MAPS_FULL ? UE_MAPS_FULL : UE_NO_MAPPING);
+	} else {
+		w->hint = idx;
+		m = &proc->maps[idx & (UNWIND_MAX_MAPS - 1)];
+		if (!m->nrows)
+			/* first_row says why there are no rows. */
+			rule = UR_NONE_RULE(m->first_row < UE_NR ? m->first_row : UE_NONE);
+		else if (at - m->bias > 0xffffffffULL)
+			rule = UR_INVALID;
+		else
+			rule = uw_find_row(m->first_row, m->nrows, at - m->bias);
+	}
+	if (c) {
+		c->val = (__u64)check << 32 | rule;
+		c->at = at;
+	}
+	return rule;
+}
+
+static __always_inline int uw_end(struct uwalk *w, __u32 reason)
+{
+	w->reason = reason;
+	return 1;
+}
+
+/* A frame-pointer step, for code without rows in auto mode (an object
+ * without unwind information): what the frame-pointer walk would do. How
+ * such a walk ends says nothing of completeness (UE_FP_END). */
+static __always_inline int uw_fp_step(struct uwalk *w, struct ev_buf *b)
+{
+	__u64 bp = w->bp, ra;
+
+	if (!bp || bp < w->sp || !uw_fetch(w, b, bp, 16))
+		return uw_end(w, UE_FP_END);
+	ra = uw_word(w, b, bp + 8);
+	if (!ra)
+		return uw_end(w, UE_FP_END);
+	w->pc = ra;
+	w->sp = bp + 16;
+	w->bp = uw_word(w, b, bp);
+	w->exact = 0;
+	w->interrupted = 0;
+	return 0;
+}
+
+/* Records frame w->n and steps to its caller. Returns 1 when the walk
+ * ends (w->reason says why). A global function: the verifier checks it
+ * once per program, not at each of the 128 iterations of the loop that
+ * calls it. */
+__noinline int uw_step(struct uwalk *w, struct ev_buf *b, struct unwind_proc *proc)
+{
+	__u64 pc, cfa, ra, bp, sp, lo, hi, at;
+	__u32 i, rule, why;
+	__s64 slot;
+
+	if (!w || !b || !proc)
+		return 1;
+	i = w->n;
+	if (i >= w->max || i >= MEMLEAK_MAX_FRAMES) {
+		b->ev.flags |= MEF_STACK_FULL;
+		return uw_end(w, UE_MAX_DEPTH);
+	}
+	pc = w->pc;
+	b->ev.frames[i] = w->interrupted ? pc + 1 : pc;
+	w->n = i + 1;
+	/* A return address may be just past a call that ends its function:
+	 * the call itself is at pc - 1. */
+	at = w->exact ? pc : pc - 1;
+	rule = uw_rule(w, proc, at);
+	sp = w->sp;
+	switch (rule & UR_KIND_MASK) {
+	case UR_END:
+		return uw_end(w, UE_COMPLETE);
+	case UR_NONE:
+		why = rule >> 3;
+		if (unwind_mode == MU_AUTO && (why == UE_NO_UNWIND_INFO || why == UE_ROWS_FULL))
+			return uw_fp_step(w, b);
+		return uw_end(w, why);
+	case UR_SIGNAL:
+		/* The handler returned here, to the trampoline's first
+		 * instruction: like an interrupted pc, that is where the
+		 * frame is, so it is recorded as pc + 1 (glibc starts the
+		 * trampoline's FDE a byte early for the pc - 1 lookup, but
+		 * its symbol at pc). No progress check: the handler may run
+		 * on a signal stack above or below the interrupted one. */
+		b->ev.frames[i] = pc + 1;
+		if (!uw_fetch(w, b, sp + UR_SIGNAL_RBP, UR_SIGNAL_RIP + 8 - UR_SIGNAL_RBP))
+			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, sp + UR_SIGNAL_RIP);
+		if (!ra)
+			return uw_end(w, UE_NULL_RA);
+		w->pc = ra;
+		w->bp = uw_word(w, b, sp + UR_SIGNAL_RBP);
+		w->sp = uw_word(w, b, sp + UR_SIGNAL_RSP);
+		w->exact = 1;
+		w->interrupted = 1;
+		return 0;
+	case UR_CFA_RSP:
+		cfa = sp;
+		break;
+	case UR_CFA_RBP:
+		cfa = w->bp;
+		break;
+	case UR_PLT:
+		/* Past the PLT entry's push, its argument is on the stack too. */
+		cfa = sp + ((pc & 15) >= UR_PLT_PUSHED_FROM ? 8 : 0);
+		break;
+	default:
+		return uw_end(w, UE_INVALID_ROW);
+	}
+	cfa += (__s64)((__s32)rule >> UR_CFA_SHIFT);
+	slot = (__s8)(rule >> UR_RBP_SHIFT);
+	bp = w->bp;
+	/* The return address at CFA - 8 and, when this frame saved it, rbp
+	 * from its slot (usually CFA - 16): one copy holds both when they are
+	 * close. */
+	lo = slot < 0 ? cfa + slot * 8 : cfa - 8;
+	hi = slot > 0 ? cfa + slot * 8 + 8 : cfa;
+	if (hi - lo <= STACK_WINDOW_WORDS * 8) {
+		if (!uw_fetch(w, b, lo, hi - lo))
+			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, cfa - 8);
+		if (slot)
+			bp = uw_word(w, b, cfa + slot * 8);
+	} else {
+		if (!uw_fetch(w, b, cfa - 8, 8))
+			return uw_end(w, UE_READ_FAILED);
+		ra = uw_word(w, b, cfa - 8);
+		if (!uw_fetch(w, b, cfa + slot * 8, 8))
+			return uw_end(w, UE_READ_FAILED);
+		bp = uw_word(w, b, cfa + slot * 8);
+	}
+	if (!ra)
+		return uw_end(w, UE_NULL_RA);
+	if (cfa <= sp)
+		return uw_end(w, UE_NOT_PROGRESSING);
+	w->pc = ra;
+	w->sp = cfa;
+	w->bp = bp;
+	w->exact = 0;
+	w->interrupted = 0;
+	return 0;
+}
+
+static __always_inline void count_unwind_end(__u32 reason)
+{
+	__u64 *v = bpf_map_lookup_elem(&unwind_ends, &reason);
+
+	if (v)
+		__sync_fetch_and_add(v, 1);
+}
+
+/* Walks the user stack at an allocator's return into b->ev.frames, and
+ * says in b->ev.flags why the walk ended.
+ *
+ * A global function, which the verifier checks once per program instead
+ * of once per call site (there are two: the common allocations, and the
+ * calls kept in task storage): inlined twice, it doubled the start-up
+ * verification. */
+__noinline int walk_user_stack(struct pt_regs *ctx, struct ev_buf *b)
+{
+	struct unwind_proc *proc = 0;
+	__u32 reason, pid;
+
+	if (!b || !ctx)
+		return 0;
+	if (unwind_mode != MU_FP) {
+		pid = b->ev.pid;
+		proc = bpf_map_lookup_elem(&unwind_procs, &pid);
+	}
+	if (proc) {
+		struct uwalk w = {
+			.pc = PT_REGS_IP(ctx),
+			.sp = PT_REGS_SP(ctx),
+			.bp = PT_REGS_FP(ctx),
+			.max = stack_bytes / 8,
+			.exact = 1,
+		};
+
+		for (int i = 0; i <= MEMLEAK_MAX_FRAMES; i++) {
+			if (uw_step(&w, b, proc))
+				break;
+		}
+		b->ev.nframes = w.n;
+		reason = w.reason;
+	} else if (unwind_mode != MU_FP) {
+		/* Not known yet (with -p, for a moment after an exec): the
+		 * stack ends at its first frame, and user space, told so,
+		 * builds the table. Falling back to the frame-pointer walk
+		 * here cost the verifier as much again at every start. */
+		b->ev.frames[0] = PT_REGS_IP(ctx);
+		b->ev.nframes = 1;
+		reason = UE_NO_TABLE;
+	} else {
+		reason = fp_walk(ctx, b);
+	}
+	if (reason >= UE_NR)
+		reason = UE_NONE;
+	b->ev.flags |= reason << MEF_END_SHIFT;
+	count_unwind_end(reason);
 	return 0;
 }
 
@@ -1001,7 +1394,14 @@ static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 SEC("tracepoint/sched/sched_process_exec")
 int on_exec(void *ctx)
 {
-	return lifecycle(MK_EXEC, bpf_get_current_pid_tgid() >> 32, 0);
+	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
+
+	/* The old image's mappings mean nothing now; the new image's first
+	 * allocations must not be unwound with them. User space writes the
+	 * new table (its exec stop or this event). */
+	if (unwind_mode != MU_FP && bpf_map_lookup_elem(&traced, &tgid))
+		bpf_map_delete_elem(&unwind_procs, &tgid);
+	return lifecycle(MK_EXEC, tgid, 0);
 }
 
 SEC("tracepoint/sched/sched_process_exit")

@@ -64,6 +64,82 @@ enum memleak_lost {
 /* Flags of memleak_event.flags. */
 #define MEF_KERNEL_STACK 1u /* frames are a kernel stack */
 #define MEF_STACK_FULL 2u   /* the depth limit was reached */
+/* Bits 2-5: why the walk of a user stack ended (enum memleak_unwind_end). */
+#define MEF_END_SHIFT 2
+#define MEF_END_MASK 0xfu
+
+/* How user stacks are walked (--unwind). */
+enum memleak_unwind_mode {
+	MU_FP = 0,    /* frame pointers only */
+	MU_AUTO = 1,  /* unwind rows where the object has them, frame pointers elsewhere */
+	MU_DWARF = 2, /* unwind rows only */
+};
+
+/* Why a user stack walk ended; also the indexes of the `unwind_ends`
+ * counters. The names are memleak_recorder::event::UNWIND_ENDS. */
+enum memleak_unwind_end {
+	UE_NONE = 0,            /* no user stack walked (kernel stacks, frees) */
+	UE_COMPLETE = 1,        /* an END row: the outermost frame was reached */
+	UE_FP_END = 2,          /* the frame-pointer chain ended: complete or not is unknown */
+	UE_MAX_DEPTH = 3,       /* --stack-depth frames were recorded */
+	UE_NO_MAPPING = 4,      /* pc in no executable mapping of the process's table */
+	UE_NO_TABLE = 5,        /* the process has no table (yet) */
+	UE_MAPS_FULL = 6,       /* pc in a mapping the full table left out */
+	UE_ANONYMOUS = 7,       /* pc in anonymous executable memory (JIT code, [vdso]) */
+	UE_NO_UNWIND_INFO = 8,  /* an object without unwind rows (--unwind dwarf) */
+	UE_ROWS_FULL = 9,       /* the object's rows did not fit the row array */
+	UE_INVALID_ROW = 10,    /* no usable rule at this pc */
+	UE_READ_FAILED = 11,    /* reading the stack failed */
+	UE_NULL_RA = 12,        /* the return address is 0 */
+	UE_NOT_PROGRESSING = 13,/* the caller's stack pointer is not above this frame's */
+	UE_NR = 14,
+};
+
+/* One row of an object's unwind table: crates/recorder/src/unwind/row.rs
+ * documents `info` (kind in bits 0-2, saved-rbp slot in 3-10, signed CFA
+ * offset in 11-31). A table applies from a row's pc to the next row's. */
+struct unwind_row {
+	__u32 pc;   /* object vaddr: runtime pc - load bias */
+	__u32 info;
+};
+
+#define UR_KIND_MASK 0x7u
+#define UR_RBP_SHIFT 3
+#define UR_CFA_SHIFT 11
+#define UR_INVALID 0
+#define UR_CFA_RSP 1
+#define UR_CFA_RBP 2
+#define UR_PLT 3
+#define UR_SIGNAL 4
+#define UR_END 5
+/* Where a signal frame keeps the interrupted registers, from rsp in the
+ * trampoline (struct rt_sigframe's ucontext, see row.rs). */
+#define UR_SIGNAL_RIP (40 + 128)
+#define UR_SIGNAL_RSP (40 + 120)
+#define UR_SIGNAL_RBP (40 + 80)
+#define UR_PLT_PUSHED_FROM 11
+/* Halvings of a row search: tables hold fewer than 2^24 rows. */
+#define UR_SEARCH_STEPS 24
+
+/* An executable mapping of a traced process. */
+struct unwind_map {
+	__u64 start;
+	__u64 end;       /* exclusive */
+	__u64 bias;      /* runtime address - object vaddr */
+	__u32 first_row; /* index of the object's first row in unwind_rows */
+	__u32 nrows;     /* 0: no rows; first_row then holds the reason (UE_*) */
+};
+
+/* The executable mappings of a process, sorted by start. */
+#define UNWIND_MAX_MAPS 256
+#define UPF_MAPS_FULL 1u /* mappings past UNWIND_MAX_MAPS were left out */
+struct unwind_proc {
+	__u32 nmaps;
+	__u32 flags;
+	__u32 gen;       /* unique per table written: keys the probe's rule cache */
+	__u32 reserved;
+	struct unwind_map maps[UNWIND_MAX_MAPS];
+};
 
 /* The cookie of each allocator probe: kind in the low byte, and where the
  * function's arguments are (for C++ operators: size or pointer is arg 0). */

@@ -10,6 +10,7 @@
 /* Tells bpf_tracing.h to use the kernel register names (di, si, ...). */
 #define __VMLINUX_H__
 
+typedef signed char __s8;
 typedef unsigned char __u8;
 typedef short int __s16;
 typedef short unsigned int __u16;
@@ -43,6 +44,7 @@ enum bpf_map_type {
 enum {
 	BPF_ANY = 0,
 	BPF_F_NO_PREALLOC = 1,
+	BPF_F_MMAPABLE = 1024,
 	BPF_F_USER_STACK = 256,
 	BPF_LOCAL_STORAGE_GET_F_CREATE = 1,
 	BPF_RB_NO_WAKEUP = 1,

@@ -52,6 +52,19 @@ fn is_process(tid: u32) -> bool {
         == Some(tid)
 }
 
+/// The process of a thread (itself if it cannot be read).
+fn tgid_of(tid: u32) -> u32 {
+    std::fs::read_to_string(format!("/proc/{tid}/status"))
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| {
+                l.strip_prefix("Tgid:")
+                    .and_then(|v| v.trim().parse::<u32>().ok())
+            })
+        })
+        .unwrap_or(tid)
+}
+
 /// Whether a SIGSTOP is queued for a thread (stable while it is in a
 /// ptrace stop: only it dequeues its signals).
 fn sigstop_pending(tid: u32) -> bool {
@@ -242,11 +255,14 @@ impl Child {
     /// Non-blocking: handles ptrace stops and exits; the command's exit
     /// status is then in [`exit_code`](Self::exit_code). `on_stop` runs
     /// while the command is stopped with its address space intact: at its
-    /// exit, after each exec, and at the `_dl_debug_state` stops.
+    /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
+    /// gets the process of a thread stopped where its mappings may have
+    /// changed (an exec, ld.so's `_dl_debug_state`), before it runs on.
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
         on_fork: &mut dyn FnMut(u32) -> Result<()>,
+        on_maps: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<()> {
         loop {
             let mut status = 0;
@@ -303,6 +319,7 @@ impl Child {
                     if main {
                         on_stop()?;
                     }
+                    on_maps(tgid_of(tid as u32))?;
                     0
                 }
                 (libc::SIGTRAP, _) => 0,
@@ -315,6 +332,7 @@ impl Child {
                         self.adopt(tid as u32, on_fork)?;
                     }
                     on_stop()?;
+                    on_maps(tgid_of(tid as u32))?;
                     0
                 }
                 (other, _) => other,

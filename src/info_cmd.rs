@@ -72,6 +72,8 @@ struct Report<'a> {
     /// By table name, so in name order like the rest.
     tables: BTreeMap<&'static str, TableInfo>,
     tool_version: &'a str,
+    /// `null` for traces without it (format 1.1 and older, kernel only).
+    unwind: Option<&'a memleak_trace::UnwindInfo>,
     warnings: &'a [String],
 }
 
@@ -136,6 +138,7 @@ fn report(trace: &Trace) -> Report<'_> {
         start_utc: wall(m.start_ns).map(utc),
         tables,
         tool_version: &m.tool_version,
+        unwind: m.unwind.as_ref(),
         warnings: trace.warnings(),
     }
 }
@@ -212,6 +215,30 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
     };
     counts("events", r.events_total, r.events)?;
     counts("lost", r.lost_total, r.lost)?;
+    if let Some(u) = r.unwind {
+        let truncated: u64 = u.truncated.values().sum();
+        let reasons: Vec<String> = u
+            .truncated
+            .iter()
+            .map(|(k, v)| format!("{k} {v}"))
+            .collect();
+        writeln!(
+            out,
+            "unwind:    --unwind {}: {} complete, {} ended by frame pointer, {} truncated{}; \
+             {} objects' unwind rows ({} rows)",
+            u.mode,
+            u.complete,
+            u.frame_pointer,
+            truncated,
+            if reasons.is_empty() {
+                String::new()
+            } else {
+                format!(" ({})", reasons.join(", "))
+            },
+            u.objects,
+            u.rows
+        )?;
+    }
     if let Some(n) = r.failed_allocations {
         writeln!(
             out,

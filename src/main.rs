@@ -42,6 +42,8 @@ mod record_cmd;
 #[cfg(feature = "bpf")]
 mod record_targets;
 mod units;
+#[cfg(feature = "bpf")]
+mod unwinder;
 
 /// eBPF memory-leak tracer with record and replay.
 #[derive(Parser)]

@@ -14,6 +14,7 @@ use libbpf_rs::{
     UprobeMultiOpts,
 };
 use memleak_recorder::targets::{LibraryProbes, ProbeMode};
+use memleak_recorder::unwind::{ProcTable, Row, UnwindSink, WalkMode};
 use memleak_trace::EventKind;
 
 mod skel {
@@ -42,6 +43,8 @@ pub struct ProbeConfig {
     pub count_only: bool,
     /// Load the kernel allocator programs (`--kernel`).
     pub kernel: bool,
+    /// How user stacks are walked (`--unwind`).
+    pub unwind: WalkMode,
 }
 
 /// The slab and page tracepoints, attached BTF-typed (see memleak.bpf.c),
@@ -221,6 +224,7 @@ impl<'obj> Probes<'obj> {
         ro.self_tgid = std::process::id();
         ro.kernel_stacks = cfg.kernel_stacks;
         ro.ck_tag = u64::from(cookie_tag()) << 56;
+        ro.unwind_mode = cfg.unwind.code();
         // Kernel programs are verified only when used: loading costs time.
         let p = &mut open.progs;
         let slab = slab_programs!(p, mut);
@@ -257,11 +261,29 @@ impl<'obj> Probes<'obj> {
                 map.set_max_entries(1).context("sizing a kernel-mode map")?;
             }
         }
+        // The unwind tables only when stacks are walked with rows (the
+        // row array is 32 MiB).
+        if !cfg.unwind.uses_rows() || cfg.count_only {
+            for map in [&mut open.maps.unwind_rows, &mut open.maps.unwind_procs] {
+                map.set_max_entries(1).context("sizing an unwind map")?;
+            }
+        }
         let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
         open.maps
             .events
             .set_max_entries(ring)
             .context("sizing the ring buffer")?;
+        // For development: the verifier's statistics (time, instructions
+        // processed) of the two programs that walk stacks.
+        if std::env::var_os("MEMLEAK_VERIFIER_STATS").is_some() {
+            libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg| {
+                if msg.contains("verification time") || msg.contains("processed") {
+                    eprint!("{msg}");
+                }
+            })));
+            open.progs.malloc_session.set_log_level(4);
+            open.progs.alloc_session.set_log_level(4);
+        }
         let skel = open
             .load()
             .map_err(explain_bpf_error)
@@ -528,6 +550,20 @@ impl<'obj> Probes<'obj> {
         }
     }
 
+    /// A writer of the unwind tables, for another thread.
+    pub fn unwind_maps(&self) -> Result<UnwindMaps> {
+        UnwindMaps::new(&self.skel.maps.unwind_rows, &self.skel.maps.unwind_procs)
+    }
+
+    /// User stack walks by how they ended, summed over CPUs, indexed by
+    /// `memleak_recorder::event::UnwindEnd` code.
+    pub fn unwind_ends(&self) -> Vec<u64> {
+        let n = memleak_recorder::event::UNWIND_ENDS.len();
+        (0..n as u32)
+            .map(|i| sum_percpu(&self.skel.maps.unwind_ends, i))
+            .collect()
+    }
+
     /// Loss counters summed over CPUs, indexed like
     /// `memleak_recorder::event::LOST_REASONS`.
     pub fn lost(&self) -> Vec<u64> {
@@ -535,6 +571,98 @@ impl<'obj> Probes<'obj> {
         (0..n as u32)
             .map(|i| sum_percpu(&self.skel.maps.lost, i))
             .collect()
+    }
+}
+
+/// The probe's unwind maps, written from the table-building thread: the
+/// row array through a shared mapping of it (`BPF_F_MMAPABLE`: one copy
+/// per object instead of a syscall per row), the per-process tables by
+/// map updates.
+pub struct UnwindMaps {
+    procs: libbpf_rs::MapHandle,
+    /// The row array's handle, kept while `rows` maps it.
+    _rows_map: libbpf_rs::MapHandle,
+    rows: *mut Row,
+    capacity: u32,
+    len: usize,
+}
+
+// SAFETY: `rows` points into a shared mapping owned by this struct (unmapped
+// on drop); it is only written through `&mut self`.
+unsafe impl Send for UnwindMaps {}
+
+impl UnwindMaps {
+    fn new(rows: &libbpf_rs::Map<'_>, procs: &libbpf_rs::Map<'_>) -> Result<Self> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let rows_map = libbpf_rs::MapHandle::try_from(rows).context("duplicating unwind_rows")?;
+        let procs = libbpf_rs::MapHandle::try_from(procs).context("duplicating unwind_procs")?;
+        let capacity = rows_map.max_entries();
+        let len = (capacity as usize * std::mem::size_of::<Row>()).next_multiple_of(4096);
+        // SAFETY: a shared mapping of an mmapable array map's fd, as long
+        // as the map's data.
+        let p = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                rows_map.as_fd().as_raw_fd(),
+                0,
+            )
+        };
+        if p == libc::MAP_FAILED {
+            bail!(
+                "mapping the unwind rows: {}",
+                std::io::Error::last_os_error()
+            );
+        }
+        Ok(UnwindMaps {
+            procs,
+            _rows_map: rows_map,
+            rows: p.cast(),
+            capacity,
+            len,
+        })
+    }
+}
+
+impl Drop for UnwindMaps {
+    fn drop(&mut self) {
+        // SAFETY: the mapping made in new(), unmapped once.
+        unsafe { libc::munmap(self.rows.cast(), self.len) };
+    }
+}
+
+impl UnwindSink for UnwindMaps {
+    fn row_capacity(&self) -> u32 {
+        self.capacity
+    }
+
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> std::io::Result<()> {
+        let end = first as usize + rows.len();
+        if end > self.capacity as usize {
+            return Err(std::io::Error::other("rows past the end of the array"));
+        }
+        // SAFETY: [first, end) is within the mapping (checked above); the
+        // probe only reads ranges that a table names, written after this.
+        unsafe {
+            std::ptr::copy_nonoverlapping(rows.as_ptr(), self.rows.add(first as usize), rows.len())
+        };
+        Ok(())
+    }
+
+    fn set_process(&mut self, pid: u32, table: &ProcTable) -> std::io::Result<()> {
+        self.procs
+            .update(&pid.to_ne_bytes(), table.as_bytes(), MapFlags::ANY)
+            .map_err(|e| std::io::Error::other(e.to_string()))
+    }
+
+    fn remove_process(&mut self, pid: u32) -> std::io::Result<()> {
+        match self.procs.delete(&pid.to_ne_bytes()) {
+            Ok(()) => Ok(()),
+            Err(e) if e.kind() == libbpf_rs::ErrorKind::NotFound => Ok(()),
+            Err(e) => Err(std::io::Error::other(e.to_string())),
+        }
     }
 }
 
@@ -679,6 +807,111 @@ mod tests {
         assert_eq!(offset_of!(E, stack_err), offsets::STACK_ERR);
         assert_eq!(offset_of!(E, frames), offsets::FRAMES);
         assert_eq!(std::mem::size_of::<E>(), offsets::FRAMES + 127 * 8);
+    }
+
+    #[test]
+    fn unwind_tables_match_the_bpf_layout() {
+        use super::skel::types::{unwind_map as M, unwind_proc as P, unwind_row as R};
+        use memleak_recorder::unwind::{MapEntry, ProcTable, Row};
+        assert_eq!(offset_of!(R, pc), offset_of!(Row, pc));
+        assert_eq!(offset_of!(R, info), offset_of!(Row, info));
+        assert_eq!(std::mem::size_of::<R>(), std::mem::size_of::<Row>());
+        assert_eq!(offset_of!(M, start), offset_of!(MapEntry, start));
+        assert_eq!(offset_of!(M, end), offset_of!(MapEntry, end));
+        assert_eq!(offset_of!(M, bias), offset_of!(MapEntry, bias));
+        assert_eq!(offset_of!(M, first_row), offset_of!(MapEntry, first_row));
+        assert_eq!(offset_of!(M, nrows), offset_of!(MapEntry, nrows));
+        assert_eq!(std::mem::size_of::<M>(), std::mem::size_of::<MapEntry>());
+        assert_eq!(offset_of!(P, nmaps), offset_of!(ProcTable, nmaps));
+        assert_eq!(offset_of!(P, flags), offset_of!(ProcTable, flags));
+        assert_eq!(offset_of!(P, gen), offset_of!(ProcTable, gen));
+        assert_eq!(offset_of!(P, maps), offset_of!(ProcTable, maps));
+        assert_eq!(std::mem::size_of::<P>(), std::mem::size_of::<ProcTable>());
+    }
+
+    /// The value of `#define NAME value` or `NAME = value,` in memleak.h,
+    /// evaluated for the simple forms the header uses (`40 + 128`, `1u`).
+    fn header_value(name: &str) -> i64 {
+        let header = include_str!("../bpf/memleak.h");
+        let line = header
+            .lines()
+            .map(str::trim)
+            .find(|l| {
+                l.strip_prefix("#define ")
+                    .is_some_and(|r| r.split_whitespace().next() == Some(name))
+                    || l.split_whitespace().next() == Some(name) && l.contains('=')
+            })
+            .unwrap_or_else(|| panic!("{name} not in memleak.h"));
+        let expr = match line.strip_prefix("#define ") {
+            Some(r) => r[name.len()..].to_string(),
+            None => line.split_once('=').unwrap().1.to_string(),
+        };
+        let expr = expr.split("/*").next().unwrap();
+        let expr = expr
+            .trim()
+            .trim_end_matches(',')
+            .trim_matches(|c| c == '(' || c == ')');
+        expr.split('+')
+            .map(|t| {
+                let t = t.trim().trim_end_matches('u');
+                match t.strip_prefix("0x") {
+                    Some(h) => i64::from_str_radix(h, 16).unwrap(),
+                    None => t.parse::<i64>().unwrap_or_else(|_| panic!("{name}: {t}")),
+                }
+            })
+            .sum()
+    }
+
+    #[test]
+    fn unwind_constants_match_the_bpf_header() {
+        use memleak_recorder::event::{FLAG_END_MASK, FLAG_END_SHIFT, UNWIND_ENDS};
+        use memleak_recorder::unwind::{row, tables, WalkMode};
+        let names = [
+            "UE_NONE",
+            "UE_COMPLETE",
+            "UE_FP_END",
+            "UE_MAX_DEPTH",
+            "UE_NO_MAPPING",
+            "UE_NO_TABLE",
+            "UE_MAPS_FULL",
+            "UE_ANONYMOUS",
+            "UE_NO_UNWIND_INFO",
+            "UE_ROWS_FULL",
+            "UE_INVALID_ROW",
+            "UE_READ_FAILED",
+            "UE_NULL_RA",
+            "UE_NOT_PROGRESSING",
+        ];
+        for (end, name) in UNWIND_ENDS.iter().zip(names) {
+            assert_eq!(header_value(name), *end as i64, "{name}");
+        }
+        assert_eq!(header_value("UE_NR"), UNWIND_ENDS.len() as i64);
+        assert!(UNWIND_ENDS.len() <= usize::from(FLAG_END_MASK) + 1);
+        assert_eq!(header_value("MEF_END_SHIFT"), i64::from(FLAG_END_SHIFT));
+        assert_eq!(header_value("MEF_END_MASK"), i64::from(FLAG_END_MASK));
+        for (name, v) in [
+            ("UR_KIND_MASK", i64::from(row::KIND_MASK)),
+            ("UR_RBP_SHIFT", i64::from(row::RBP_SHIFT)),
+            ("UR_CFA_SHIFT", i64::from(row::CFA_SHIFT)),
+            ("UR_INVALID", i64::from(row::KIND_INVALID)),
+            ("UR_CFA_RSP", i64::from(row::KIND_CFA_RSP)),
+            ("UR_CFA_RBP", i64::from(row::KIND_CFA_RBP)),
+            ("UR_PLT", i64::from(row::KIND_PLT)),
+            ("UR_SIGNAL", i64::from(row::KIND_SIGNAL)),
+            ("UR_END", i64::from(row::KIND_END)),
+            ("UR_SIGNAL_RIP", row::SIGNAL_RIP as i64),
+            ("UR_SIGNAL_RSP", row::SIGNAL_RSP as i64),
+            ("UR_SIGNAL_RBP", row::SIGNAL_RBP as i64),
+            ("UR_PLT_PUSHED_FROM", row::PLT_PUSHED_FROM as i64),
+            ("UR_SEARCH_STEPS", i64::from(row::MAX_SEARCH_STEPS)),
+            ("UNWIND_MAX_MAPS", tables::MAX_MAPS as i64),
+            ("UPF_MAPS_FULL", i64::from(tables::MAPS_FULL)),
+            ("MU_FP", i64::from(WalkMode::FramePointer.code())),
+            ("MU_AUTO", i64::from(WalkMode::Auto.code())),
+            ("MU_DWARF", i64::from(WalkMode::Dwarf.code())),
+        ] {
+            assert_eq!(header_value(name), v, "{name}");
+        }
     }
 
     #[test]

@@ -14,7 +14,8 @@ use std::time::{Duration, Instant};
 use anyhow::{bail, Result};
 use memleak_recorder::providers::Allocators;
 use memleak_recorder::targets;
-use memleak_recorder::Recorder;
+use memleak_recorder::unwind::WalkMode;
+use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
 use crate::child::Child;
@@ -23,6 +24,7 @@ use crate::record_targets::{add_providers, libraries_for, placement_policy};
 use crate::units::{
     format_duration, format_size, parse_duration, parse_positive_duration, parse_size,
 };
+use crate::unwinder::Unwinder;
 
 /// Arguments of `memleak record`.
 #[derive(clap::Args, Debug)]
@@ -72,6 +74,13 @@ pub struct RecordArgs {
     /// Prefix of the allocator symbols (e.g. je_ for jemalloc).
     #[arg(long, default_value = "")]
     pub symbols_prefix: String,
+    /// How user stacks are walked: with the objects' unwind tables
+    /// (.eh_frame) and frame pointers in objects without them (auto),
+    /// frame pointers only (fp: cheapest, but code built without them,
+    /// such as most distribution libraries, ends the stack), or unwind
+    /// tables only (dwarf).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub unwind: Unwind,
     /// Frames captured per allocation stack, 1 to 127.
     #[arg(long, value_name = "N", default_value_t = 127, value_parser = clap::value_parser!(u32).range(1..=127))]
     pub stack_depth: u32,
@@ -115,6 +124,24 @@ pub struct RecordArgs {
     /// The command to run, after `--`.
     #[arg(last = true)]
     pub argv: Vec<String>,
+}
+
+/// `--unwind`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Unwind {
+    Auto,
+    Fp,
+    Dwarf,
+}
+
+impl Unwind {
+    fn mode(self) -> WalkMode {
+        match self {
+            Unwind::Auto => WalkMode::Auto,
+            Unwind::Fp => WalkMode::FramePointer,
+            Unwind::Dwarf => WalkMode::Dwarf,
+        }
+    }
 }
 
 /// Probe placement policy.
@@ -341,6 +368,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         "ring_size": args.ring_size, "probe_placement": format!("{:?}", args.probe_placement).to_lowercase(),
         "kernel": args.kernel, "kernel_pid": args.kernel_pid, "percpu": args.percpu,
         "object": args.object, "symbols_prefix": args.symbols_prefix, "target_command": argv,
+        "unwind": args.unwind.mode().name(),
     });
     let opts = WriterOptions {
         force: args.force,
@@ -377,10 +405,22 @@ fn record(
         kernel_stacks: !args.no_kernel_stacks,
         count_only: args.count_only,
         kernel: args.kernel || args.kernel_pid.is_some(),
+        unwind: args.unwind.mode(),
     };
+    // Unwind tables, for user-space targets: the objects' rows are built
+    // while the BPF program loads.
+    let has_user_targets = !args.pid.is_empty() || !argv.is_empty();
+    let unwinder = (cfg.unwind.uses_rows() && has_user_targets && !args.count_only).then(|| {
+        let u = Unwinder::start();
+        u.prefetch(prefetch_paths(&args.pid, &argv));
+        u
+    });
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
     probes.attach_lifecycle()?;
+    if let Some(u) = &unwinder {
+        u.set_sink(probes.unwind_maps()?);
+    }
 
     let mut target = if !argv.is_empty() {
         // On the main thread: see Child::spawn.
@@ -470,16 +510,30 @@ fn record(
     for &pid in &pids {
         if !matches!(target, Target::Child(_)) {
             recorder.snapshot_maps(pid)?;
+            if let Some(u) = &unwinder {
+                u.track(pid);
+            }
         }
     }
+    recorder.track_tables(unwinder.is_some());
+    // A process whose mappings may have changed (exec, ld.so), stopped
+    // until its table is rebuilt.
+    let mut on_maps = |pid: u32| -> Result<()> {
+        if let Some(u) = &unwinder {
+            u.track(pid);
+        }
+        Ok(())
+    };
 
     catch_stop_signals();
     if let Target::Child(c) = &mut target {
-        // The program is mapped now, not run: a static one is probed here.
+        // The program is mapped now, not run: a static one is probed here,
+        // and its table written.
         let (pid, kernel) = (c.pid, cfg.kernel);
         let notes = &mut recorder.meta_mut().notes;
         c.release(args.follow_forks, &mut || {
-            add_providers(&probes, &search, pid, &libs, notes, args, !kernel)
+            add_providers(&probes, &search, pid, &libs, notes, args, !kernel)?;
+            on_maps(pid)
         })?;
     }
 
@@ -510,6 +564,11 @@ fn record(
         }
         recorder.borrow_mut().meta_mut().pids.push(pid);
         recorder.borrow_mut().snapshot_maps(pid)?;
+        // The child's address space is a copy of its parent's, and it is
+        // still stopped: its table, from its own maps, is exact.
+        if let Some(u) = &unwinder {
+            u.track(pid);
+        }
         Ok(())
     };
     let mut on_stop = || -> Result<()> {
@@ -546,7 +605,19 @@ fn record(
                 // So that the checkpoints' meta.json counts the losses too,
                 // should the recorder not live to write the final one.
                 rec.set_lost(&probes.lost());
+                if has_user_targets {
+                    let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
+                    rec.set_unwind(cfg.unwind, &probes.unwind_ends(), tables);
+                }
                 last_lost = Instant::now();
+            }
+            if let Some(u) = &unwinder {
+                for update in rec.take_table_updates() {
+                    match update {
+                        TableUpdate::Refresh(pid) => u.refresh(pid),
+                        TableUpdate::Forget(pid) => u.forget(pid),
+                    }
+                }
             }
             rec.tick()?;
             status.update(&rec, &probes);
@@ -564,7 +635,7 @@ fn record(
                     None => {}
                     Some(s) => s.escalate(c, signals, kill_after),
                 }
-                c.poll(&mut on_stop, &mut on_fork)?;
+                c.poll(&mut on_stop, &mut on_fork, &mut on_maps)?;
                 if let Some(code) = c.exit_code() {
                     // Followed processes got the signal too: wait for them.
                     if stopping.is_none() || !c.followed_running() {
@@ -584,7 +655,7 @@ fn record(
                 }
             }
             Target::Child(c) => {
-                c.poll(&mut on_stop, &mut on_fork)?;
+                c.poll(&mut on_stop, &mut on_fork, &mut on_maps)?;
                 if let Some(code) = c.exit_code() {
                     exit_code = Some(code);
                     break;
@@ -619,6 +690,24 @@ fn record(
     drop(rb);
     let mut rec = recorder.into_inner();
     rec.set_lost(&probes.lost());
+    if has_user_targets {
+        let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
+        rec.set_unwind(cfg.unwind, &probes.unwind_ends(), tables);
+        if args.verbose && cfg.unwind.uses_rows() {
+            say!(
+                "memleak: unwind tables: {} objects, {} rows, {} process tables written, \
+                 {:.1} ms building them",
+                tables.objects,
+                tables.rows,
+                tables.tables_written,
+                tables.build_ns as f64 / 1e6
+            );
+        }
+    }
+    if let Some(e) = unwinder.and_then(Unwinder::finish) {
+        say!("memleak: warning: {e}");
+        rec.meta_mut().notes.push(e);
+    }
     let recursion = probes.recursion_misses();
     rec.meta_mut()
         .counters
@@ -667,6 +756,62 @@ fn record(
         Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// Objects whose unwind rows a recording will need first: for a command,
+/// its executable, libc, libstdc++ and ld.so (those of this system); for
+/// running processes, their executable mappings.
+fn prefetch_paths(pids: &[u32], argv: &[String]) -> Vec<PathBuf> {
+    let mut out = Vec::new();
+    for &pid in pids {
+        for m in memleak_recorder::procmaps::read_maps(pid).unwrap_or_default() {
+            if m.perms.contains('x') && m.is_file() {
+                let p = memleak_recorder::procmaps::resolve_in_process(
+                    pid,
+                    m.path.as_deref().unwrap_or_default(),
+                );
+                if !out.contains(&p) {
+                    out.push(p);
+                }
+            }
+        }
+    }
+    if let Some(cmd) = argv.first() {
+        let exe = if cmd.contains('/') {
+            Some(PathBuf::from(cmd))
+        } else {
+            std::env::var_os("PATH").and_then(|path| {
+                std::env::split_paths(&path)
+                    .map(|d| d.join(cmd))
+                    .find(|p| p.is_file())
+            })
+        };
+        let me = std::process::id();
+        // libstdc++ only for a program linked with it (its name is in the
+        // dynamic string table): it is the largest of them.
+        let cxx = exe.as_ref().is_some_and(|p| {
+            memleak_recorder::elf::ElfFile::open(p).is_ok_and(|elf| {
+                elf.section(".dynstr")
+                    .is_some_and(|s| s.bytes.windows(9).any(|w| w == b"libstdc++"))
+            })
+        });
+        out.extend(exe);
+        out.extend(targets::find_library(me, "libc.so"));
+        if cxx {
+            out.extend(
+                [
+                    "/lib/x86_64-linux-gnu/libstdc++.so.6",
+                    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+                    "/usr/lib64/libstdc++.so.6",
+                ]
+                .iter()
+                .map(PathBuf::from)
+                .find(|p| p.exists()),
+            );
+        }
+        out.extend(targets::find_library(me, "ld-linux"));
+    }
+    out
 }
 
 fn self_cpu_ns() -> u64 {

@@ -43,8 +43,44 @@ fixture_tests!(
     longjmp,
     sigalt,
     siglongjmp,
-    seed_static
+    seed_static,
+    sighandler
 );
+
+/// The fixtures built without frame pointers: the probe unwinds with the
+/// objects' unwind tables, and every stack of the program is the one the
+/// frame-pointer build gives (the same expected file, frame by frame,
+/// inlined frames included) and complete.
+macro_rules! unwound_fixture_tests {
+    ($build:expr; $($name:ident),* $(,)?) => {$(
+        #[test]
+        fn $name() {
+            if !common::can_record() {
+                return;
+            }
+            let fx = common::fixtures::Fixture::load_built(stringify!($name), $build);
+            common::fixtures::check_fixture_complete(&fx, &[]);
+        }
+    )*};
+}
+
+mod omit_frame_pointer {
+    use super::common;
+    unwound_fixture_tests!(
+        common::fixtures::Build::OmitFramePointer;
+        seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
+        dl_main, execer, fork_execer, deep, longjmp, sigalt, siglongjmp, sighandler
+    );
+}
+
+mod o2 {
+    use super::common;
+    unwound_fixture_tests!(
+        common::fixtures::Build::O2;
+        seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
+        dl_main, execer, fork_execer, deep, longjmp, sigalt, siglongjmp, sighandler
+    );
+}
 
 /// The same with the child followed: its exit is recorded, and its copies
 /// of the parent's blocks are still not its leaks.
@@ -312,7 +348,9 @@ fn nofp_data_is_not_a_frame() {
         return;
     }
     let fx = Fixture::load("nofp");
-    let (_dir, trace) = fx.record(&[]);
+    // The frame-pointer walk's: unwound with the program's .eh_frame (the
+    // default) these stacks are complete (nofp_unwound).
+    let (_dir, trace) = fx.record(&["--unwind", "fp"]);
     let report = memleak_analyze::report::analyze(&trace, &Default::default()).unwrap();
     let (user, runtime) = fx.actual_groups(&report);
     assert!(runtime.is_empty(), "{runtime:?}");
@@ -370,6 +408,31 @@ fn nofp_data_is_not_a_frame() {
     let meta: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap()).unwrap();
     assert_eq!(meta["cut_stacks"], 5, "stacks cut, in meta.json");
+}
+
+/// The same program unwound with its .eh_frame (the default): whatever
+/// %rbp points at is never read, and each stack is the true one, complete:
+/// the expected file's, with the assembly function between the leak and
+/// its caller that valgrind does not name (with_rbp, no line information).
+#[test]
+fn nofp_unwound() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("nofp");
+    let (_dir, trace) = fx.record(&[]);
+    let report = memleak_analyze::report::analyze(&trace, &Default::default()).unwrap();
+    let (mut user, runtime) = fx.actual_groups(&report);
+    assert!(runtime.is_empty(), "{runtime:?}");
+    for g in &mut user {
+        assert_eq!(g.frames[1].0, "with_rbp", "{g:?}");
+        g.frames.remove(1);
+    }
+    assert_eq!(user, fx.expected_groups(&["outstanding"]));
+    assert!(report.stacks.iter().all(|s| !s.truncated));
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert_eq!(meta.cut_stacks, Some(0));
+    assert_eq!(meta.unwind.map(|u| u.complete), Some(5));
 }
 
 /// Another recording running at the same time, of another process, puts

@@ -36,18 +36,59 @@ pub fn recording_guard(alone: bool) -> RecordingGuard {
     RecordingGuard(file)
 }
 
+/// How the fixtures are compiled.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Build {
+    /// The Makefile's flags: `-O2 -g -fno-omit-frame-pointer`, what the
+    /// expected files were written for.
+    FramePointer,
+    /// `-O2 -g -fomit-frame-pointer`.
+    OmitFramePointer,
+    /// `-O2 -g` and the compiler's default (no frame pointers at -O2).
+    O2,
+}
+
+impl Build {
+    const ALL: [Build; 3] = [Build::FramePointer, Build::OmitFramePointer, Build::O2];
+
+    fn dir(self) -> &'static str {
+        match self {
+            Build::FramePointer => "fixtures-test",
+            Build::OmitFramePointer => "fixtures-test-omit-fp",
+            Build::O2 => "fixtures-test-o2",
+        }
+    }
+
+    fn flags(self) -> Option<&'static str> {
+        match self {
+            Build::FramePointer => None,
+            Build::OmitFramePointer => Some("-O2 -g -fomit-frame-pointer -Wall -Wno-unused-result"),
+            Build::O2 => Some("-O2 -g -Wall -Wno-unused-result"),
+        }
+    }
+}
+
 /// Builds every fixture once per test process.
 pub fn fixtures_dir() -> &'static Path {
-    static DIR: OnceLock<PathBuf> = OnceLock::new();
-    DIR.get_or_init(|| {
-        let out = root().join("target").join("fixtures-test");
-        let status = Command::new("make")
-            .args(["-s", "-C"])
+    fixtures_dir_for(Build::FramePointer)
+}
+
+/// Builds every fixture once per test process, with `build`'s flags.
+pub fn fixtures_dir_for(build: Build) -> &'static Path {
+    static DIRS: [OnceLock<PathBuf>; 3] = [OnceLock::new(), OnceLock::new(), OnceLock::new()];
+    let i = Build::ALL.iter().position(|&b| b == build).unwrap();
+    DIRS[i].get_or_init(|| {
+        let out = root().join("target").join(build.dir());
+        let mut make = Command::new("make");
+        make.args(["-s", "-C"])
             .arg(root().join("fixtures"))
-            .arg(format!("OUT={}", out.display()))
-            .status()
-            .expect("make runs");
-        assert!(status.success(), "building fixtures failed");
+            .arg(format!("OUT={}", out.display()));
+        if let Some(flags) = build.flags() {
+            make.arg(format!("CFLAGS={flags}"))
+                .arg(format!("CXXFLAGS={flags}"));
+        }
+        let status = make.status().expect("make runs");
+        assert!(status.success(), "building fixtures ({build:?}) failed");
         out
     })
 }
@@ -59,6 +100,7 @@ pub fn memleak() -> Command {
 pub struct Fixture {
     pub name: String,
     pub expected: Value,
+    pub build: Build,
 }
 
 /// Outstanding allocations with no frame in the program: bytes, count, and
@@ -83,11 +125,20 @@ impl Fixture {
         Fixture {
             name: name.to_string(),
             expected,
+            build: Build::FramePointer,
+        }
+    }
+
+    /// The fixture compiled with `build`'s flags (same expected file).
+    pub fn load_built(name: &str, build: Build) -> Fixture {
+        Fixture {
+            build,
+            ..Fixture::load(name)
         }
     }
 
     pub fn binary(&self) -> PathBuf {
-        fixtures_dir().join(self.expected["program"].as_str().unwrap())
+        fixtures_dir_for(self.build).join(self.expected["program"].as_str().unwrap())
     }
 
     pub fn args(&self) -> Vec<String> {
@@ -115,7 +166,7 @@ impl Fixture {
             .arg("--")
             .arg(self.binary())
             .args(self.args())
-            .current_dir(fixtures_dir())
+            .current_dir(fixtures_dir_for(self.build))
             .output()
             .unwrap();
         assert!(
@@ -163,8 +214,12 @@ impl Fixture {
         out
     }
 
-    /// Splits the report's outstanding stacks into groups with user frames
-    /// (compared exactly) and runtime groups (stacks with no fixture frame).
+    /// Splits the report's outstanding stacks into the program's groups
+    /// (compared exactly) and runtime groups: allocations the C runtime
+    /// makes itself (ld.so, libstdc++ and libc before main, or inside
+    /// pthread_create, dlopen, register_printf_specifier), whose innermost
+    /// frame is not the program's. An unwinder that reaches through the
+    /// runtime finds the program's frames beyond those too.
     pub fn actual_groups(&self, report: &Report) -> (Vec<Group>, Vec<RuntimeGroup>) {
         let sources = self.sources();
         let fixtures_src = root().join("fixtures");
@@ -206,8 +261,8 @@ impl Fixture {
                 ));
                 ours.push(is_ours(f.file.as_deref()));
             }
-            match ours.iter().position(|&o| o) {
-                Some(_) => {
+            match ours.first() {
+                Some(true) => {
                     // Keep the stack up to the last fixture frame: what lies
                     // beyond (libc start code, thread start) is not ours.
                     let last = ours.iter().rposition(|&o| o).unwrap();
@@ -218,7 +273,7 @@ impl Fixture {
                         count: s.count,
                     });
                 }
-                None => runtime.push((s.bytes, s.count, all_functions)),
+                _ => runtime.push((s.bytes, s.count, all_functions)),
             }
         }
         user.sort();
@@ -276,6 +331,33 @@ const RUNTIME_MAPPINGS: &[&str] = &["allocate_stack", "new_heap", "alloc_new_hea
 pub fn check_fixture(fx: &Fixture) {
     let (_dir, trace) = fx.record(&[]);
     check_trace(fx, &trace, &["outstanding", "mappings"]);
+}
+
+/// Records a fixture with `extra` options, checks every outstanding
+/// allocation exactly, and that the program's stacks are complete: the
+/// walk reached the outermost frame.
+pub fn check_fixture_complete(fx: &Fixture, extra: &[&str]) -> Report {
+    let (_dir, trace) = fx.record(extra);
+    let report = check_trace(fx, &trace, &["outstanding", "mappings"]);
+    let fixtures_src = root().join("fixtures");
+    for s in report.stacks.iter().filter(|s| s.count > 0) {
+        let ours = s.frames.first().is_some_and(|f| {
+            let file = f
+                .inlined
+                .first()
+                .map_or(f.file.as_deref(), |i| i.file.as_deref());
+            file.is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
+        });
+        let names: Vec<_> = s.frames.iter().map(|f| f.function.clone()).collect();
+        assert!(
+            !ours || !s.truncated,
+            "{} ({:?}): stack {} is truncated: {names:?}",
+            fx.name,
+            fx.build,
+            s.stack_id
+        );
+    }
+    report
 }
 
 /// Rows are in time order: `ts_ns` never steps back, across threads and
@@ -375,14 +457,18 @@ fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report) {
         return;
     }
     let fixtures_src = root().join("fixtures");
+    // The program's calls: the innermost frame is the program's (see
+    // actual_groups).
     let user_stacks: std::collections::HashSet<u64> = report
         .stacks
         .iter()
         .filter(|s| {
-            s.frames.iter().any(|f| {
-                f.file
-                    .as_deref()
-                    .is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
+            s.frames.first().is_some_and(|f| {
+                let file = f
+                    .inlined
+                    .first()
+                    .map_or(f.file.as_deref(), |i| i.file.as_deref());
+                file.is_some_and(|p| Path::new(p).starts_with(&fixtures_src))
             })
         })
         .map(|s| s.stack_id)

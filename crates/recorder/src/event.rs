@@ -37,6 +37,111 @@ pub const FLAG_KERNEL_STACK: u8 = 1;
 /// `flags` bit: the stack filled the configured depth.
 pub const FLAG_STACK_FULL: u8 = 2;
 
+/// Shift of the walk's end reason in `flags` (bits 2-5).
+pub const FLAG_END_SHIFT: u8 = 2;
+/// Mask of the walk's end reason after shifting.
+pub const FLAG_END_MASK: u8 = 0xf;
+
+/// Why the walk of a user stack ended: the codes of `enum
+/// memleak_unwind_end` in `bpf/memleak.h`, which are also the indexes of
+/// the BPF `unwind_ends` counters.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[repr(u8)]
+pub enum UnwindEnd {
+    /// No user stack was walked (kernel stacks, frees, older traces).
+    None = 0,
+    /// An `End` row: the outermost frame was reached.
+    Complete = 1,
+    /// The frame-pointer chain ended; whether the stack is complete is
+    /// judged by its outermost function.
+    FramePointer = 2,
+    /// `--stack-depth` frames were recorded.
+    MaxDepth = 3,
+    /// The pc is in no executable mapping of the process's table
+    /// (unmapped, or mapped after the table was written).
+    NoMapping = 4,
+    /// The process had no table (yet), with `--unwind dwarf`.
+    NoTable = 5,
+    /// The pc is in a mapping the full table left out.
+    MapsFull = 6,
+    /// The pc is in anonymous executable memory (JIT code, `[vdso]`).
+    Anonymous = 7,
+    /// An object without unwind information, with `--unwind dwarf`.
+    NoUnwindInfo = 8,
+    /// The object's rows did not fit the probe's row array.
+    RowsFull = 9,
+    /// No usable unwind rule at the pc.
+    InvalidRow = 10,
+    /// Reading the stack failed.
+    ReadFailed = 11,
+    /// The return address is 0.
+    NullReturnAddress = 12,
+    /// The caller's stack pointer is not above the frame's.
+    NotProgressing = 13,
+}
+
+/// Every [`UnwindEnd`], by code.
+pub const UNWIND_ENDS: [UnwindEnd; 14] = [
+    UnwindEnd::None,
+    UnwindEnd::Complete,
+    UnwindEnd::FramePointer,
+    UnwindEnd::MaxDepth,
+    UnwindEnd::NoMapping,
+    UnwindEnd::NoTable,
+    UnwindEnd::MapsFull,
+    UnwindEnd::Anonymous,
+    UnwindEnd::NoUnwindInfo,
+    UnwindEnd::RowsFull,
+    UnwindEnd::InvalidRow,
+    UnwindEnd::ReadFailed,
+    UnwindEnd::NullReturnAddress,
+    UnwindEnd::NotProgressing,
+];
+
+impl UnwindEnd {
+    /// The reason with this code, if any.
+    pub fn from_code(code: u8) -> Option<UnwindEnd> {
+        UNWIND_ENDS.get(usize::from(code)).copied()
+    }
+
+    /// The reason in an event's `flags`.
+    pub fn from_flags(flags: u8) -> UnwindEnd {
+        Self::from_code((flags >> FLAG_END_SHIFT) & FLAG_END_MASK).unwrap_or(UnwindEnd::None)
+    }
+
+    /// Its name in `meta.json`.
+    pub fn name(self) -> &'static str {
+        match self {
+            UnwindEnd::None => "none",
+            UnwindEnd::Complete => "complete",
+            UnwindEnd::FramePointer => "frame_pointer",
+            UnwindEnd::MaxDepth => "max_depth",
+            UnwindEnd::NoMapping => "no_mapping",
+            UnwindEnd::NoTable => "no_table",
+            UnwindEnd::MapsFull => "maps_full",
+            UnwindEnd::Anonymous => "anonymous",
+            UnwindEnd::NoUnwindInfo => "no_unwind_info",
+            UnwindEnd::RowsFull => "rows_full",
+            UnwindEnd::InvalidRow => "invalid_row",
+            UnwindEnd::ReadFailed => "read_failed",
+            UnwindEnd::NullReturnAddress => "null_return_address",
+            UnwindEnd::NotProgressing => "not_progressing",
+        }
+    }
+
+    /// Whether the stack is known complete (`Some(false)`), known cut
+    /// short (`Some(true)`), or the walk cannot tell (`None`: a
+    /// frame-pointer chain ends the same way at the root and in code
+    /// without frame pointers).
+    pub fn truncated(self) -> Option<bool> {
+        match self {
+            UnwindEnd::Complete => Some(false),
+            UnwindEnd::None | UnwindEnd::FramePointer => None,
+            _ => Some(true),
+        }
+    }
+}
+
 /// Indexes of the BPF `lost` counters, with their names in `meta.json`.
 pub const LOST_REASONS: [&str; 4] = ["ring_full", "stack_failed", "inflight_full", "failed_alloc"];
 
@@ -93,6 +198,11 @@ impl<'a> RawEvent<'a> {
             stack_err: u32_at(offsets::STACK_ERR) as i32,
             frames: &b[offsets::FRAMES..end],
         })
+    }
+
+    /// Why the walk of the user stack ended.
+    pub fn unwind_end(&self) -> UnwindEnd {
+        UnwindEnd::from_flags(self.flags)
     }
 
     /// Number of captured frames.
@@ -164,5 +274,18 @@ mod tests {
         assert_eq!(d.frames().collect::<Vec<_>>(), vec![1, 2, 3]);
         assert!(RawEvent::decode(&bytes[..bytes.len() - 1]).is_none());
         assert!(RawEvent::decode(&bytes[..10]).is_none());
+    }
+
+    #[test]
+    fn unwind_ends_by_code_and_in_flags() {
+        for (code, end) in UNWIND_ENDS.iter().enumerate() {
+            assert_eq!(*end as usize, code);
+            assert_eq!(UnwindEnd::from_code(code as u8), Some(*end));
+            let flags = FLAG_STACK_FULL | (code as u8) << FLAG_END_SHIFT;
+            assert_eq!(UnwindEnd::from_flags(flags), *end);
+        }
+        assert_eq!(UnwindEnd::from_code(14), None);
+        assert_eq!(UnwindEnd::from_flags(15 << FLAG_END_SHIFT), UnwindEnd::None);
+        assert_eq!(UnwindEnd::from_flags(FLAG_KERNEL_STACK), UnwindEnd::None);
     }
 }

@@ -40,4 +40,4 @@ pub mod symbolize;
 pub mod targets;
 pub mod unwind;
 
-pub use pipeline::{Recorder, Stats};
+pub use pipeline::{Recorder, Stats, TableUpdate};

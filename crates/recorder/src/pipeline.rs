@@ -12,7 +12,9 @@ use std::time::{Duration, Instant};
 use memleak_trace::meta::clock_ns;
 use memleak_trace::{Event, EventKind, Meta, StackRecord, TraceWriter};
 
-use crate::event::{RawEvent, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS};
+use crate::event::{
+    RawEvent, UnwindEnd, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS, UNWIND_ENDS,
+};
 use crate::functions::{FunctionIndexes, Lookup};
 use crate::procmaps::{resolve_in_process, MapsCache};
 use crate::stacks::StackInterner;
@@ -36,6 +38,17 @@ pub struct Stats {
     pub malformed: u64,
 }
 
+/// A change the probe's unwind tables must follow, seen in the events
+/// ([`Recorder::take_table_updates`]).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum TableUpdate {
+    /// Re-read the process's maps: it exec'd, or a stack ended at an
+    /// address its table does not know (a library mapped since).
+    Refresh(u32),
+    /// The process exited.
+    Forget(u32),
+}
+
 /// Turns raw probe records into a trace.
 pub struct Recorder {
     writer: TraceWriter,
@@ -57,9 +70,14 @@ pub struct Recorder {
     pending: Vec<PendingFrame>,
     symbolizer: FrameSymbolizer,
     last_snapshot: HashMap<u32, Instant>,
-    /// New stacks, written once their frames are symbolized (see
-    /// [`looks_complete`]).
-    pending_stacks: Vec<StackRecord>,
+    /// New stacks, written once their frames are symbolized, with
+    /// whether the walk knew if the stack is complete (otherwise
+    /// [`looks_complete`] judges).
+    pending_stacks: Vec<(StackRecord, bool)>,
+    /// Whether the probe unwinds with tables that must follow the
+    /// processes ([`Recorder::track_tables`]), and the updates seen.
+    track_tables: bool,
+    table_updates: Vec<TableUpdate>,
     /// Function and object of each symbolized user frame, to judge stack
     /// completeness.
     frame_functions: HashMap<(u32, u64), (Option<String>, Option<String>)>,
@@ -108,6 +126,8 @@ impl Recorder {
             symbolizer: FrameSymbolizer::default(),
             last_snapshot: HashMap::new(),
             pending_stacks: Vec::new(),
+            track_tables: false,
+            table_updates: Vec::new(),
             frame_functions: HashMap::new(),
             live: track_live.then(HashMap::new),
             page_frames: None,
@@ -132,6 +152,54 @@ impl Recorder {
     /// The metadata that will be written.
     pub fn meta_mut(&mut self) -> &mut Meta {
         self.writer.meta_mut()
+    }
+
+    /// Says the probe walks user stacks with unwind tables (`--unwind auto`
+    /// or `dwarf`), which must follow the processes: the [`TableUpdate`]s
+    /// the events call for are collected (off by default: nothing collects
+    /// them), and the frames of such walks are taken as they are (a frame
+    /// a signal interrupted follows no call).
+    pub fn track_tables(&mut self, on: bool) {
+        self.track_tables = on;
+    }
+
+    /// The table updates seen since the last call, each once.
+    pub fn take_table_updates(&mut self) -> Vec<TableUpdate> {
+        std::mem::take(&mut self.table_updates)
+    }
+
+    fn table_update(&mut self, u: TableUpdate) {
+        if self.track_tables && !self.table_updates.contains(&u) {
+            self.table_updates.push(u);
+        }
+    }
+
+    /// Stores how user stacks were walked: the probe's counts of walks by
+    /// [`UnwindEnd`] code, and what the tables hold.
+    pub fn set_unwind(
+        &mut self,
+        mode: crate::unwind::WalkMode,
+        ends: &[u64],
+        tables: crate::unwind::TablesStats,
+    ) {
+        let mut info = memleak_trace::UnwindInfo {
+            mode: mode.name().to_string(),
+            objects: tables.objects,
+            rows: tables.rows,
+            ..Default::default()
+        };
+        for (end, &n) in UNWIND_ENDS.iter().zip(ends) {
+            match end.truncated() {
+                _ if n == 0 => {}
+                Some(false) => info.complete += n,
+                None if *end == UnwindEnd::FramePointer => info.frame_pointer += n,
+                None => {}
+                Some(true) => {
+                    info.truncated.insert(end.name().to_string(), n);
+                }
+            }
+        }
+        self.writer.meta_mut().unwind = Some(info);
     }
 
     /// Snapshots a process's maps into the `maps` table and the cache.
@@ -171,7 +239,9 @@ impl Recorder {
                     live.retain(|&(p, _), _| p != raw.pid);
                 }
                 self.snapshot_maps(raw.pid)?;
+                self.table_update(TableUpdate::Refresh(raw.pid));
             }
+            EventKind::Exit => self.table_update(TableUpdate::Forget(raw.pid)),
             EventKind::Fork => {
                 // The analyzer needs the lineage to give a child (and only
                 // it) the heap it inherited. `addr` is the child pid.
@@ -239,10 +309,20 @@ impl Recorder {
     fn intern_stack(&mut self, raw: &RawEvent<'_>) -> memleak_trace::Result<u64> {
         let kernel = raw.flags & FLAG_KERNEL_STACK != 0;
         let pid = if kernel { 0 } else { raw.pid };
+        let end = raw.unwind_end();
+        if !kernel && matches!(end, UnwindEnd::NoMapping | UnwindEnd::NoTable) {
+            self.table_update(TableUpdate::Refresh(raw.pid));
+        }
         let seen = self.raw_stacks.intern(pid, kernel, raw.frames());
         if !seen.new {
             return Ok(self.trace_ids[(seen.id - 1) as usize]);
         }
+        // A walk with unwind rows finds the program's frames: only a
+        // frame-pointer walk (or step) reads data as frames. A frame a
+        // signal interrupted follows no call, and is a frame all the same.
+        let vouched = self.track_tables
+            && !kernel
+            && !matches!(end, UnwindEnd::None | UnwindEnd::FramePointer);
         let mut frames: Vec<u64> = raw.frames().collect();
         let mut keep = frames.len();
         for (i, &addr) in frames.iter().enumerate() {
@@ -250,7 +330,7 @@ impl Recorder {
                 continue;
             }
             let generation = self.maps.generation(pid);
-            if i > 0 && self.not_frames.get(&(pid, addr)) == Some(&generation) {
+            if i > 0 && !vouched && self.not_frames.get(&(pid, addr)) == Some(&generation) {
                 keep = i;
                 break;
             }
@@ -266,7 +346,7 @@ impl Recorder {
                 Reread::RateLimited
             };
             let (frame, is_frame) = self.judge_frame(pid, addr, reread)?;
-            if i > 0 && !is_frame {
+            if i > 0 && !is_frame && !vouched {
                 self.not_frames
                     .insert((pid, addr), self.maps.generation(pid));
                 keep = i;
@@ -289,13 +369,20 @@ impl Recorder {
         if interned.new {
             self.stats.stacks += 1;
             self.stats.cut_stacks += u64::from(cut);
-            self.pending_stacks.push(StackRecord {
-                stack_id: interned.id,
-                pid,
-                kernel,
-                truncated: cut || raw.flags & FLAG_STACK_FULL != 0,
-                frames,
-            });
+            // How the walk ended says whether the stack is complete,
+            // unless it followed frame pointers to their end (or this is
+            // a kernel stack): then its outermost frame is judged.
+            let known = if kernel { None } else { end.truncated() };
+            self.pending_stacks.push((
+                StackRecord {
+                    stack_id: interned.id,
+                    pid,
+                    kernel,
+                    truncated: cut || raw.flags & FLAG_STACK_FULL != 0 || known == Some(true),
+                    frames,
+                },
+                cut || known.is_some(),
+            ));
         }
         Ok(interned.id)
     }
@@ -384,8 +471,8 @@ impl Recorder {
                 self.writer.push_frame(&rec)?;
             }
         }
-        for mut stack in std::mem::take(&mut self.pending_stacks) {
-            if !stack.kernel && !stack.truncated {
+        for (mut stack, known) in std::mem::take(&mut self.pending_stacks) {
+            if !stack.kernel && !stack.truncated && !known {
                 let outer = stack
                     .frames
                     .last()

@@ -40,7 +40,7 @@ pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
-pub use meta::{Counters, KernelRecursion, Manifest, Meta, SegmentEntry};
+pub use meta::{Counters, KernelRecursion, Manifest, Meta, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table};
 pub use writer::{TraceWriter, WriterOptions};

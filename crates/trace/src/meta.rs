@@ -162,6 +162,10 @@ pub struct Meta {
     /// of them a later copy of the program recorded (kernel recording only).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub kernel_recursion: Option<KernelRecursion>,
+    /// How user stacks were walked and how the walks ended (recordings
+    /// with user-space probes).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub unwind: Option<UnwindInfo>,
     /// Fields this version does not know (a newer minor version added
     /// them); preserved on rewrite.
     #[serde(flatten)]
@@ -179,6 +183,35 @@ pub struct KernelRecursion {
     pub first_copy_skips: u64,
     /// Events the later copies recorded (each a skip of the first copy).
     pub recorded_by_later_copies: u64,
+}
+
+/// `unwind` in `meta.json`: the walks of user stacks by how they ended,
+/// one per allocation event with a user stack.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnwindInfo {
+    /// `--unwind`: `fp`, `auto` or `dwarf`.
+    pub mode: String,
+    /// Walks that reached the outermost frame (an `End` unwind row).
+    #[serde(default)]
+    pub complete: u64,
+    /// Walks that ended where the frame-pointer chain ended: complete or
+    /// not cannot be told from the walk (the recorder judges each stack by
+    /// its outermost function).
+    #[serde(default)]
+    pub frame_pointer: u64,
+    /// Walks cut short, by reason: `max_depth`, `no_mapping`, `no_table`,
+    /// `maps_full`, `anonymous`, `no_unwind_info`, `rows_full`,
+    /// `invalid_row`, `read_failed`, `null_return_address`,
+    /// `not_progressing` (docs/format.md). Reasons with no walk are left
+    /// out.
+    #[serde(default)]
+    pub truncated: BTreeMap<String, u64>,
+    /// Objects whose unwind rows were loaded for the probe, and their rows.
+    #[serde(default)]
+    pub objects: u64,
+    /// Rows loaded.
+    #[serde(default)]
+    pub rows: u64,
 }
 
 impl Default for Meta {
@@ -206,6 +239,7 @@ impl Default for Meta {
             notes: Vec::new(),
             recorder_cpu_ns: None,
             kernel_recursion: None,
+            unwind: None,
             extra: BTreeMap::new(),
         }
     }

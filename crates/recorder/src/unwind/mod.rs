@@ -9,14 +9,17 @@
 //! - [`row`]: the row layout shared with BPF, and its lookup.
 //! - [`build`]: rows from an ELF file's CFI, with gimli.
 //! - [`cache`]: tables by build id, so a shared library is read once.
-//! - [`reference`]: the unwinder the probe will implement, in user space.
+//! - [`reference`]: the unwinder the probe implements, in user space.
+//! - [`tables`]: the probe's row array and per-process mapping tables.
 
 pub mod build;
 pub mod cache;
 pub mod reference;
 pub mod row;
+pub mod tables;
 
 pub use build::{build, BuildError, BuildStats, Table, Unsupported};
 pub use cache::{UnwindCache, UnwindObject};
 pub use reference::{unwind, End, Frame, Memory, Mode, ObjectMap, Regs, Truncation, Unwound};
 pub use row::{Kind, Row};
+pub use tables::{MapEntry, ProcTable, TablesStats, UnwindSink, UnwindTables, WalkMode};
