@@ -209,3 +209,81 @@ fn a_library_mapped_later_is_found() {
     }
     assert!(Path::new(&trace).exists());
 }
+
+/// A Rust release binary (rustc -O: no frame pointers, linked by the
+/// toolchain's linker, whose text segment shares a file page with the
+/// read-only one): the leak through three nested functions comes out
+/// whole, from the allocator's caller in `leak_c` to `_start`, marked
+/// complete.
+#[test]
+fn a_rust_release_binary_unwinds_whole() {
+    if !common::can_record() || !common::has_tool("rustc") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let bin = dir.path().join("rust_leak");
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("fixtures/rust_leak.rs");
+    let built = Command::new("rustc")
+        .args(["-O", "-g", "-o"])
+        .arg(&bin)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(built.success(), "rustc failed");
+    let trace = dir.path().join("t.parquet");
+    let _guard = recording_guard(false);
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&bin)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    // The loop in main is unrolled: one stack per call site.
+    let leaks: Vec<&StackReport> = report
+        .stacks
+        .iter()
+        .filter(|s| s.count > 0 && names(s).iter().any(|n| n == "rust_leak::leak_c"))
+        .collect();
+    let (bytes, count) = leaks
+        .iter()
+        .fold((0, 0), |(b, c), s| (b + s.bytes, c + s.count));
+    assert_eq!(
+        (bytes, count),
+        (12_000, 3),
+        "{:?}",
+        leaks.iter().map(|s| names(s)).collect::<Vec<_>>()
+    );
+    for leak in leaks {
+        assert!(!leak.truncated, "{:?}", names(leak));
+        let ours: Vec<&str> = leak
+            .frames
+            .iter()
+            .filter_map(|f| f.function.as_deref())
+            .filter(|f| f.starts_with("rust_leak::"))
+            .collect();
+        assert_eq!(
+            ours,
+            [
+                "rust_leak::leak_c",
+                "rust_leak::leak_b",
+                "rust_leak::leak_a",
+                "rust_leak::main"
+            ],
+            "{:?}",
+            names(leak)
+        );
+        assert_eq!(
+            leak.frames.last().and_then(|f| f.function.as_deref()),
+            Some("_start"),
+            "{:?}",
+            names(leak)
+        );
+    }
+}

@@ -56,12 +56,18 @@ impl UnwindObject {
     /// `p_offset` are congruent modulo the page size, so the difference
     /// still gives the exact address. The load bias of the mapping is
     /// `start - vaddr_of_offset(offset)`.
+    ///
+    /// Two segments can share a file page (lld puts the text segment in
+    /// the page where the read-only one ends, at a vaddr one page further
+    /// on): the mapping belongs to the later one, whose rounded-down
+    /// offset the kernel mapped it from.
     pub fn vaddr_of_offset(&self, offset: u64) -> Option<u64> {
         self.segments
             .iter()
-            .find(|&&(_, off, filesz)| {
+            .filter(|&&(_, off, filesz)| {
                 offset >= off & !0xfff && offset < off.saturating_add(filesz)
             })
+            .max_by_key(|&&(_, off, _)| off)
             .map(|&(vaddr, off, _)| vaddr.wrapping_add(offset).wrapping_sub(off))
     }
 }
