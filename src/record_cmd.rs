@@ -20,7 +20,7 @@ use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
 use crate::child::Child;
 use crate::probes::{self, ProbeConfig, Probes};
-use crate::record_targets::{add_providers, libraries_for, placement_policy};
+use crate::record_targets::{add_providers, libraries_for, placement_policy, show_probes};
 use crate::units::{
     format_duration, format_size, parse_duration, parse_positive_duration, parse_size,
 };
@@ -451,20 +451,7 @@ fn record(
             &mut notes,
         )?;
         for lib in &libs {
-            if args.verbose {
-                for p in &lib.points {
-                    say!(
-                        "memleak: probe {}:{} at +{:#x} ({})",
-                        lib.path.display(),
-                        p.symbol,
-                        p.probe_offset - p.entry_offset,
-                        p.note
-                    );
-                }
-                for m in &lib.missing {
-                    say!("memleak: {} has no {m}; skipped", lib.path.display());
-                }
-            }
+            show_probes(lib, args.verbose);
             probes.attach_library(pid as i32, lib)?;
             search.borrow_mut().mark_attached(pid, lib);
         }

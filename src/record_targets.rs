@@ -24,7 +24,7 @@ pub fn placement_policy(args: &RecordArgs) -> Policy {
 }
 
 /// With `-v`: where each probe of `lib` goes, and what it lacks.
-fn show_probes(lib: &LibraryProbes, verbose: bool) {
+pub fn show_probes(lib: &LibraryProbes, verbose: bool) {
     if !verbose {
         return;
     }
