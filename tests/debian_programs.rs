@@ -7,8 +7,10 @@
 //!
 //! valgrind runs with `--run-libc-freeres=no --run-cxx-freeres=no`: by
 //! default it frees glibc's and libstdc++'s own allocations before it
-//! counts, which no traced process does. perl is left out: it copies its
-//! environment into `%ENV`, and valgrind adds four variables to it.
+//! counts, which no traced process does. perl copies its environment into
+//! `%ENV`, and valgrind adds variables to the client's: perl's recording
+//! gets the same ones, `LD_PRELOAD` pointing at files that do not exist
+//! (same length, so the same allocation sizes; ld.so ignores them).
 //!
 //! Needs root, valgrind and the programs; skips with a line if not.
 #![cfg(feature = "bpf")]
@@ -83,7 +85,35 @@ fn valgrind(cmd: &[&str], env: &[(&str, &str)]) -> Valgrind {
     v
 }
 
+/// The variables valgrind adds to (or changes in) its client's
+/// environment, as a recording would have to see them for a program
+/// whose allocations depend on its environment; the preloads renamed to
+/// files that do not exist, of the same length.
+fn valgrind_env() -> Vec<(String, String)> {
+    let out = Command::new("valgrind")
+        .args(["-q", "/usr/bin/env"])
+        .output()
+        .unwrap();
+    let ours: std::collections::HashMap<String, String> = std::env::vars().collect();
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| l.split_once('='))
+        .filter(|(k, v)| ours.get(*k).map(String::as_str) != Some(*v))
+        .map(|(k, v)| {
+            let v = match k {
+                "LD_PRELOAD" => v.replace("vgpreload", "vgpreloax"),
+                _ => v.to_string(),
+            };
+            (k.to_string(), v)
+        })
+        .collect()
+}
+
 fn check(cmd: &[&str], env: &[(&str, &str)]) {
+    check_with(cmd, env, &[]);
+}
+
+fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)]) {
     if !Path::new(cmd[0]).exists() {
         eprintln!("skipping {}: not installed", cmd[0]);
         return;
@@ -99,6 +129,7 @@ fn check(cmd: &[&str], env: &[(&str, &str)]) {
         .arg("--")
         .args(cmd)
         .envs(env.iter().copied())
+        .envs(record_env.iter().map(|(k, v)| (k, v)))
         .output()
         .unwrap();
     assert!(
@@ -181,6 +212,23 @@ fn python3_matches_valgrind() {
     check(
         &["/usr/bin/python3.11", "-c", "pass"],
         &[("PYTHONHASHSEED", "0")],
+    );
+}
+
+#[test]
+fn perl_matches_valgrind() {
+    if !common::can_record() || !common::has_tool("valgrind") {
+        return;
+    }
+    let env = valgrind_env();
+    assert!(
+        env.iter().any(|(k, _)| k == "LD_PRELOAD"),
+        "valgrind's client environment: {env:?}"
+    );
+    check_with(
+        &["/usr/bin/perl", "-e", "1"],
+        &[("PERL_HASH_SEED", "0"), ("PERL_PERTURB_KEYS", "0")],
+        &env,
     );
 }
 
