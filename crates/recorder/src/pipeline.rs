@@ -188,15 +188,14 @@ impl Recorder {
             rows: tables.rows,
             ..Default::default()
         };
-        for (end, &n) in UNWIND_ENDS.iter().zip(ends) {
+        for (end, &n) in UNWIND_ENDS.iter().zip(ends).filter(|(_, &n)| n > 0) {
             match end.truncated() {
-                _ if n == 0 => {}
                 Some(false) => info.complete += n,
-                None if *end == UnwindEnd::FramePointer => info.frame_pointer += n,
-                None => {}
                 Some(true) => {
                     info.truncated.insert(end.name().to_string(), n);
                 }
+                None if *end == UnwindEnd::FramePointer => info.frame_pointer += n,
+                None => {}
             }
         }
         self.writer.meta_mut().unwind = Some(info);
@@ -360,10 +359,13 @@ impl Recorder {
         frames.truncate(keep);
         // A cut stack is interned apart from a walk that ended by itself
         // at the same frame, which need not be truncated.
-        frames.push(CUT_MARK);
-        let n = frames.len() - usize::from(!cut);
-        let interned = self.stacks.intern(pid, kernel, frames[..n].iter().copied());
-        frames.pop();
+        if cut {
+            frames.push(CUT_MARK);
+        }
+        let interned = self.stacks.intern(pid, kernel, frames.iter().copied());
+        if cut {
+            frames.pop();
+        }
         debug_assert_eq!(self.trace_ids.len() as u64, seen.id - 1);
         self.trace_ids.push(interned.id);
         if interned.new {
@@ -769,26 +771,38 @@ mod tests {
         let mut rec = super::Recorder::new(writer, false);
         let pid = std::process::id();
         rec.snapshot_maps(pid).unwrap();
-        // An object mapped after the snapshot, as dlopen would.
+        // An object mapped after the snapshot, as dlopen would, at an
+        // address the snapshot does not hold: the other tests' threads map
+        // and unmap too, so the kernel may hand out an address the
+        // snapshot saw in use; such mappings are kept until the end.
         let exe = std::fs::File::open("/proc/self/exe").unwrap();
-        // SAFETY: a fresh private read-only mapping of a file we opened.
-        let base = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                4096,
-                libc::PROT_READ | libc::PROT_EXEC,
-                libc::MAP_PRIVATE,
-                exe.as_raw_fd(),
-                0,
-            )
+        let mut maps = Vec::new();
+        let base = loop {
+            // SAFETY: a fresh private read-only mapping of a file we opened.
+            let base = unsafe {
+                libc::mmap(
+                    std::ptr::null_mut(),
+                    4096,
+                    libc::PROT_READ | libc::PROT_EXEC,
+                    libc::MAP_PRIVATE,
+                    exe.as_raw_fd(),
+                    0,
+                )
+            };
+            assert_ne!(base, libc::MAP_FAILED);
+            maps.push(base);
+            if rec.maps.normalize(pid, base as u64 + 0x100).is_none() || maps.len() == 16 {
+                break base;
+            }
         };
-        assert_ne!(base, libc::MAP_FAILED);
         let frame0 = base as u64 + 0x100;
         let raw = RawEvent::header(1000, pid, EventKind::Malloc as u8, 0x10000, 8);
         rec.handle(&raw.encode(&[frame0])).unwrap();
         rec.finish().unwrap();
-        // SAFETY: the mapping made above, no longer used.
-        unsafe { libc::munmap(base, 4096) };
+        for m in maps {
+            // SAFETY: the mappings made above, no longer used.
+            unsafe { libc::munmap(m, 4096) };
+        }
         let frames = Trace::open(&root).unwrap().frames().unwrap();
         assert_eq!(frames.len(), 1);
         assert!(
