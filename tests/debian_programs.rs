@@ -20,7 +20,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::fixtures::{memleak, recording_guard};
+use common::fixtures::record_command;
 use memleak_analyze::report::{analyze, AnalyzeOptions};
 use memleak_analyze::{Filter, KindScope};
 
@@ -120,23 +120,13 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
     }
     let vg = valgrind(cmd, env);
     assert!(vg.blocks > 0, "{cmd:?}: no valgrind summary");
-    let dir = tempfile::tempdir().unwrap();
-    let trace = dir.path().join("t.parquet");
-    let _guard = recording_guard(false);
-    let out = memleak()
-        .args(["record", "-q", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .args(cmd)
-        .envs(env.iter().copied())
-        .envs(record_env.iter().map(|(k, v)| (k, v)))
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{cmd:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let env: Vec<(String, String)> = env
+        .iter()
+        .map(|&(k, v)| (k.to_string(), v.to_string()))
+        .chain(record_env.iter().cloned())
+        .collect();
+    let args: Vec<&std::ffi::OsStr> = cmd.iter().map(std::ffi::OsStr::new).collect();
+    let (_dir, trace) = record_command(&args, &env);
     let opts = AnalyzeOptions {
         filter: Filter {
             kind: KindScope::Heap,

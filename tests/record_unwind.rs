@@ -14,7 +14,7 @@ use std::path::Path;
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fixtures::{fixtures_dir_for, memleak, recording_guard, Build};
+use common::fixtures::{fixtures_dir_for, memleak, record_command, recording_guard, Build};
 use memleak_analyze::report::{analyze, AnalyzeOptions, StackReport};
 
 /// Records `unwind_edges` of `build` with `--unwind mode`; returns the
@@ -230,20 +230,7 @@ fn a_rust_release_binary_unwinds_whole() {
         .status()
         .unwrap();
     assert!(built.success(), "rustc failed");
-    let trace = dir.path().join("t.parquet");
-    let _guard = recording_guard(false);
-    let out = memleak()
-        .args(["record", "-q", "-o"])
-        .arg(&trace)
-        .arg("--")
-        .arg(&bin)
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (_trace_dir, trace) = record_command(&[bin.as_os_str()], &[]);
     let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
     // The loop in main is unrolled: one stack per call site.
     let leaks: Vec<&StackReport> = report

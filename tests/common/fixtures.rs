@@ -97,6 +97,32 @@ pub fn memleak() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memleak"))
 }
 
+/// Records `cmd` (with `env` added to its environment) to completion,
+/// holding a recording guard; returns the trace directory.
+pub fn record_command(
+    cmd: &[&std::ffi::OsStr],
+    env: &[(String, String)],
+) -> (tempfile::TempDir, PathBuf) {
+    let _guard = recording_guard(false);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .args(cmd)
+        .envs(env.iter().map(|(k, v)| (k, v)))
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "record of {cmd:?} failed: {:?}\n{}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, trace)
+}
+
 pub struct Fixture {
     pub name: String,
     pub expected: Value,
