@@ -8,6 +8,8 @@ APT_PACKAGES=(
     valgrind gdb libjemalloc2                                # fixture cross-checks, -O test
     python3 python3-pip python3-venv                         # DuckDB/pyarrow reader test
     linux-perf bpftool                                       # handy for debugging probes
+    golang-go protobuf-compiler                              # pprof export test (go tool pprof, protoc)
+    chromium                                                 # HTML report test (headless)
     ca-certificates curl git
 )
 
@@ -32,12 +34,12 @@ fi
 
 # Python modules of the external-reader test. The python3 on PATH may be
 # Debian's (PEP 668 "externally managed") or a pyenv/venv one.
-if ! python3 -c 'import duckdb, pyarrow' 2>/dev/null; then
-    echo "setup: installing duckdb and pyarrow for $(command -v python3)"
-    python3 -m pip install --quiet duckdb pyarrow 2>/dev/null \
-        || python3 -m pip install --quiet --break-system-packages duckdb pyarrow
+if ! python3 -c 'import duckdb, pyarrow, google.protobuf' 2>/dev/null; then
+    echo "setup: installing duckdb, pyarrow and protobuf for $(command -v python3)"
+    python3 -m pip install --quiet duckdb pyarrow protobuf 2>/dev/null \
+        || python3 -m pip install --quiet --break-system-packages duckdb pyarrow protobuf
 fi
-python3 -c 'import duckdb, pyarrow' # fail loudly if still missing
+python3 -c 'import duckdb, pyarrow, google.protobuf' # fail loudly if still missing
 
 # Rust: rustup is expected; install the toolchain pieces the scripts use.
 if ! command -v cargo >/dev/null; then
