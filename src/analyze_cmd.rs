@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::units::{format_duration, parse_duration_ns, parse_size};
+use crate::units::{format_duration, parse_duration_ns, parse_positive_duration, parse_size};
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
@@ -38,6 +38,9 @@ pub enum SortArg {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// Most temporary allocations first (stacks with nothing
+    /// outstanding too).
+    Temporary,
 }
 
 /// Flamegraph weights.
@@ -115,6 +118,10 @@ pub struct AnalyzeArgs {
     /// --from).
     #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub to: Option<u64>,
+    /// An allocation freed within this time by the thread that made it,
+    /// before the thread allocated again, counts as temporary.
+    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration)]
+    pub temporary_threshold: Duration,
     /// User-space allocations, kernel ones, or both.
     #[arg(long, value_enum, default_value = "all")]
     pub kind: KindArg,
@@ -192,8 +199,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             SortArg::Bytes => SortKey::Bytes,
             SortArg::Count => SortKey::Count,
             SortArg::Age => SortKey::Age,
+            SortArg::Temporary => SortKey::Temporary,
         },
         partitions: 0,
+        temporary_threshold_ns: Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64),
     };
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,

@@ -61,13 +61,12 @@ pub fn parse_duration_ns(text: &str) -> Result<u64, String> {
 }
 
 /// [`parse_duration_ns`] as a [`Duration`].
-#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
 pub fn parse_duration(text: &str) -> Result<Duration, String> {
     parse_duration_ns(text).map(Duration::from_nanos)
 }
 
-/// [`parse_duration`], refusing zero (a recording that stops at once).
-#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
+/// [`parse_duration`], refusing zero (a recording that stops at once, a
+/// temporary threshold nothing meets).
 pub fn parse_positive_duration(text: &str) -> Result<Duration, String> {
     match parse_duration(text)? {
         Duration::ZERO => Err(format!("invalid duration {text:?}: must be more than 0")),

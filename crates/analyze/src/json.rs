@@ -64,6 +64,8 @@ struct SummaryJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     cut_stacks: Option<u64>,
     age_histogram: Vec<Bucket>,
+    #[serde(flatten)]
+    behaviour: crate::behaviour::SummaryJson,
     filters: &'a [String],
     sort: &'static str,
     stacks_shown: usize,
@@ -90,6 +92,8 @@ struct StackJson<'a> {
     allocated_bytes: u64,
     allocations: u64,
     age_histogram: Vec<Bucket>,
+    #[serde(flatten)]
+    behaviour: crate::behaviour::StackJson,
     frames: Vec<FrameJson<'a>>,
 }
 
@@ -139,7 +143,7 @@ fn frame(f: &Frame) -> FrameJson<'_> {
     }
 }
 
-fn stack(s: &StackReport) -> StackJson<'_> {
+fn stack(s: &StackReport, interval_ns: u64) -> StackJson<'_> {
     StackJson {
         stack_id: s.stack_id,
         pid: s.pid,
@@ -153,6 +157,7 @@ fn stack(s: &StackReport) -> StackJson<'_> {
         allocated_bytes: s.allocated_bytes,
         allocations: s.allocations,
         age_histogram: s.age_histogram.buckets(),
+        behaviour: crate::behaviour::stack_json(s, interval_ns),
         frames: s.frames.iter().map(frame).collect(),
     }
 }
@@ -185,6 +190,7 @@ pub fn write<W: std::io::Write + Send + ?Sized>(
     use rayon::prelude::*;
 
     let top = report.top_stacks();
+    let interval_ns = report.summary.rate_interval_ns;
     let head = serde_json::to_string_pretty(&doc(report, Vec::new(), top.len()))
         .expect("report serializes");
     if top.is_empty() {
@@ -203,7 +209,7 @@ pub fn write<W: std::io::Write + Send + ?Sized>(
             .map(|chunk| {
                 let mut text = String::with_capacity(chunk.len() * 8192);
                 for s in chunk {
-                    let one = serde_json::to_string_pretty(&stack(s)).expect("stack serializes");
+                    let one = serde_json::to_string_pretty(&stack(s, interval_ns)).expect("stack serializes");
                     if !text.is_empty() {
                         text.push_str(",\n");
                     }
@@ -287,6 +293,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             },
             cut_stacks: s.cut_stacks,
             age_histogram: s.age_histogram.buckets(),
+            behaviour: crate::behaviour::summary_json(s),
             filters: &s.filters,
             sort: s.sort.name(),
             stacks_shown: shown,

@@ -20,6 +20,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod behaviour;
 pub mod filter;
 pub mod folded;
 mod hash;

@@ -7,6 +7,7 @@ use std::path::Path;
 use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace};
 use serde::Serialize;
 
+use crate::behaviour::{SizeCount, SizeHistogram};
 use crate::filter::{Filter, ResolvedFilter};
 use crate::hash::{int_map, IntMap};
 use crate::histogram::AgeHistogram;
@@ -22,6 +23,9 @@ pub enum SortKey {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// Most temporary allocations first; the stacks shown are those with
+    /// temporary allocations, outstanding or not.
+    Temporary,
 }
 
 impl SortKey {
@@ -31,6 +35,7 @@ impl SortKey {
             SortKey::Bytes => "bytes",
             SortKey::Count => "count",
             SortKey::Age => "age",
+            SortKey::Temporary => "temporary",
         }
     }
 }
@@ -49,6 +54,9 @@ pub struct AnalyzeOptions {
     pub sort: SortKey,
     /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
+    /// An allocation freed within this (ns) may be temporary (see
+    /// [`behaviour`](crate::behaviour)); `None`: 1 ms.
+    pub temporary_threshold_ns: Option<u64>,
 }
 
 /// A frame of an inlined chain, innermost first.
@@ -107,6 +115,10 @@ pub struct StackReport {
     pub allocated_bytes: u64,
     /// Allocations made by the stack during the trace, freed or not.
     pub allocations: u64,
+    /// Of `allocations`, the temporary ones (see [`behaviour`](crate::behaviour)).
+    pub temporary: u64,
+    /// Sizes of `allocations`, non-empty log2 buckets, smallest first.
+    pub allocation_sizes: Vec<SizeCount>,
     /// Ages of the outstanding allocations.
     pub age_histogram: AgeHistogram,
     /// Frames, innermost first.
@@ -193,6 +205,17 @@ pub struct Summary {
     pub cut_stacks: Option<u64>,
     /// Ages of every outstanding allocation matching the filters.
     pub age_histogram: AgeHistogram,
+    /// Temporary allocations among those the filters select.
+    pub temporary_allocations: u64,
+    /// The threshold of temporary allocations, ns.
+    pub temporary_threshold_ns: u64,
+    /// Sizes of the allocations the filters select.
+    pub allocation_sizes: SizeHistogram,
+    /// Sizes of the outstanding allocations matching every filter.
+    pub outstanding_sizes: SizeHistogram,
+    /// The span, ns, allocation rates are measured over
+    /// ([`behaviour::rate_interval`](crate::behaviour::rate_interval)).
+    pub rate_interval_ns: u64,
     /// Whether the recording finished cleanly.
     pub complete: bool,
     /// For a recording that did not: what is known to be missing.
@@ -273,7 +296,12 @@ impl Report {
     /// The stacks text and JSON show: those with outstanding allocations,
     /// at most `top` of them.
     pub fn top_stacks(&self) -> &[StackReport] {
-        let leaking = self.stacks.iter().take_while(|s| s.count > 0).count();
+        let temporary = self.summary.sort == SortKey::Temporary;
+        let leaking = self
+            .stacks
+            .iter()
+            .take_while(|s| s.count > 0 || (temporary && s.temporary > 0))
+            .count();
         let n = if self.top == 0 {
             leaking
         } else {
@@ -317,6 +345,7 @@ pub fn analyze_trace(
         progress,
         // Unknown yet: per-stack arrays grow as ids show up.
         max_stack_id: Some(0),
+        temporary_ns: temporary_ns(opts),
     };
     // The stacks and frames tables are read, and indexed, while the events
     // replay: the pool has idle moments (the first decode, waiting for
@@ -365,7 +394,7 @@ pub fn analyze_trace(
                 .is_none_or(|parent| !opts.filter.pids.contains(parent))
         })
         .collect();
-    let (stacks, by_class) = build_stacks(
+    let (stacks, by_class, outstanding_sizes) = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
@@ -421,6 +450,11 @@ pub fn analyze_trace(
         lost_by_reason: meta.counters.lost.clone(),
         cut_stacks: meta.cut_stacks,
         age_histogram,
+        temporary_allocations: stats.temporary,
+        temporary_threshold_ns: temporary_ns(opts),
+        allocation_sizes: replayed.allocation_sizes().clone(),
+        outstanding_sizes,
+        rate_interval_ns: crate::behaviour::rate_interval(start_ts, eval_ts, &opts.filter),
         complete: meta.complete,
         incomplete: trace.incomplete(),
         filters: describe_filters(&opts.filter, opts.at_ns),
@@ -432,6 +466,13 @@ pub fn analyze_trace(
         top: opts.top,
         spent: Spent(Some(std::sync::Arc::new((replayed, stacks_by_id, frames)))),
     })
+}
+
+/// The threshold of temporary allocations of `opts`, ns.
+fn temporary_ns(opts: &AnalyzeOptions) -> u64 {
+    opts.temporary_threshold_ns
+        .unwrap_or(crate::behaviour::DEFAULT_TEMPORARY_NS)
+        .max(1)
 }
 
 /// The ancestors of `pids`, from the `parents` map the recorder keeps in
@@ -529,7 +570,7 @@ fn build_stacks(
     (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
     sort: SortKey,
-) -> (Vec<StackReport>, OutstandingByClass) {
+) -> (Vec<StackReport>, OutstandingByClass, SizeHistogram) {
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
     let per_partition = replayed.fold_outstanding(
@@ -538,9 +579,10 @@ fn build_stacks(
                 int_map::<u64, OutstandingByStack>(),
                 HashSet::<u64>::new(),
                 OutstandingByClass::default(),
+                SizeHistogram::default(),
             )
         },
-        |(acc, mappings, class), b: &OutstandingBlock| {
+        |(acc, mappings, class, sizes), b: &OutstandingBlock| {
             if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
                 return;
             }
@@ -559,6 +601,7 @@ fn build_stacks(
                 ..Default::default()
             });
             let count = first_piece as u64;
+            sizes.add(b.size, count);
             e.bytes += b.size;
             e.count += count;
             if b.mapping.is_some() {
@@ -577,14 +620,16 @@ fn build_stacks(
     // Merged pairwise on the pool's threads, not one after another.
     use rayon::prelude::*;
     let mut by_class = OutstandingByClass::default();
-    for (_, _, c) in &per_partition {
+    let mut outstanding_sizes = SizeHistogram::default();
+    for (_, _, c, sizes) in &per_partition {
+        outstanding_sizes.merge(sizes);
         by_class.heap.add(c.heap.bytes, c.heap.allocations);
         by_class.mapped.add(c.mapped.bytes, c.mapped.allocations);
         by_class.kernel.add(c.kernel.bytes, c.kernel.allocations);
     }
     let mut by_stack: IntMap<u64, OutstandingByStack> = per_partition
         .into_par_iter()
-        .map(|(part, _, _)| part)
+        .map(|(part, _, _, _)| part)
         .reduce(int_map, |mut a, mut b| {
             if a.len() < b.len() {
                 std::mem::swap(&mut a, &mut b);
@@ -607,17 +652,21 @@ fn build_stacks(
             a
         });
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
+    let mut sizes = replayed.allocation_sizes_by_stack();
 
     let ids: std::collections::BTreeSet<u64> =
         by_stack.keys().chain(allocated.keys()).copied().collect();
-    let ids: Vec<(u64, Option<OutstandingByStack>)> = ids
+    let ids: Vec<(u64, Option<OutstandingByStack>, Vec<SizeCount>)> = ids
         .into_iter()
-        .map(|id| (id, by_stack.remove(&id)))
+        .map(|id| {
+            let s = sizes.remove(&id).unwrap_or_default();
+            (id, by_stack.remove(&id), s)
+        })
         .collect();
     // Resolving frames copies their names: in parallel.
     let mut out: Vec<StackReport> = ids
         .into_par_iter()
-        .map(|(id, o)| {
+        .map(|(id, o, allocation_sizes)| {
             let a = allocated.get(&id).copied().unwrap_or_default();
             let rec = stacks.get(&id);
             let mut s = StackReport {
@@ -628,6 +677,8 @@ fn build_stacks(
                 known: rec.is_some(),
                 allocated_bytes: a.bytes,
                 allocations: a.allocations,
+                temporary: a.temporary,
+                allocation_sizes,
                 frames: rec.map(|r| resolve_frames(r, frames)).unwrap_or_default(),
                 ..Default::default()
             };
@@ -644,7 +695,7 @@ fn build_stacks(
         })
         .collect();
     sort_stacks(&mut out, sort);
-    (out, by_class)
+    (out, by_class, outstanding_sizes)
 }
 
 fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {
@@ -678,13 +729,19 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
 /// moves the large reports less) gives the same order.
 pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
     stacks.sort_unstable_by(|a, b| {
-        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let shown = |s: &StackReport| s.count > 0 || (key == SortKey::Temporary && s.temporary > 0);
+        let leak = shown(b).cmp(&shown(a));
         let by_key = match key {
             SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
             SortKey::Count => b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)),
             SortKey::Age => b
                 .oldest_age_ns
                 .cmp(&a.oldest_age_ns)
+                .then(b.bytes.cmp(&a.bytes)),
+            SortKey::Temporary => b
+                .temporary
+                .cmp(&a.temporary)
+                .then(b.allocations.cmp(&a.allocations))
                 .then(b.bytes.cmp(&a.bytes)),
         };
         leak.then(by_key)

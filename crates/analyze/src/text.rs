@@ -33,7 +33,7 @@ pub fn render(report: &Report) -> String {
             s.sort.name()
         );
         for st in top {
-            render_stack(&mut out, st);
+            render_stack(&mut out, st, s.rate_interval_ns);
             out.push('\n');
         }
     }
@@ -53,7 +53,7 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn render_stack(out: &mut String, st: &StackReport) {
+fn render_stack(out: &mut String, st: &StackReport, interval_ns: u64) {
     let mut who = if st.stack_id == 0 {
         "an unknown stack".to_string()
     } else {
@@ -71,6 +71,11 @@ fn render_stack(out: &mut String, st: &StackReport) {
         plural(st.count, "allocation", "allocations"),
         who,
         format_duration(st.oldest_age_ns)
+    );
+    let _ = writeln!(
+        out,
+        "    {}",
+        crate::behaviour::stack_line(st, interval_ns)
     );
     let lines = frame_lines(&st.frames);
     let width = lines
@@ -286,8 +291,16 @@ fn render_summary(out: &mut String, s: &Summary) {
             ),
         );
     }
+    let (behaviour, sizes) = crate::behaviour::summary_rows(s);
+    for (k, v) in behaviour {
+        row(k, v);
+    }
     if !s.filters.is_empty() {
         row("filters", s.filters.join(", "));
+    }
+    if !sizes.is_empty() {
+        out.push_str("\nSizes of allocations\n");
+        out.push_str(&sizes);
     }
     let hist = s.age_histogram.render("  ");
     if !hist.is_empty() {

@@ -51,8 +51,8 @@ impl EventColumns {
     pub const OLD_SIZE: Self = Self(256);
     /// Every column.
     pub const ALL: Self = Self(511);
-    /// What replay needs: everything but `tid`.
-    pub const REPLAY: Self = Self(511 & !4);
+    /// What replay needs: every column (`tid` for temporary allocations).
+    pub const REPLAY: Self = Self(511);
 
     const NAMES: [&'static str; 9] = [
         "ts_ns", "pid", "tid", "kind", "addr", "size", "old_addr", "stack_id", "old_size",

@@ -70,8 +70,19 @@ pub(super) struct Ctx<'a> {
     /// and reallocs (and kinds that do nothing), the kind itself for the
     /// rest.
     pub(super) code_of: [u8; 256],
+    /// Whether a kind's rows take part in the scan for temporary
+    /// allocations, whatever the filter: [`HEAP_ALLOC`], [`HEAP_FREE`],
+    /// [`HEAP_REALLOC`], or 0.
+    pub(super) heap: [u8; 256],
+    /// The threshold of temporary allocations, ns.
+    pub(super) temporary_ns: u64,
     pub(super) filter: &'a ResolvedFilter,
 }
+
+/// In [`Ctx::heap`]: a process's heap allocation, free, realloc.
+pub(super) const HEAP_ALLOC: u8 = 1;
+pub(super) const HEAP_FREE: u8 = 2;
+pub(super) const HEAP_REALLOC: u8 = 3;
 
 /// In [`Ctx::table_of`]: the event's process's table.
 pub(super) const USER_TABLE: usize = 255;
@@ -91,13 +102,14 @@ pub(super) fn realloc_frees(old: u64, new: u64, size: u64) -> bool {
 }
 
 impl<'a> Ctx<'a> {
-    pub(super) fn new(nparts: usize, filter: &'a ResolvedFilter) -> Self {
+    pub(super) fn new(nparts: usize, filter: &'a ResolvedFilter, temporary_ns: u64) -> Self {
         let mut ops = [Op::Nothing; 256];
         let mut kind_ok = [false; 256];
         let mut table_of = [KERNEL_SLOT as u8; 256];
         let mut by_addr = [false; 256];
         let mut alloc_class = [NOT_ALLOC; 256];
         let mut code_of = [C_SKIP; 256];
+        let mut heap = [0u8; 256];
         table_of[C_ALLOC_PAGE as usize] = PAGE_SLOT as u8;
         table_of[C_FREE_PAGE as usize] = PAGE_SLOT as u8;
         table_of[C_ALLOC_USER as usize] = USER_TABLE as u8;
@@ -122,6 +134,12 @@ impl<'a> Ctx<'a> {
                 Op::Alloc | Op::KernelAlloc | Op::PageAlloc | Op::Realloc | Op::Remap => ADDR_ALLOC,
                 Op::Map => MAP_ALLOC,
                 _ => NOT_ALLOC,
+            };
+            heap[k as usize] = match op_of(k) {
+                Op::Alloc => HEAP_ALLOC,
+                Op::Free => HEAP_FREE,
+                Op::Realloc => HEAP_REALLOC,
+                _ => 0,
             };
             ops[k as usize] = op_of(k);
             kind_ok[k as usize] = filter.kind_selected(k);
@@ -148,6 +166,8 @@ impl<'a> Ctx<'a> {
             by_addr,
             alloc_class,
             code_of,
+            heap,
+            temporary_ns,
             filter,
         }
     }

@@ -9,6 +9,7 @@ use memleak_trace::reader::RowGroupUnit;
 use super::allocated::Allocated;
 use super::ctx::{Ctx, Op};
 use super::packed::{count_allocations, pack, Packed};
+use super::temporary::{RowGroupTemps, TempScan};
 use super::{Columns, Decoder, Slices};
 
 /// One decoded row group and what was counted while decoding it.
@@ -22,6 +23,9 @@ pub(super) struct Decoded {
     pub(super) first_ts: u64,
     pub(super) last_ts: u64,
     pub(super) kinds: Box<[u64; 256]>,
+    /// What the scan for temporary allocations leaves for the next row
+    /// groups.
+    pub(super) temps: RowGroupTemps,
 }
 
 /// The rows of a [`Decoded`] row group, in the form one of the two replay
@@ -64,6 +68,7 @@ impl Decoded {
             .pop()
             .unwrap_or_else(|| Allocated::new(0));
         let total = unit.rows as usize;
+        let mut temps = TempScan::new(ctx.temporary_ns, RowGroupTemps::default());
         let mut d = if ctx.nparts == 1 {
             let mut packed = crate::lock_pool(packed_pool).pop().unwrap_or_default();
             packed.ops.clear();
@@ -78,7 +83,14 @@ impl Decoded {
                 if n > 0 {
                     first_ts.get_or_insert(b.ts[0]);
                     last_ts = b.ts[n - 1];
-                    pack(b.range(0, n), ctx, &mut kinds, &mut acc, &mut packed);
+                    pack(
+                        b.range(0, n),
+                        ctx,
+                        &mut kinds,
+                        &mut acc,
+                        &mut temps,
+                        &mut packed,
+                    );
                 }
                 rows += n;
                 n == all
@@ -94,6 +106,7 @@ impl Decoded {
                 first_ts: first_ts.unwrap_or(0),
                 last_ts,
                 kinds,
+                temps: RowGroupTemps::default(),
             }
         } else {
             let cols = match decoder.read(unit) {
@@ -109,7 +122,7 @@ impl Decoded {
                 None => cols.len(),
             };
             let b = cols.slices(rows);
-            count_allocations(b, ctx, &mut kinds, &mut acc);
+            count_allocations(b, ctx, &mut kinds, &mut acc, &mut temps);
             let mut rows_len = vec![0; ctx.nparts];
             let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
             split_rows(b, ctx, &mut out, &mut rows_len);
@@ -128,9 +141,11 @@ impl Decoded {
                 first_ts,
                 last_ts,
                 kinds,
+                temps: RowGroupTemps::default(),
             }
         };
         crate::lock_pool(allocated).push(acc);
+        d.temps = temps.finish();
         d.total = d.total.max(d.rows);
         Ok(d)
     }

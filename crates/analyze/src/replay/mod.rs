@@ -68,6 +68,7 @@ mod partition;
 mod peak;
 mod pipeline;
 mod process;
+mod temporary;
 mod types;
 
 use allocated::Allocated;
@@ -85,7 +86,12 @@ pub use types::{
 pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<Replay> {
     let nparts = partition_count(opts);
     let max_stack = max_stack_id(trace, opts)?;
-    let ctx = Ctx::new(nparts, &opts.filter);
+    let temporary_ns = match opts.temporary_ns {
+        0 => crate::behaviour::DEFAULT_TEMPORARY_NS,
+        t => t,
+    };
+    let ctx = Ctx::new(nparts, &opts.filter, temporary_ns);
+    let mut carry = temporary::Carry::default();
     let processes = ProcessIndex::default();
     let mut partitions: Vec<Partition> =
         (0..nparts).map(|i| Partition::new(i, &processes)).collect();
@@ -98,6 +104,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
             replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing);
             stats.first_ts.get_or_insert(d.first_ts);
             stats.last_ts = Some(d.last_ts);
+            carry.next(&d.temps, temporary_ns, d.last_ts);
             if let Some(f) = opts.progress {
                 f(d.total as u64);
             }
@@ -110,6 +117,9 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut allocated = Allocated::new(max_stack);
     for a in &counted {
         allocated.merge(a);
+    }
+    for (&stack, &n) in &carry.temporary {
+        allocated.add_temporary(stack, n);
     }
     add_totals(&mut stats, &kinds, &partitions, &allocated, &live);
     stats.process_peaks = live.process_peaks(&partitions, &processes);
@@ -206,6 +216,7 @@ fn add_totals(
     }
     stats.allocations = allocated.allocations;
     stats.allocated_bytes = allocated.bytes;
+    stats.temporary = allocated.temporary;
     stats.peak_bytes = live.peak.max(0) as u64;
     stats.peak_ts = live.peak_ts;
     stats.live_bytes = live.outstanding.max(0) as u64;

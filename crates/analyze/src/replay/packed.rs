@@ -4,7 +4,8 @@
 //! several partitions, [`count_allocations`]).
 
 use super::allocated::Allocated;
-use super::ctx::{realloc_frees, Ctx, MAP_ALLOC, NOT_ALLOC};
+use super::ctx::{realloc_frees, Ctx, HEAP_ALLOC, HEAP_FREE, HEAP_REALLOC, MAP_ALLOC, NOT_ALLOC};
+use super::temporary::TempScan;
 use super::Slices;
 
 /// A row group as the single-partition replay reads it: one 32-byte
@@ -41,6 +42,7 @@ pub(super) struct PackedOp {
 pub(super) struct Row {
     ts: u64,
     pid: u32,
+    tid: u32,
     kind: u8,
     addr: u64,
     size: u64,
@@ -55,6 +57,7 @@ impl Row {
         Slices {
             ts: from_ref(&self.ts),
             pid: from_ref(&self.pid),
+            tid: from_ref(&self.tid),
             kind: from_ref(&self.kind),
             addr: from_ref(&self.addr),
             size: from_ref(&self.size),
@@ -97,6 +100,7 @@ pub(super) fn count_allocations(
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
     acc: &mut Allocated,
+    temps: &mut TempScan,
 ) {
     let f = ctx.filter;
     let n = b.kind.len();
@@ -105,10 +109,10 @@ pub(super) fn count_allocations(
     let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
     let none = &mut Packed::default();
     match (f.has_pids(), every) {
-        (false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, none),
-        (false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, none),
-        (true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, none),
-        (true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, none),
+        (false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, temps, none),
+        (false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, temps, none),
+        (true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, temps, none),
+        (true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, temps, none),
     }
 }
 
@@ -119,6 +123,7 @@ pub(super) fn pack(
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
     acc: &mut Allocated,
+    temps: &mut TempScan,
     out: &mut Packed,
 ) {
     let f = ctx.filter;
@@ -127,10 +132,10 @@ pub(super) fn pack(
     // A realloc makes two operations.
     out.ops.reserve(2 * n);
     match (f.has_pids(), every) {
-        (false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, out),
-        (false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, out),
-        (true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, out),
-        (true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, out),
+        (false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, temps, out),
+        (false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, temps, out),
+        (true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, temps, out),
+        (true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, temps, out),
     }
 }
 
@@ -147,6 +152,7 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
     acc: &mut Allocated,
+    temps: &mut TempScan,
     out: &mut Packed,
 ) {
     let f = ctx.filter;
@@ -173,6 +179,28 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
         };
         let stack = b.stack_id[i];
         acc.totals.add_if(stack, size, counted);
+        acc.sizes.add_if(size, counted);
+        let heap = ctx.heap[kind];
+        if heap != 0 {
+            let (tid, ts) = (b.tid[i], b.ts[i]);
+            if heap == HEAP_ALLOC {
+                if addr != 0 {
+                    temps.alloc(tid, addr, ts, stack, counted);
+                }
+            } else if heap == HEAP_FREE {
+                if addr != 0 {
+                    temps.free(tid, addr, ts, acc);
+                }
+            } else if heap == HEAP_REALLOC {
+                let old = b.old_addr[i];
+                if realloc_frees(old, addr, size) {
+                    temps.free(tid, old, ts, acc);
+                }
+                if addr != 0 {
+                    temps.alloc(tid, addr, ts, stack, counted);
+                }
+            }
+        }
         if PACK {
             let c = ctx.code_of[kind];
             let (pid, ts) = (b.pid[i], b.ts[i]);
@@ -210,6 +238,7 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
                     out.rows.push(Row {
                         ts,
                         pid,
+                        tid: b.tid[i],
                         kind: kind as u8,
                         addr,
                         size,

@@ -30,6 +30,10 @@ pub struct ReplayOptions<'a> {
     /// Highest stack id of the trace, if the caller read the stacks
     /// already (replay sizes per-stack arrays by it).
     pub max_stack_id: Option<u64>,
+    /// An allocation freed no later than this (ns) after it was made may
+    /// be temporary (`replay/temporary.rs`); 0 means the default
+    /// ([`DEFAULT_TEMPORARY_NS`](crate::behaviour::DEFAULT_TEMPORARY_NS)).
+    pub temporary_ns: u64,
 }
 
 /// An outstanding allocation as the report sees it: a heap block or a
@@ -100,6 +104,8 @@ pub struct ReplayStats {
     pub allocated_bytes: u64,
     /// Bytes released by frees.
     pub freed_bytes: u64,
+    /// Of `allocations`, those the filter selects that were temporary.
+    pub temporary: u64,
     /// Anomalies.
     pub anomalies: Anomalies,
     /// Highest live total: outstanding bytes of the processes alive at
@@ -141,6 +147,8 @@ pub struct AllocatedTotals {
     pub allocations: u64,
     /// Their bytes.
     pub bytes: u64,
+    /// Of the allocations, the temporary ones (`replay/temporary.rs`).
+    pub temporary: u64,
 }
 
 /// What a replay leaves: the outstanding state and the totals.
@@ -237,6 +245,17 @@ impl Replay {
                 acc
             })
             .collect()
+    }
+
+    /// The sizes of the allocations the filter selects.
+    pub fn allocation_sizes(&self) -> &crate::behaviour::SizeHistogram {
+        &self.allocated.sizes
+    }
+
+    /// The sizes of each stack's allocations the filter selects, as
+    /// non-empty buckets, smallest first.
+    pub fn allocation_sizes_by_stack(&self) -> IntMap<u64, Vec<crate::behaviour::SizeCount>> {
+        self.allocated.sizes_by_stack()
     }
 
     /// Allocations made by each stack during replay (freed or not), among

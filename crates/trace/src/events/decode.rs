@@ -42,6 +42,7 @@ pub struct Columns {
     rows: usize,
     ts: Vec<u64>,
     pid: Vec<u32>,
+    tid: Vec<u32>,
     kind: Vec<u8>,
     addr: Vec<u64>,
     size: Vec<u64>,
@@ -57,6 +58,8 @@ pub struct Slices<'a> {
     pub ts: &'a [u64],
     /// `pid`.
     pub pid: &'a [u32],
+    /// `tid`.
+    pub tid: &'a [u32],
     /// `kind` as [`EventKind`] codes ([`UNKNOWN_KIND`] if unknown).
     pub kind: &'a [u8],
     /// `addr`.
@@ -80,6 +83,7 @@ impl<'a> Slices<'a> {
         Slices {
             ts: &self.ts[start..end],
             pid: &self.pid[start..end],
+            tid: &self.tid[start..end],
             kind: &self.kind[start..end],
             addr: &self.addr[start..end],
             size: &self.size[start..end],
@@ -109,6 +113,7 @@ impl Columns {
         Slices {
             ts: &self.ts[..n],
             pid: &self.pid[..n],
+            tid: &self.tid[..n],
             kind: &self.kind[..n],
             addr: &self.addr[..n],
             size: &self.size[..n],
@@ -123,6 +128,7 @@ impl Columns {
             rows: b.len(),
             ts: b.ts_ns,
             pid: b.pid,
+            tid: b.tid,
             kind: b.kind.iter().map(|&k| k as u8).collect(),
             addr: b.addr,
             size: b.size,
@@ -138,7 +144,7 @@ struct Segment<'t> {
     /// The footer, as the reader loaded it.
     meta: &'t ArrowReaderMetadata,
     /// Leaf column index of each of [`NAMES`], if the file has it.
-    leaves: [Option<usize>; 8],
+    leaves: [Option<usize>; 9],
 }
 
 /// Decodes the event row groups of a trace.
@@ -170,8 +176,8 @@ thread_local! {
     static SCRATCH: RefCell<pages::Scratch> = RefCell::default();
 }
 
-const NAMES: [&str; 8] = [
-    "ts_ns", "pid", "kind", "addr", "size", "old_addr", "stack_id", "old_size",
+const NAMES: [&str; 9] = [
+    "ts_ns", "pid", "kind", "addr", "size", "old_addr", "stack_id", "old_size", "tid",
 ];
 
 impl<'t> Decoder<'t> {
@@ -253,13 +259,12 @@ impl Decoder<'_> {
     }
 
     /// Reads the byte range of a row group's columns the page decoder
-    /// reads, in one read (the unneeded `tid` between them is cheaper to
-    /// read than to skip).
+    /// reads, in one read.
     fn read_chunk(
         &self,
         seg: &Segment,
         md: &parquet::file::metadata::RowGroupMetaData,
-        leaves: &[usize; 8],
+        leaves: &[usize; 9],
     ) -> Option<Arc<pages::Chunk>> {
         let ranges = leaves.map(|l| md.column(l).byte_range());
         let start = ranges.iter().map(|r| r.0).min()?;
@@ -342,8 +347,8 @@ impl Decoder<'_> {
 fn page_leaves(
     seg: &Segment,
     md: &parquet::file::metadata::RowGroupMetaData,
-) -> Option<[usize; 8]> {
-    let mut leaves = [0usize; 8];
+) -> Option<[usize; 9]> {
+    let mut leaves = [0usize; 9];
     for (l, s) in leaves.iter_mut().zip(seg.leaves) {
         *l = s?;
     }
@@ -360,7 +365,7 @@ fn page_leaves(
 fn stream_chunk(
     chunk: &Arc<pages::Chunk>,
     md: &parquet::file::metadata::RowGroupMetaData,
-    leaves: &[usize; 8],
+    leaves: &[usize; 9],
     rows: usize,
     scratch: &mut pages::Scratch,
     done: &mut usize,
@@ -370,6 +375,7 @@ fn stream_chunk(
     let meta = |i: usize| md.column(leaves[i]);
     let mut ts = Cursor::<u64>::new(chunk, meta(0), rows, Values::Int)?;
     let mut pid = Cursor::<u32>::new(chunk, meta(1), rows, Values::Int)?;
+    let mut tid = Cursor::<u32>::new(chunk, meta(8), rows, Values::Int)?;
     let mut kind = Cursor::<u8>::new(chunk, meta(2), rows, Values::Codes)?;
     let mut addr = Cursor::<u64>::new(chunk, meta(3), rows, Values::Int)?;
     let mut size = Cursor::<u64>::new(chunk, meta(4), rows, Values::Int)?;
@@ -389,6 +395,9 @@ fn stream_chunk(
         if pid.values().is_empty() {
             pid.next_page(&kind_code, narrow, scratch)?;
         }
+        if tid.values().is_empty() {
+            tid.next_page(&kind_code, narrow, scratch)?;
+        }
         if kind.values().is_empty() {
             kind.next_page(&kind_code, code, scratch)?;
         }
@@ -400,6 +409,7 @@ fn stream_chunk(
         let n = [
             ts.values().len(),
             pid.values().len(),
+            tid.values().len(),
             kind.values().len(),
             addr.values().len(),
             size.values().len(),
@@ -427,6 +437,7 @@ fn stream_chunk(
         let b = Slices {
             ts: &ts.values()[..n],
             pid: &pid.values()[..n],
+            tid: &tid.values()[..n],
             kind: kinds,
             addr: &addr.values()[..n],
             size: &size.values()[..n],
@@ -441,6 +452,7 @@ fn stream_chunk(
         }
         ts.consume(n);
         pid.consume(n);
+        tid.consume(n);
         kind.consume(n);
         for c in [&mut addr, &mut size, &mut old_addr, &mut stack] {
             c.consume(n);
@@ -452,7 +464,7 @@ fn stream_chunk(
 fn decode_into(
     chunk: &Arc<pages::Chunk>,
     md: &parquet::file::metadata::RowGroupMetaData,
-    leaves: &[usize; 8],
+    leaves: &[usize; 9],
     rows: usize,
     scratch: &mut pages::Scratch,
     c: &mut Columns,
@@ -481,6 +493,16 @@ fn decode_into(
         narrow,
         scratch,
         &mut c.pid,
+    )?;
+    pages::read_column(
+        chunk,
+        meta(8),
+        rows,
+        int,
+        &kind_code,
+        narrow,
+        scratch,
+        &mut c.tid,
     )?;
     let codes = pages::Values::Codes;
     let code = |v: u64| v as u8;
@@ -563,7 +585,11 @@ fn read_fast(seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         .column_by_name("pid")?
         .as_primitive_opt::<UInt32Type>()?
         .clone();
-    if pid.null_count() > 0 {
+    let tid = batch
+        .column_by_name("tid")?
+        .as_primitive_opt::<UInt32Type>()?
+        .clone();
+    if pid.null_count() > 0 || tid.null_count() > 0 {
         return None;
     }
     let kind = kind_codes(batch.column_by_name("kind")?.as_ref())?;
@@ -571,6 +597,7 @@ fn read_fast(seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         rows: batch.num_rows(),
         ts: u64col("ts_ns")?,
         pid: pid.values().to_vec(),
+        tid: tid.values().to_vec(),
         kind,
         addr: u64col("addr")?,
         size: u64col("size")?,
@@ -655,7 +682,7 @@ mod tests {
                 } else {
                     7 + (i % 3) as u32
                 },
-                tid: 1,
+                tid: 1000 + (x % 5) as u32,
                 kind,
                 addr: match i % 4 {
                     0 => u64::MAX - (x % 10),
@@ -678,6 +705,7 @@ mod tests {
             let (a, b) = (fast.slices(fast.len()), slow.slices(slow.len()));
             assert_eq!(a.ts, b.ts);
             assert_eq!(a.pid, b.pid);
+            assert_eq!(a.tid, b.tid);
             assert_eq!(a.kind, b.kind);
             assert_eq!(a.addr, b.addr);
             assert_eq!(a.size, b.size);
@@ -707,6 +735,7 @@ mod tests {
                 let want = b.range(at, at + n);
                 assert_eq!(p.ts, want.ts);
                 assert_eq!(p.pid, want.pid);
+                assert_eq!(p.tid, want.tid);
                 assert_eq!(p.kind, want.kind);
                 assert_eq!(p.addr, want.addr);
                 assert_eq!(p.size, want.size);

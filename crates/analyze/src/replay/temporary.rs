@@ -1,0 +1,243 @@
+//! Temporary allocations: heap blocks freed soon after they were
+//! allocated, by the thread that allocated them, before that thread
+//! allocated anything else.
+//!
+//! The rule (docs/analyzer.md, "Temporary allocations"): a heap
+//! allocation is temporary when
+//! * the thread that made it frees it,
+//! * no more than the threshold (`--temporary-threshold`, 1 ms by
+//!   default) after it was made,
+//! * and that thread made no other heap allocation in between.
+//!
+//! A realloc is the free of its old block then an allocation of its new
+//! one, by the calling thread, as replay models it: `malloc` then an
+//! immediate `realloc` makes the malloc'd block temporary, and the
+//! realloc'd block may be temporary itself.
+//!
+//! The rule depends on each thread's order of events, not on the
+//! outstanding blocks, so it is decided in the decode workers
+//! ([`TempScan`]), which see a row group's rows in time order, and not in
+//! the partitions, which see one hash range of addresses each. Each
+//! thread's *last* allocation is the only one of its that can still turn
+//! out temporary, so a row group is scanned with one entry per thread
+//! (its last allocation and whether it is still live) and a map from the
+//! address of each live entry to its thread: a free looks its address up
+//! in that small map, an allocation replaces its thread's entry. Both stay
+//! in the L1 cache whatever the length of the trace.
+//!
+//! A free can only match an allocation of an earlier row group if it
+//! comes within the threshold of the row group's start: the scan keeps
+//! those frees ([`RowGroupTemps::early`]) and each thread's last
+//! allocation ([`RowGroupTemps::last`]), and [`Carry`], run on the row
+//! groups in order, matches the early frees of a row group with the last
+//! allocations of the row groups before it.
+
+use super::allocated::Allocated;
+use crate::hash::{int_map, IntMap};
+
+/// A thread's last heap allocation.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct Last {
+    tid: u32,
+    /// Whether the filter selects the allocation: only those count.
+    counted: bool,
+    /// Not freed yet (nor replaced by an allocation at the same address).
+    live: bool,
+    addr: u64,
+    ts: u64,
+    stack: u64,
+}
+
+/// A free of a row group that may free an allocation of an earlier row
+/// group: it came within the threshold of the row group's first row.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct EarlyFree {
+    tid: u32,
+    /// Whether its thread had allocated nothing earlier in the row group:
+    /// only then can it free the thread's last allocation.
+    own: bool,
+    addr: u64,
+    ts: u64,
+}
+
+/// What the scan of a row group leaves for [`Carry`].
+#[derive(Default)]
+pub(super) struct RowGroupTemps {
+    /// Each thread's last allocation in the row group.
+    pub(super) last: Vec<Last>,
+    /// Frees in the first threshold of the row group that did not free an
+    /// allocation of the row group.
+    pub(super) early: Vec<EarlyFree>,
+}
+
+/// The scan of one row group's heap allocations and frees, in time order.
+pub(super) struct TempScan {
+    threshold: u64,
+    /// Frees up to this time may free an earlier row group's allocation
+    /// (`None` before the first row).
+    window_end: Option<u64>,
+    out: RowGroupTemps,
+    /// The entry of each thread in `out.last`.
+    slot_of: IntMap<u32, u32>,
+    /// The last thread looked up, and its slot.
+    cached: (u32, u32),
+    /// The address of each live entry of `out.last`, and its slot.
+    live_at: IntMap<u64, u32>,
+}
+
+impl TempScan {
+    pub(super) fn new(threshold: u64, mut out: RowGroupTemps) -> Self {
+        out.last.clear();
+        out.early.clear();
+        TempScan {
+            threshold,
+            window_end: None,
+            out,
+            slot_of: int_map(),
+            cached: (u32::MAX, u32::MAX),
+            live_at: int_map(),
+        }
+    }
+
+    /// The row group's result.
+    pub(super) fn finish(self) -> RowGroupTemps {
+        self.out
+    }
+
+    #[inline(always)]
+    fn window_end(&mut self, ts: u64) -> u64 {
+        *self
+            .window_end
+            .get_or_insert(ts.saturating_add(self.threshold))
+    }
+
+    /// A free by `tid` of the block at `addr`; counts a temporary
+    /// allocation in `acc`.
+    #[inline(always)]
+    pub(super) fn free(&mut self, tid: u32, addr: u64, ts: u64, acc: &mut Allocated) {
+        let window_end = self.window_end(ts);
+        match self.live_at.remove(&addr) {
+            Some(slot) => {
+                // The block of some thread's last allocation.
+                let l = &mut self.out.last[slot as usize];
+                l.live = false;
+                if l.tid == tid && l.counted && ts - l.ts <= self.threshold {
+                    acc.add_temporary(l.stack, 1);
+                }
+            }
+            None if ts <= window_end => self.early_free(tid, addr, ts),
+            None => {}
+        }
+    }
+
+    #[cold]
+    fn early_free(&mut self, tid: u32, addr: u64, ts: u64) {
+        let own = !self.slot_of.contains_key(&tid);
+        self.out.early.push(EarlyFree { tid, own, addr, ts });
+    }
+
+    /// An allocation by `tid` of the block at `addr`, which the filter
+    /// selects if `counted`.
+    #[inline(always)]
+    pub(super) fn alloc(
+        &mut self,
+        tid: u32,
+        addr: u64,
+        ts: u64,
+        stack: u64,
+        counted: bool,
+    ) {
+        self.window_end(ts);
+        let slot = self.slot(tid);
+        let l = &mut self.out.last[slot as usize];
+        if l.live {
+            // No longer the thread's last allocation.
+            self.live_at.remove(&l.addr);
+        }
+        *l = Last {
+            tid,
+            counted,
+            live: true,
+            addr,
+            ts,
+            stack,
+        };
+        if let Some(other) = self.live_at.insert(addr, slot) {
+            // The address was live in another thread's entry: its free was
+            // missed, and that block is gone.
+            if other != slot {
+                self.out.last[other as usize].live = false;
+            }
+        }
+    }
+
+    #[inline(always)]
+    fn slot(&mut self, tid: u32) -> u32 {
+        if self.cached.0 == tid {
+            return self.cached.1;
+        }
+        let n = self.out.last.len() as u32;
+        let slot = *self.slot_of.entry(tid).or_insert(n);
+        if slot == n {
+            self.out.last.push(Last {
+                tid,
+                counted: false,
+                live: false,
+                addr: 0,
+                ts: 0,
+                stack: 0,
+            });
+        }
+        self.cached = (tid, slot);
+        slot
+    }
+}
+
+/// The last allocations of the threads across row groups, matched in row
+/// group order with the early frees of the next ones.
+#[derive(Default)]
+pub(super) struct Carry {
+    /// Live last allocations by address.
+    by_addr: IntMap<u64, Last>,
+    /// The address of each thread's entry in `by_addr`.
+    addr_of: IntMap<u32, u64>,
+    /// Temporary allocations found here, by stack.
+    pub(super) temporary: IntMap<u64, u64>,
+}
+
+impl Carry {
+    /// Matches `rg`'s early frees with the carried allocations, then
+    /// carries `rg`'s last allocations instead of its threads' earlier
+    /// ones, and drops the allocations that can no longer be temporary
+    /// (older than the threshold at `last_ts`, the row group's end).
+    pub(super) fn next(&mut self, rg: &RowGroupTemps, threshold: u64, last_ts: u64) {
+        if self.by_addr.is_empty() && rg.last.is_empty() {
+            return;
+        }
+        for f in &rg.early {
+            if let Some(l) = self.by_addr.remove(&f.addr) {
+                self.addr_of.remove(&l.tid);
+                if l.tid == f.tid && f.own && l.counted && f.ts - l.ts <= threshold {
+                    *self.temporary.entry(l.stack).or_default() += 1;
+                }
+            }
+        }
+        for l in &rg.last {
+            if let Some(a) = self.addr_of.remove(&l.tid) {
+                self.by_addr.remove(&a);
+            }
+            if l.live && l.ts.saturating_add(threshold) >= last_ts {
+                if let Some(old) = self.by_addr.insert(l.addr, *l) {
+                    self.addr_of.remove(&old.tid);
+                }
+                self.addr_of.insert(l.tid, l.addr);
+            }
+        }
+        let expired = |l: &Last| l.ts.saturating_add(threshold) < last_ts;
+        if self.by_addr.values().any(expired) {
+            self.by_addr.retain(|_, l| !expired(l));
+            let by_addr = &self.by_addr;
+            self.addr_of.retain(|_, a| by_addr.contains_key(a));
+        }
+    }
+}
