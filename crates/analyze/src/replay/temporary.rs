@@ -33,7 +33,7 @@
 //! allocations of the row groups before it.
 
 use super::allocated::Allocated;
-use crate::hash::{int_map, IntMap};
+use crate::hash::{mix, IntMap};
 
 /// A thread's last heap allocation.
 #[derive(Clone, Copy, Debug)]
@@ -77,12 +77,12 @@ pub(super) struct TempScan {
     /// (`None` before the first row).
     window_end: Option<u64>,
     out: RowGroupTemps,
-    /// The entry of each thread in `out.last`.
-    slot_of: IntMap<u32, u32>,
+    /// The entry of each thread in `out.last`, by tid + 1.
+    slot_of: SmallMap,
     /// The last thread looked up, and its slot.
     cached: (u32, u32),
     /// The address of each live entry of `out.last`, and its slot.
-    live_at: IntMap<u64, u32>,
+    live_at: SmallMap,
 }
 
 impl TempScan {
@@ -93,9 +93,9 @@ impl TempScan {
             threshold,
             window_end: None,
             out,
-            slot_of: int_map(),
+            slot_of: SmallMap::default(),
             cached: (u32::MAX, u32::MAX),
-            live_at: int_map(),
+            live_at: SmallMap::default(),
         }
     }
 
@@ -116,7 +116,7 @@ impl TempScan {
     #[inline(always)]
     pub(super) fn free(&mut self, tid: u32, addr: u64, ts: u64, acc: &mut Allocated) {
         let window_end = self.window_end(ts);
-        match self.live_at.remove(&addr) {
+        match self.live_at.remove(addr) {
             Some(slot) => {
                 // The block of some thread's last allocation.
                 let l = &mut self.out.last[slot as usize];
@@ -132,7 +132,7 @@ impl TempScan {
 
     #[cold]
     fn early_free(&mut self, tid: u32, addr: u64, ts: u64) {
-        let own = !self.slot_of.contains_key(&tid);
+        let own = self.slot_of.get(tid as u64 + 1).is_none();
         self.out.early.push(EarlyFree { tid, own, addr, ts });
     }
 
@@ -152,7 +152,7 @@ impl TempScan {
         let l = &mut self.out.last[slot as usize];
         if l.live {
             // No longer the thread's last allocation.
-            self.live_at.remove(&l.addr);
+            self.live_at.remove(l.addr);
         }
         *l = Last {
             tid,
@@ -177,8 +177,9 @@ impl TempScan {
             return self.cached.1;
         }
         let n = self.out.last.len() as u32;
-        let slot = *self.slot_of.entry(tid).or_insert(n);
+        let slot = self.slot_of.get(tid as u64 + 1).unwrap_or(n);
         if slot == n {
+            self.slot_of.insert(tid as u64 + 1, n);
             self.out.last.push(Last {
                 tid,
                 counted: false,
@@ -238,6 +239,109 @@ impl Carry {
             self.by_addr.retain(|_, l| !expired(l));
             let by_addr = &self.by_addr;
             self.addr_of.retain(|_, a| by_addr.contains_key(a));
+        }
+    }
+}
+
+/// A small map from non-zero `u64` keys to `u32` values, for the scan's
+/// one entry per thread: open addressing with linear probing and
+/// backward-shift deletion, kept at most a quarter full. With a few
+/// dozen threads it is a few cache lines, and each operation a hash and
+/// one or two probes (hashbrown's general machinery cost several times
+/// more, at one operation per allocation and free).
+struct SmallMap {
+    slots: Vec<(u64, u32)>,
+    len: usize,
+}
+
+impl Default for SmallMap {
+    fn default() -> Self {
+        SmallMap {
+            slots: vec![(0, 0); 64],
+            len: 0,
+        }
+    }
+}
+
+impl SmallMap {
+    #[inline(always)]
+    fn home(&self, key: u64) -> usize {
+        (mix(key) >> 32) as usize & (self.slots.len() - 1)
+    }
+
+    #[inline(always)]
+    fn find(&self, key: u64) -> usize {
+        let mask = self.slots.len() - 1;
+        let mut i = self.home(key);
+        loop {
+            let k = self.slots[i].0;
+            if k == key || k == 0 {
+                return i;
+            }
+            i = (i + 1) & mask;
+        }
+    }
+
+    #[inline(always)]
+    fn get(&self, key: u64) -> Option<u32> {
+        let s = self.slots[self.find(key)];
+        (s.0 != 0).then_some(s.1)
+    }
+
+    /// Inserts or replaces; returns the value replaced.
+    #[inline(always)]
+    fn insert(&mut self, key: u64, value: u32) -> Option<u32> {
+        debug_assert!(key != 0);
+        if (self.len + 1) * 4 > self.slots.len() {
+            self.grow();
+        }
+        let i = self.find(key);
+        let old = std::mem::replace(&mut self.slots[i], (key, value));
+        if old.0 == 0 {
+            self.len += 1;
+            None
+        } else {
+            Some(old.1)
+        }
+    }
+
+    #[inline(always)]
+    fn remove(&mut self, key: u64) -> Option<u32> {
+        let mask = self.slots.len() - 1;
+        let mut i = self.find(key);
+        let (k, v) = self.slots[i];
+        if k == 0 {
+            return None;
+        }
+        self.len -= 1;
+        // Backward shift: move later entries of the run into the hole
+        // when their home does not lie after it.
+        let mut j = i;
+        loop {
+            j = (j + 1) & mask;
+            let (kj, _) = self.slots[j];
+            if kj == 0 {
+                break;
+            }
+            let h = self.home(kj);
+            if (j.wrapping_sub(h) & mask) >= (j.wrapping_sub(i) & mask) {
+                self.slots[i] = self.slots[j];
+                i = j;
+            }
+        }
+        self.slots[i] = (0, 0);
+        Some(v)
+    }
+
+    #[cold]
+    fn grow(&mut self) {
+        let n = self.slots.len() * 2;
+        let old = std::mem::replace(&mut self.slots, vec![(0, 0); n]);
+        self.len = 0;
+        for (k, v) in old {
+            if k != 0 {
+                self.insert(k, v);
+            }
         }
     }
 }
