@@ -312,7 +312,7 @@ mod tests {
     /// rendered stacks in parallel.
     fn whole(report: &Report) -> String {
         let top = report.top_stacks();
-        let d = doc(report, top.iter().map(stack).collect(), top.len());
+        let d = doc(report, top.iter().map(|s| stack(s, report.summary.rate_interval_ns)).collect(), top.len());
         serde_json::to_string_pretty(&d).unwrap() + "\n"
     }
 
