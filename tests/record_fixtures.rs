@@ -44,8 +44,74 @@ fixture_tests!(
     sigalt,
     siglongjmp,
     seed_static,
-    sighandler
+    sighandler,
+    churn
 );
+
+/// The churn fixture's allocation behaviour, recorded with the real
+/// probes: by the innermost function of each of its stacks, the
+/// allocations made, the temporary ones and their size buckets, exactly
+/// as `behaviour` in its expected file says.
+#[test]
+fn churn_behaviour() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("churn");
+    let (_dir, trace) = fx.record(&[]);
+    let threshold = fx.expected["temporary_threshold"].as_str().unwrap();
+    let opts = memleak_analyze::AnalyzeOptions {
+        temporary_threshold_ns: Some(parse_ms(threshold)),
+        ..Default::default()
+    };
+    let report = memleak_analyze::analyze(&trace, &opts).unwrap();
+    for want in fx.expected["behaviour"].as_array().unwrap() {
+        let function = want["function"].as_str().unwrap();
+        let stacks: Vec<_> = report
+            .stacks
+            .iter()
+            .filter(|s| {
+                s.frames
+                    .first()
+                    .and_then(|f| f.function.as_deref())
+                    .is_some_and(|f| common::fixtures::strip_params(f) == function)
+            })
+            .collect();
+        assert!(!stacks.is_empty(), "no stack allocates in {function}");
+        let allocations: u64 = stacks.iter().map(|s| s.allocations).sum();
+        let temporary: u64 = stacks.iter().map(|s| s.temporary).sum();
+        let mut sizes: std::collections::BTreeMap<u64, (u64, u64)> = Default::default();
+        for s in &stacks {
+            for b in &s.allocation_sizes {
+                sizes.entry(b.low).or_insert((b.high, 0)).1 += b.count;
+            }
+        }
+        let sizes: Vec<[u64; 3]> = sizes.iter().map(|(&l, &(h, c))| [l, h, c]).collect();
+        let want_sizes: Vec<[u64; 3]> = want["sizes"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|b| {
+                let v: Vec<u64> = b.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+                [v[0], v[1], v[2]]
+            })
+            .collect();
+        assert_eq!(
+            (allocations, temporary, sizes),
+            (
+                want["allocations"].as_u64().unwrap(),
+                want["temporary"].as_u64().unwrap(),
+                want_sizes
+            ),
+            "{function}: (allocations, temporary, sizes)"
+        );
+    }
+}
+
+/// `100ms` -> ns (the expected file's threshold).
+fn parse_ms(text: &str) -> u64 {
+    text.strip_suffix("ms").unwrap().parse::<u64>().unwrap() * 1_000_000
+}
 
 /// The fixtures built without frame pointers: the probe unwinds with the
 /// objects' unwind tables, and every stack of the program is the one the

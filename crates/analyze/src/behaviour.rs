@@ -184,7 +184,7 @@ fn rate(per_s: f64) -> String {
 /// the temporary ones.
 pub fn stack_line(s: &StackReport, interval_ns: u64) -> String {
     format!(
-        "allocated {} times ({}) at {}, {}/s; temporary: {} ({:.1}%)",
+        "allocated: {} ({}), {}, {}/s; temporary: {} ({:.1}%)",
         s.allocations,
         format_bytes(s.allocated_bytes),
         rate(per_second(s.allocations, interval_ns)),
