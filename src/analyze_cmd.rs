@@ -202,7 +202,9 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             SortArg::Temporary => SortKey::Temporary,
         },
         partitions: 0,
-        temporary_threshold_ns: Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64),
+        temporary_threshold_ns: Some(
+            args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64
+        ),
     };
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,

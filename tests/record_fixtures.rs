@@ -92,7 +92,12 @@ fn churn_behaviour() {
             .unwrap()
             .iter()
             .map(|b| {
-                let v: Vec<u64> = b.as_array().unwrap().iter().map(|x| x.as_u64().unwrap()).collect();
+                let v: Vec<u64> = b
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|x| x.as_u64().unwrap())
+                    .collect();
                 [v[0], v[1], v[2]]
             })
             .collect();

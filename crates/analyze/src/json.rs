@@ -209,7 +209,8 @@ pub fn write<W: std::io::Write + Send + ?Sized>(
             .map(|chunk| {
                 let mut text = String::with_capacity(chunk.len() * 8192);
                 for s in chunk {
-                    let one = serde_json::to_string_pretty(&stack(s, interval_ns)).expect("stack serializes");
+                    let one = serde_json::to_string_pretty(&stack(s, interval_ns))
+                        .expect("stack serializes");
                     if !text.is_empty() {
                         text.push_str(",\n");
                     }
@@ -312,7 +313,13 @@ mod tests {
     /// rendered stacks in parallel.
     fn whole(report: &Report) -> String {
         let top = report.top_stacks();
-        let d = doc(report, top.iter().map(|s| stack(s, report.summary.rate_interval_ns)).collect(), top.len());
+        let d = doc(
+            report,
+            top.iter()
+                .map(|s| stack(s, report.summary.rate_interval_ns))
+                .collect(),
+            top.len(),
+        );
         serde_json::to_string_pretty(&d).unwrap() + "\n"
     }
 

@@ -24,6 +24,12 @@ pub fn render(report: &Report) -> String {
             out.push_str(" in the part of the recording that was saved");
         }
         out.push_str(".\n\n");
+    } else if s.sort == crate::SortKey::Temporary {
+        let _ = writeln!(
+            out,
+            "Top {} stacks with temporary or outstanding allocations, by temporary:\n",
+            top.len()
+        );
     } else {
         let _ = writeln!(
             out,
@@ -32,10 +38,10 @@ pub fn render(report: &Report) -> String {
             s.outstanding_stacks,
             s.sort.name()
         );
-        for st in top {
-            render_stack(&mut out, st, s.rate_interval_ns);
-            out.push('\n');
-        }
+    }
+    for st in top {
+        render_stack(&mut out, st, s.rate_interval_ns);
+        out.push('\n');
     }
     render_summary(&mut out, s);
     out
@@ -72,11 +78,7 @@ fn render_stack(out: &mut String, st: &StackReport, interval_ns: u64) {
         who,
         format_duration(st.oldest_age_ns)
     );
-    let _ = writeln!(
-        out,
-        "    {}",
-        crate::behaviour::stack_line(st, interval_ns)
-    );
+    let _ = writeln!(out, "    {}", crate::behaviour::stack_line(st, interval_ns));
     let lines = frame_lines(&st.frames);
     let width = lines
         .iter()

@@ -139,14 +139,7 @@ impl TempScan {
     /// An allocation by `tid` of the block at `addr`, which the filter
     /// selects if `counted`.
     #[inline(always)]
-    pub(super) fn alloc(
-        &mut self,
-        tid: u32,
-        addr: u64,
-        ts: u64,
-        stack: u64,
-        counted: bool,
-    ) {
+    pub(super) fn alloc(&mut self, tid: u32, addr: u64, ts: u64, stack: u64, counted: bool) {
         self.window_end(ts);
         let slot = self.slot(tid);
         let l = &mut self.out.last[slot as usize];
