@@ -38,7 +38,7 @@ pub(super) enum Mode {
     /// takes part in (the first `rows_len[p]` entries of `rows_of[p]`;
     /// the vectors are recycled and longer).
     Split {
-        cols: Columns,
+        cols: Box<Columns>,
         rows_of: Vec<Vec<u32>>,
         rows_len: Vec<usize>,
     },
@@ -133,7 +133,7 @@ impl Decoded {
             Decoded {
                 total: cols.len(),
                 mode: Mode::Split {
-                    cols,
+                    cols: Box::new(cols),
                     rows_of: out,
                     rows_len,
                 },
@@ -160,7 +160,7 @@ impl Decoded {
         match self.mode {
             Mode::Packed(p) => crate::lock_pool(packed_pool).push(p),
             Mode::Split { cols, rows_of, .. } => {
-                decoder.recycle(cols);
+                decoder.recycle(*cols);
                 crate::lock_pool(rows_pool).push(rows_of);
             }
         }
