@@ -121,7 +121,7 @@ impl TempScan {
                 // The block of some thread's last allocation.
                 let l = &mut self.out.last[slot as usize];
                 l.live = false;
-                if l.tid == tid && l.counted && ts - l.ts <= self.threshold {
+                if l.tid == tid && l.counted && ts.saturating_sub(l.ts) <= self.threshold {
                     acc.add_temporary(l.stack, 1);
                 }
             }
@@ -211,7 +211,7 @@ impl Carry {
         for f in &rg.early {
             if let Some(l) = self.by_addr.remove(&f.addr) {
                 self.addr_of.remove(&l.tid);
-                if l.tid == f.tid && f.own && l.counted && f.ts - l.ts <= threshold {
+                if l.tid == f.tid && f.own && l.counted && f.ts.saturating_sub(l.ts) <= threshold {
                     *self.temporary.entry(l.stack).or_default() += 1;
                 }
             }
