@@ -11,7 +11,8 @@ use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
 use memleak_analyze::{
-    analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
+    analyze_trace, folded, json, pprof, svg, text, AnalyzeOptions, Filter, KindScope, SortKey,
+    Weight,
 };
 
 /// Output formats.
@@ -25,7 +26,10 @@ pub enum Format {
     Folded,
     /// A flamegraph SVG.
     Svg,
-    /// All four, into the directory given with -o.
+    /// A gzipped pprof profile (`go tool pprof`), every stack: binary,
+    /// so never to a terminal.
+    Pprof,
+    /// All five, into the directory given with -o.
     All,
 }
 
@@ -141,7 +145,13 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         let _ = rayon_pool(j);
     }
     if args.format == Format::All && args.output.is_none() {
-        bail!("--format all writes four files: give a directory with -o");
+        bail!("--format all writes five files: give a directory with -o");
+    }
+    if args.format == Format::Pprof
+        && args.output.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        bail!("--format pprof writes a binary file: give one with -o, or redirect stdout");
     }
     if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
         if a > b {
@@ -206,6 +216,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let report = analyze_trace(&trace, &opts, Some(&advance));
     progress.finish();
     let report = report?;
+    let pprof_context = || pprof::Context::read(&trace).context("reading the maps table");
 
     match args.format {
         Format::Text => emit(args.output.as_deref(), text::render(&report).as_bytes())?,
@@ -217,6 +228,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         Format::Svg => {
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(args.output.as_deref(), &svg)?
+        }
+        Format::Pprof => {
+            let ctx = pprof_context()?;
+            emit_with(args.output.as_deref(), |w| pprof::write(&report, &ctx, w))?
         }
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
@@ -232,8 +247,13 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             )?;
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(Some(&dir.join("flamegraph.svg")), &svg)?;
+            let ctx = pprof_context()?;
+            emit_with(Some(&dir.join("profile.pb.gz")), |w| {
+                pprof::write(&report, &ctx, w)
+            })?;
             say!(
-                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
+                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg, \
+                 profile.pb.gz to {}",
                 dir.display()
             );
         }

@@ -6,7 +6,7 @@
 //! the [`report`] built from it (outstanding allocations by stack with
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
-//! [`folded`] stacks and [`svg`] flamegraphs.
+//! [`folded`] stacks, [`svg`] flamegraphs and [`pprof`] profiles.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -25,6 +25,7 @@ pub mod folded;
 mod hash;
 pub mod histogram;
 pub mod json;
+pub mod pprof;
 pub mod progress;
 mod ranges;
 pub mod replay;

@@ -73,6 +73,8 @@ pub struct Frame {
     pub path: Option<String>,
     /// Offset of the address in the object file.
     pub file_offset: Option<u64>,
+    /// Build id of the object file, lowercase hex.
+    pub build_id: Option<String>,
     /// Functions inlined at this address, innermost first.
     pub inlined: Vec<Inlined>,
 }
@@ -662,6 +664,7 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
                 column: f.column,
                 path: f.path.clone(),
                 file_offset: f.file_offset,
+                build_id: f.build_id.clone(),
                 inlined: f.inlined.clone(),
             },
             None => Frame {
