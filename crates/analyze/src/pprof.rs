@@ -711,3 +711,334 @@ pub fn write(report: &Report, ctx: &Context, w: &mut dyn Write) -> io::Result<()
     gz.finish()?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::report::{Inlined, Summary};
+
+    fn frame(addr: u64, function: Option<&str>, path: Option<&str>, file_offset: u64) -> Frame {
+        Frame {
+            addr,
+            function: function.map(str::to_string),
+            file: function.map(|_| "src/prog.c".to_string()),
+            line: function.map(|_| 40),
+            column: None,
+            path: path.map(str::to_string),
+            file_offset: path.map(|_| file_offset),
+            build_id: path.map(|_| "b1d".to_string()),
+            ..Default::default()
+        }
+    }
+
+    fn stack(id: u64, pid: Option<u32>, values: [u64; 4], frames: Vec<Frame>) -> StackReport {
+        StackReport {
+            stack_id: id,
+            pid,
+            kernel: pid.is_none() && id != 0,
+            known: true,
+            count: values[0],
+            bytes: values[1],
+            allocations: values[2],
+            allocated_bytes: values[3],
+            frames,
+            ..Default::default()
+        }
+    }
+
+    fn map_row(ts_ns: u64, pid: u32, start: u64, end: u64, offset: u64, path: &str) -> MapRecord {
+        MapRecord {
+            ts_ns,
+            pid,
+            start,
+            end,
+            perms: "r-xp".into(),
+            offset,
+            inode: 1,
+            path: Some(path.into()),
+            build_id: Some(format!("id-{path}")),
+        }
+    }
+
+    /// A report of: a stack of pid 10 in an object the maps table lacks,
+    /// its leaf with two inlined functions; a stack of pid 11 in libc, which
+    /// the maps table places (beside a row of another object over the same
+    /// addresses, from an older snapshot, and a duplicate row); a kernel
+    /// stack; a stack without frames; a stack of nothing; a frame no one
+    /// symbolized.
+    fn report() -> (Report, Context) {
+        let mut leaf = frame(0x1010, Some("leaf"), Some("/bin/prog"), 0x10);
+        leaf.inlined = vec![
+            Inlined {
+                function: "inner".into(),
+                file: Some("src/inner.h".into()),
+                line: Some(7),
+                column: Some(3),
+            },
+            Inlined {
+                function: "middle".into(),
+                file: Some("src/middle.h".into()),
+                line: Some(9),
+                column: None,
+            },
+        ];
+        let main = frame(0x2020, Some("main"), Some("/bin/prog"), 0x1020);
+        let libc = frame(
+            0x7f00_0100,
+            Some("malloc_wrapper"),
+            Some("/lib/libc.so"),
+            0x3100,
+        );
+        let kernel = |addr| Frame {
+            addr,
+            function: Some("kmalloc_caller".into()),
+            path: Some("[kernel]".into()),
+            ..Default::default()
+        };
+        let report = Report {
+            summary: Summary {
+                trace: "t.parquet".into(),
+                start_ts: 1_000,
+                eval_ts: 5_001_000,
+                filters: vec!["min-size=8".into()],
+                ..Default::default()
+            },
+            stacks: vec![
+                stack(
+                    1,
+                    Some(10),
+                    [2, 200, 3, 300],
+                    vec![leaf.clone(), main.clone()],
+                ),
+                stack(2, Some(11), [1, 50, 4, 400], vec![libc, main.clone()]),
+                stack(
+                    3,
+                    None,
+                    [5, 5_000, 5, 5_000],
+                    vec![kernel(0xffff_8000_0000_0100), kernel(0xffff_8000_0000_0010)],
+                ),
+                stack(
+                    4,
+                    Some(10),
+                    [0, 0, 7, 700],
+                    vec![leaf, frame(0x9999, None, None, 0)],
+                ),
+                stack(0, None, [0, 0, 1, 8], vec![]),
+                stack(5, Some(10), [0, 0, 0, 0], vec![main]),
+            ],
+            top: 10,
+            ..Default::default()
+        };
+        let ctx = Context::from_maps(vec![
+            map_row(1, 11, 0x7f00_0000, 0x7f00_2000, 0x3000, "/lib/libc.so"),
+            map_row(2, 11, 0x7f00_0000, 0x7f00_2000, 0x3000, "/lib/libc.so"),
+            map_row(0, 11, 0x7eff_0000, 0x7f10_0000, 0, "/lib/old.so"),
+        ])
+        .with_wall_start(1_700_000_000_000_000_000);
+        (report, ctx)
+    }
+
+    fn decoded() -> Profile {
+        let (report, ctx) = report();
+        let mut gz = Vec::new();
+        write(&report, &ctx, &mut gz).unwrap();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+        Profile::decode(&raw[..]).unwrap()
+    }
+
+    fn names(p: &Profile, loc: &Location) -> Vec<(String, String, i64)> {
+        loc.line
+            .iter()
+            .map(|l| {
+                let f = &p.function[l.function_id as usize - 1];
+                assert_eq!(f.id, l.function_id);
+                let s = |i: i64| p.string_table[i as usize].clone();
+                (s(f.name), s(f.filename), l.line)
+            })
+            .collect()
+    }
+
+    #[test]
+    fn tables_are_consistent() {
+        let p = decoded();
+        assert_eq!(p.string_table[0], "");
+        let unique: std::collections::HashSet<_> = p.string_table.iter().collect();
+        assert_eq!(unique.len(), p.string_table.len(), "duplicate strings");
+        for (i, l) in p.location.iter().enumerate() {
+            assert_eq!(l.id, i as u64 + 1);
+            assert!(l.mapping_id as usize <= p.mapping.len());
+        }
+        for (i, m) in p.mapping.iter().enumerate() {
+            assert_eq!(m.id, i as u64 + 1);
+        }
+        for (i, f) in p.function.iter().enumerate() {
+            assert_eq!(f.id, i as u64 + 1);
+        }
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let types: Vec<_> = p
+            .sample_type
+            .iter()
+            .map(|t| (s(t.r#type), s(t.unit)))
+            .collect();
+        assert_eq!(
+            types,
+            [
+                ("inuse_objects", "count"),
+                ("inuse_space", "bytes"),
+                ("alloc_objects", "count"),
+                ("alloc_space", "bytes")
+            ]
+        );
+        assert_eq!(s(p.default_sample_type), "inuse_space");
+        assert_eq!(p.time_nanos, 1_700_000_000_000_000_000);
+        assert_eq!(p.duration_nanos, 5_000_000);
+        let comments: Vec<_> = p.comment.iter().map(|&c| s(c)).collect();
+        assert_eq!(
+            comments,
+            ["memleak analyze t.parquet", "filters: min-size=8"]
+        );
+    }
+
+    #[test]
+    fn one_sample_per_stack_with_values_and_labels() {
+        let p = decoded();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        // The stack of nothing is left out.
+        assert_eq!(p.sample.len(), 5);
+        let values: Vec<_> = p.sample.iter().map(|x| x.value.clone()).collect();
+        assert_eq!(
+            values,
+            [
+                vec![2, 200, 3, 300],
+                vec![1, 50, 4, 400],
+                vec![5, 5_000, 5, 5_000],
+                vec![0, 0, 7, 700],
+                vec![0, 0, 1, 8]
+            ]
+        );
+        let labels = |x: &Sample| -> Vec<(String, String)> {
+            x.label
+                .iter()
+                .map(|l| {
+                    let v = if l.str != 0 {
+                        s(l.str).to_string()
+                    } else {
+                        l.num.to_string()
+                    };
+                    (s(l.key).to_string(), v)
+                })
+                .collect()
+        };
+        let pair = |k: &str, v: &str| (k.to_string(), v.to_string());
+        assert_eq!(
+            labels(&p.sample[0]),
+            [pair("pid", "10"), pair("stack_id", "1")]
+        );
+        assert_eq!(
+            labels(&p.sample[2]),
+            [pair("kernel", "true"), pair("stack_id", "3")]
+        );
+        // A stack without frames gets a location that says so.
+        let none = &p.location[p.sample[4].location_id[0] as usize - 1];
+        assert_eq!(
+            names(&p, none),
+            [("[no stack]".to_string(), String::new(), 0)]
+        );
+        assert_eq!(none.mapping_id, 0);
+    }
+
+    #[test]
+    fn locations_carry_inlined_lines_innermost_first() {
+        let p = decoded();
+        let leaf = &p.location[p.sample[0].location_id[0] as usize - 1];
+        assert_eq!(leaf.address, 0x1010);
+        let line = |f: &str, file: &str, l: i64| (f.to_string(), file.to_string(), l);
+        assert_eq!(
+            names(&p, leaf),
+            [
+                line("inner", "src/inner.h", 7),
+                line("middle", "src/middle.h", 9),
+                line("leaf", "src/prog.c", 40)
+            ]
+        );
+        assert_eq!(leaf.line[0].column, 3);
+        // The same address of the same object is one location; `main` is
+        // one location in pid 10's object, another in pid 11's.
+        assert_eq!(p.sample[3].location_id[0], p.sample[0].location_id[0]);
+        assert_ne!(p.sample[1].location_id[1], p.sample[0].location_id[1]);
+        // A frame no one symbolized: its address, no lines, no mapping.
+        let unknown = &p.location[p.sample[3].location_id[1] as usize - 1];
+        assert_eq!(
+            (unknown.address, unknown.line.len(), unknown.mapping_id),
+            (0x9999, 0, 0)
+        );
+    }
+
+    #[test]
+    fn mappings_come_from_the_maps_table_or_the_frames() {
+        let p = decoded();
+        let s = |i: i64| p.string_table[i as usize].as_str();
+        let maps: Vec<_> = p
+            .mapping
+            .iter()
+            .map(|m| {
+                (
+                    m.memory_start,
+                    m.memory_limit,
+                    m.file_offset,
+                    s(m.filename),
+                    s(m.build_id),
+                )
+            })
+            .collect();
+        assert_eq!(
+            maps,
+            [
+                // pid 10's program, from its frames: lowest address first,
+                // the offset at which the bias (addr - file_offset) puts it.
+                (0x1010, 0x2021, 0x10, "/bin/prog", "b1d"),
+                // pid 11's program, the same object elsewhere, no maps rows.
+                (0x2020, 0x2021, 0x1020, "/bin/prog", "b1d"),
+                // libc: the maps row of its object, not the older row of
+                // another object over the same address.
+                (
+                    0x7f00_0000,
+                    0x7f00_2000,
+                    0x3000,
+                    "/lib/libc.so",
+                    "id-/lib/libc.so"
+                ),
+                // The kernel last, spanning its frames.
+                (
+                    0xffff_8000_0000_0010,
+                    0xffff_8000_0000_0101,
+                    0,
+                    "[kernel]",
+                    ""
+                ),
+            ]
+        );
+        assert!(p.mapping[0].has_functions && p.mapping[0].has_inline_frames);
+        assert!(p.mapping[0].has_filenames && p.mapping[0].has_line_numbers);
+        // The kernel frames have no source lines.
+        assert!(p.mapping[3].has_functions && !p.mapping[3].has_line_numbers);
+        let mapping_of = |sample: usize, frame: usize| {
+            p.location[p.sample[sample].location_id[frame] as usize - 1].mapping_id
+        };
+        assert_eq!((mapping_of(0, 0), mapping_of(0, 1)), (1, 1));
+        assert_eq!((mapping_of(1, 0), mapping_of(1, 1)), (3, 2));
+        assert_eq!(mapping_of(2, 0), 4);
+    }
+
+    #[test]
+    fn an_empty_report_is_a_valid_profile() {
+        let mut gz = Vec::new();
+        write(&Report::default(), &Context::default(), &mut gz).unwrap();
+        let mut raw = Vec::new();
+        std::io::Read::read_to_end(&mut flate2::read::GzDecoder::new(&gz[..]), &mut raw).unwrap();
+        let p = Profile::decode(&raw[..]).unwrap();
+        assert!(p.sample.is_empty() && p.location.is_empty() && p.mapping.is_empty());
+        assert_eq!(p.sample_type.len(), 4);
+    }
+}
