@@ -244,7 +244,9 @@ impl Context {
     pub fn read(trace: &Trace) -> memleak_trace::Result<Context> {
         let meta = trace.meta();
         let mut ctx = Context::from_maps(trace.maps()?);
-        ctx.host = format!("{} (Linux {})", meta.host, meta.kernel);
+        if !meta.host.is_empty() {
+            ctx.host = format!("{} (Linux {})", meta.host, meta.kernel);
+        }
         // The report starts at meta.start_ns, CLOCK_MONOTONIC.
         if meta.clock.realtime_ns != 0 && meta.start_ns != 0 {
             ctx.wall_start_ns = (meta.clock.realtime_ns as i128 + meta.start_ns as i128
