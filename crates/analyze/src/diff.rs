@@ -456,6 +456,14 @@ pub fn render_text(d: &Diff) -> String {
             out.push('\n');
         }
     }
+    let same = d.count(Change::Unchanged);
+    if same > 0 {
+        let _ = writeln!(
+            out,
+            "Unchanged: {}, the same bytes and allocations in both (listed by --format json).\n",
+            plural(same, "stack")
+        );
+    }
     render_summary(&mut out, d);
     out
 }
