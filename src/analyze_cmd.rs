@@ -4,16 +4,12 @@ use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
-use std::time::Duration;
 
-use crate::units::{format_duration, parse_duration_ns, parse_size};
+use crate::select_args::SelectArgs;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{
-    analyze_trace, folded, json, pprof, svg, text, AnalyzeOptions, Filter, KindScope, SortKey,
-    Weight,
-};
+use memleak_analyze::{analyze_trace, folded, json, pprof, svg, text, SortKey, Weight};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -57,22 +53,6 @@ pub enum WeightArg {
     Allocations,
 }
 
-/// Event scopes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KindArg {
-    /// User-space allocators.
-    User,
-    /// Kernel allocators.
-    Kernel,
-    /// Heap allocator calls of processes, without mmap: what valgrind
-    /// counts.
-    Heap,
-    /// Memory mappings of processes (mmap, munmap, mremap).
-    Mmap,
-    /// Both.
-    All,
-}
-
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
 pub struct AnalyzeArgs {
@@ -93,57 +73,12 @@ pub struct AnalyzeArgs {
     /// What flamegraph widths measure (folded and svg).
     #[arg(long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
-    /// Evaluate the state and ages at this time since the recording
-    /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
-    /// its end; at most the recording's length.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub at: Option<u64>,
-    /// Only these processes (repeat or separate with commas).
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
-    pub pids: Vec<u32>,
-    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
-    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
-    pub older_than: Option<u64>,
-    /// Only allocations of at least this size (bytes; k, M, G suffixes,
-    /// binary: 1k = 1024).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub min_size: Option<u64>,
-    /// Only allocations of at most this size (bytes; k, M, G suffixes;
-    /// at least --min-size).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub max_size: Option<u64>,
-    /// Only allocations made at or after this time since the start.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub from: Option<u64>,
-    /// Only allocations made before this time since the start (after
-    /// --from).
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub to: Option<u64>,
-    /// User-space allocations, kernel ones, or both.
-    #[arg(long, value_enum, default_value = "all")]
-    pub kind: KindArg,
-    /// Worker threads, at least 1 (default: one per core).
-    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
-    pub jobs: Option<usize>,
-    /// No progress bar.
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-}
-
-fn parse_jobs(text: &str) -> Result<usize, String> {
-    match text.trim().parse::<usize>() {
-        Ok(0) => Err("at least 1 worker thread is needed".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
+    /// Filters, `--at`, workers.
+    #[command(flatten)]
+    pub select: SelectArgs,
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    crate::keep_freed_memory();
-    if let Some(j) = args.jobs {
-        // Only fails if the pool was already built, which cannot happen here.
-        let _ = rayon_pool(j);
-    }
     if args.format == Format::All && args.output.is_none() {
         bail!("--format all writes five files: give a directory with -o");
     }
@@ -153,65 +88,27 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     {
         bail!("--format pprof writes a binary file: give one with -o, or redirect stdout");
     }
-    if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
-        if a > b {
-            bail!("--min-size ({a}) is larger than --max-size ({b})");
-        }
-    }
-    if let (Some(from), Some(to)) = (args.from, args.to) {
-        if from >= to {
-            bail!(
-                "--from ({}) is not before --to ({}): no allocation can match",
-                format_duration(Duration::from_nanos(from)),
-                format_duration(Duration::from_nanos(to))
-            );
-        }
-    }
+    args.select.check()?;
     let trace = memleak_trace::Trace::open(&args.trace)?;
-    if let (Some(at), Some(length)) = (args.at, recording_length(&trace)?) {
-        if at > length {
-            bail!(
-                "--at {} is past the end of the recording, which is {:.3}s long",
-                format_duration(Duration::from_nanos(at)),
-                length as f64 / 1e9
-            );
-        }
-    }
+    args.select.check_trace(&trace)?;
     for w in trace.warnings() {
         say!("memleak: warning: {w}");
     }
-    let opts = AnalyzeOptions {
-        filter: Filter {
-            pids: args.pids.clone(),
-            kind: match args.kind {
-                KindArg::User => KindScope::User,
-                KindArg::Kernel => KindScope::Kernel,
-                KindArg::Heap => KindScope::Heap,
-                KindArg::Mmap => KindScope::Mmap,
-                KindArg::All => KindScope::All,
-            },
-            min_size: args.min_size,
-            max_size: args.max_size,
-            from_ns: args.from,
-            to_ns: args.to,
-            older_than_ns: args.older_than,
-        },
-        at_ns: args.at,
-        top: args.top,
-        sort: match args.sort {
-            SortArg::Bytes => SortKey::Bytes,
-            SortArg::Count => SortKey::Count,
-            SortArg::Age => SortKey::Age,
-        },
-        partitions: 0,
+    let sort = match args.sort {
+        SortArg::Bytes => SortKey::Bytes,
+        SortArg::Count => SortKey::Count,
+        SortArg::Age => SortKey::Age,
     };
+    let opts = args
+        .select
+        .options(args.select.pids.clone(), args.top, sort);
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,
         WeightArg::Count => Weight::Count,
         WeightArg::AllocatedBytes => Weight::AllocatedBytes,
         WeightArg::Allocations => Weight::Allocations,
     };
-    let progress = Progress::new(trace.event_count(), args.quiet);
+    let progress = Progress::new(trace.event_count(), args.select.quiet);
     let advance = |rows: u64| progress.advance(rows);
     let report = analyze_trace(&trace, &opts, Some(&advance));
     progress.finish();
@@ -265,39 +162,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How long the recording ran, in nanoseconds: from the meta's start to
-/// its end, or to the last event of a trace that was never finished (its
-/// end is 0). None if that is unknown.
-fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>> {
-    let meta = trace.meta();
-    if meta.start_ns == 0 {
-        return Ok(None);
-    }
-    let end = if meta.end_ns != 0 {
-        meta.end_ns
-    } else {
-        // Rows are in time order: the last row group ends the recording.
-        match trace.event_units().last() {
-            Some(unit) => {
-                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
-                batch.ts_ns.iter().copied().max().unwrap_or(0)
-            }
-            None => return Ok(None),
-        }
-    };
-    Ok((end > meta.start_ns).then(|| end - meta.start_ns))
-}
-
-fn rayon_pool(threads: usize) -> Result<(), String> {
-    memleak_analyze::replay::set_threads(threads)
-}
-
-fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     emit_with(path, |w| w.write_all(bytes))
 }
 
 /// Like [`emit`], for output written piece by piece as it is made.
-fn emit_with(
+pub(crate) fn emit_with(
     path: Option<&Path>,
     write: impl FnOnce(&mut (dyn Write + Send)) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {

@@ -44,7 +44,8 @@ fixture_tests!(
     sigalt,
     siglongjmp,
     seed_static,
-    sighandler
+    sighandler,
+    diff_leak
 );
 
 /// The fixtures built without frame pointers: the probe unwinds with the

@@ -506,3 +506,66 @@ fn closed_stdout_pipe_ends_quietly() {
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
 }
+
+fn diff(base: &Path, new: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        std::ffi::OsStr::new("diff"),
+        base.as_os_str(),
+        new.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.push("-q".as_ref());
+    memleak(&args)
+}
+
+/// `memleak diff` names the side whose trace is bad, in one line, and
+/// refuses options as `analyze` does.
+#[test]
+fn diff_of_a_bad_trace_fails_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.parquet");
+    write(&good, 90, 40);
+    let missing = dir.path().join("nope.parquet");
+    assert_fails(&diff(&missing, &good, &[]), "base trace: ");
+    assert_fails(&diff(&good, &missing, &[]), "new trace: ");
+    assert_fails(
+        &diff(&good, &missing, &[]),
+        "nope.parquet: no such file or directory",
+    );
+
+    let garbage = dir.path().join("garbage.parquet");
+    write(&garbage, 10, 100);
+    std::fs::write(garbage.join("meta.json"), "{{{ not json").unwrap();
+    assert_fails(
+        &diff(&good, &garbage, &[]),
+        "meta.json: corrupt (invalid JSON",
+    );
+
+    let truncated = dir.path().join("truncated.parquet");
+    write(&truncated, 90, 40);
+    truncate_half(&segments(&truncated, "events")[2]);
+    assert_fails(
+        &diff(&truncated, &good, &[]),
+        "part-00002.parquet: corrupt (",
+    );
+
+    assert_fails(
+        &diff(&good, &good, &["--min-size", "1k", "--max-size", "100"]),
+        "--min-size (1024) is larger than --max-size (100)",
+    );
+    assert_fails(
+        &diff(&good, &good, &["--at", "3s"]),
+        "--at 3s is past the end of the recording",
+    );
+    // A trace against itself: no change.
+    let out = diff(&good, &good, &["--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["summary"]["unchanged"], 1);
+    assert_eq!(v["summary"]["delta_bytes"], 0);
+    assert_eq!(v["stacks"][0]["base"]["bytes"], 48 * 60);
+}

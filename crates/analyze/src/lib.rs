@@ -6,7 +6,8 @@
 //! the [`report`] built from it (outstanding allocations by stack with
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
-//! [`folded`] stacks, [`svg`] flamegraphs and [`pprof`] profiles.
+//! [`folded`] stacks, [`svg`] flamegraphs and [`pprof`] profiles, and the
+//! [`diff`] of two traces.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -20,6 +21,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod diff;
 pub mod filter;
 pub mod folded;
 mod hash;

@@ -1,0 +1,165 @@
+//! The options that say what a replay considers (filters, `--at`) and how
+//! it runs (`-j`, `-q`), shared by `analyze` and `diff` so that both read
+//! a trace the same way, and the checks of their values.
+
+use std::time::Duration;
+
+use anyhow::bail;
+use clap::ValueEnum;
+use memleak_analyze::{AnalyzeOptions, Filter, KindScope, SortKey};
+
+use crate::units::{format_duration, parse_duration_ns, parse_size};
+
+/// Event scopes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// User-space allocators.
+    User,
+    /// Kernel allocators.
+    Kernel,
+    /// Heap allocator calls of processes, without mmap: what valgrind
+    /// counts.
+    Heap,
+    /// Memory mappings of processes (mmap, munmap, mremap).
+    Mmap,
+    /// Both.
+    All,
+}
+
+/// Filters, evaluation time and workers of a replay.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SelectArgs {
+    /// Evaluate the state and ages at this time since the recording
+    /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
+    /// its end; at most the recording's length.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    pub at: Option<u64>,
+    /// Only these processes (repeat or separate with commas).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
+    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
+    pub older_than: Option<u64>,
+    /// Only allocations of at least this size (bytes; k, M, G suffixes,
+    /// binary: 1k = 1024).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+    /// Only allocations of at most this size (bytes; k, M, G suffixes;
+    /// at least --min-size).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// Only allocations made at or after this time since the start.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    pub from: Option<u64>,
+    /// Only allocations made before this time since the start (after
+    /// --from).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    pub to: Option<u64>,
+    /// User-space allocations, kernel ones, or both.
+    #[arg(long, value_enum, default_value = "all")]
+    pub kind: KindArg,
+    /// Worker threads, at least 1 (default: one per core).
+    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
+    pub jobs: Option<usize>,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("at least 1 worker thread is needed".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl SelectArgs {
+    /// Sizes the worker pool and rejects filters no allocation can match.
+    /// Call once, before opening a trace.
+    pub fn check(&self) -> anyhow::Result<()> {
+        crate::keep_freed_memory();
+        if let Some(j) = self.jobs {
+            // Only fails if the pool was already built, which cannot happen here.
+            let _ = memleak_analyze::replay::set_threads(j);
+        }
+        if let (Some(a), Some(b)) = (self.min_size, self.max_size) {
+            if a > b {
+                bail!("--min-size ({a}) is larger than --max-size ({b})");
+            }
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to) {
+            if from >= to {
+                bail!(
+                    "--from ({}) is not before --to ({}): no allocation can match",
+                    format_duration(Duration::from_nanos(from)),
+                    format_duration(Duration::from_nanos(to))
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Rejects an `--at` past the end of `trace`'s recording.
+    pub fn check_trace(&self, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
+        if let (Some(at), Some(length)) = (self.at, recording_length(trace)?) {
+            if at > length {
+                bail!(
+                    "--at {} is past the end of the recording, which is {:.3}s long",
+                    format_duration(Duration::from_nanos(at)),
+                    length as f64 / 1e9
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The analysis options these arguments give, for the processes
+    /// `pids` (empty: all).
+    pub fn options(&self, pids: Vec<u32>, top: usize, sort: SortKey) -> AnalyzeOptions {
+        AnalyzeOptions {
+            filter: Filter {
+                pids,
+                kind: match self.kind {
+                    KindArg::User => KindScope::User,
+                    KindArg::Kernel => KindScope::Kernel,
+                    KindArg::Heap => KindScope::Heap,
+                    KindArg::Mmap => KindScope::Mmap,
+                    KindArg::All => KindScope::All,
+                },
+                min_size: self.min_size,
+                max_size: self.max_size,
+                from_ns: self.from,
+                to_ns: self.to,
+                older_than_ns: self.older_than,
+            },
+            at_ns: self.at,
+            top,
+            sort,
+            partitions: 0,
+        }
+    }
+}
+
+/// How long the recording ran, in nanoseconds: from the meta's start to
+/// its end, or to the last event of a trace that was never finished (its
+/// end is 0). None if that is unknown.
+fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>> {
+    let meta = trace.meta();
+    if meta.start_ns == 0 {
+        return Ok(None);
+    }
+    let end = if meta.end_ns != 0 {
+        meta.end_ns
+    } else {
+        // Rows are in time order: the last row group ends the recording.
+        match trace.event_units().last() {
+            Some(unit) => {
+                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
+                batch.ts_ns.iter().copied().max().unwrap_or(0)
+            }
+            None => return Ok(None),
+        }
+    };
+    Ok((end > meta.start_ns).then(|| end - meta.start_ns))
+}
