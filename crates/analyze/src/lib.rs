@@ -22,6 +22,7 @@
 
 pub mod filter;
 pub mod folded;
+pub mod growth;
 mod hash;
 pub mod histogram;
 pub mod json;
@@ -36,6 +37,7 @@ mod time;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
+pub use growth::{Growth, Timeline, Verdict};
 pub use histogram::AgeHistogram;
 pub use report::{
     analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,

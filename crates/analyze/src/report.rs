@@ -8,6 +8,7 @@ use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace}
 use serde::Serialize;
 
 use crate::filter::{Filter, ResolvedFilter};
+use crate::growth::{Growth, Timeline};
 use crate::hash::{int_map, IntMap};
 use crate::histogram::AgeHistogram;
 use crate::replay::{replay, AllocatedTotals, Anomalies, OutstandingBlock, Replay, ReplayOptions};
@@ -111,6 +112,8 @@ pub struct StackReport {
     pub age_histogram: AgeHistogram,
     /// Frames, innermost first.
     pub frames: Vec<Frame>,
+    /// How the stack's outstanding bytes evolved (`None`: not computed).
+    pub growth: Option<Growth>,
 }
 
 /// Outstanding bytes and allocations of one class.
@@ -238,6 +241,8 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     /// How many stacks text and JSON show (0: all).
     pub top: usize,
+    /// Outstanding bytes in total over time (`None`: not computed).
+    pub timeline: Option<Timeline>,
     /// What the analysis built and the report no longer needs.
     pub(crate) spent: Spent,
 }
@@ -430,6 +435,7 @@ pub fn analyze_trace(
         summary,
         stacks,
         top: opts.top,
+        timeline: None,
         spent: Spent(Some(std::sync::Arc::new((replayed, stacks_by_id, frames)))),
     })
 }
