@@ -38,6 +38,25 @@ pub enum SortArg {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// Growing stacks first (steepest first), then plateaus, unknown, and
+    /// stacks that freed their memory late (transient, listed too).
+    Growth,
+}
+
+/// `--at`: a time, or the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtArg {
+    /// Nanoseconds since the recording started.
+    Time(u64),
+    /// When the live total (or the selected process's share) peaked.
+    Peak,
+}
+
+fn parse_at(text: &str) -> Result<AtArg, String> {
+    if text == "peak" {
+        return Ok(AtArg::Peak);
+    }
+    parse_duration_ns(text).map(AtArg::Time)
 }
 
 /// Flamegraph weights.
@@ -91,9 +110,10 @@ pub struct AnalyzeArgs {
     pub weight: WeightArg,
     /// Evaluate the state and ages at this time since the recording
     /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
-    /// its end; at most the recording's length.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub at: Option<u64>,
+    /// its end; at most the recording's length. `peak`: at the peak of
+    /// the live total (with --pid, of the selected process).
+    #[arg(long, value_name = "TIME|peak", value_parser = parse_at)]
+    pub at: Option<AtArg>,
     /// Only these processes (repeat or separate with commas).
     #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
@@ -158,7 +178,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         }
     }
     let trace = memleak_trace::Trace::open(&args.trace)?;
-    if let (Some(at), Some(length)) = (args.at, recording_length(&trace)?) {
+    if let (Some(AtArg::Time(at)), Some(length)) = (args.at, recording_length(&trace)?) {
         if at > length {
             bail!(
                 "--at {} is past the end of the recording, which is {:.3}s long",
@@ -186,12 +206,17 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             to_ns: args.to,
             older_than_ns: args.older_than,
         },
-        at_ns: args.at,
+        at_ns: match args.at {
+            Some(AtArg::Time(t)) => Some(t),
+            _ => None,
+        },
+        at_peak: args.at == Some(AtArg::Peak),
         top: args.top,
         sort: match args.sort {
             SortArg::Bytes => SortKey::Bytes,
             SortArg::Count => SortKey::Count,
             SortArg::Age => SortKey::Age,
+            SortArg::Growth => SortKey::Growth,
         },
         partitions: 0,
     };

@@ -68,6 +68,7 @@ mod partition;
 mod peak;
 mod pipeline;
 mod process;
+mod samples;
 mod types;
 
 use allocated::Allocated;
@@ -77,6 +78,9 @@ use partition::Partition;
 use peak::LiveTotal;
 use pipeline::{decode_in_order, timed, Timing};
 use process::ProcessIndex;
+pub use samples::GrowthPlan;
+use samples::Sampler;
+pub(crate) use types::GrowthSamples;
 pub use types::{
     AllocatedTotals, Anomalies, OutstandingBlock, ProcessPeak, Replay, ReplayOptions, ReplayStats,
 };
@@ -87,8 +91,10 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let max_stack = max_stack_id(trace, opts)?;
     let ctx = Ctx::new(nparts, &opts.filter);
     let processes = ProcessIndex::default();
-    let mut partitions: Vec<Partition> =
-        (0..nparts).map(|i| Partition::new(i, &processes)).collect();
+    let plan = opts.growth.clone().map(std::sync::Arc::new);
+    let mut partitions: Vec<Partition> = (0..nparts)
+        .map(|i| Partition::new(i, &processes, Sampler::new(plan.clone())))
+        .collect();
     let timing = Timing::default();
     let mut live = LiveTotal::default();
     let mut stats = ReplayStats::default();
@@ -113,11 +119,37 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     }
     add_totals(&mut stats, &kinds, &partitions, &allocated, &live);
     stats.process_peaks = live.process_peaks(&partitions, &processes);
+    let growth = plan.map(|_| merge_samples(&mut partitions));
     Ok(Replay {
         partitions,
         allocated,
         stats,
+        growth,
     })
+}
+
+/// Ends every partition's sampling and sums the partitions' samples.
+fn merge_samples(partitions: &mut [Partition]) -> GrowthSamples {
+    let mut out = GrowthSamples::default();
+    for p in partitions {
+        let (rows, totals) = std::mem::replace(&mut p.sampler, Sampler::new(None)).finish();
+        if out.totals.is_empty() {
+            (out.rows, out.totals) = (rows, totals);
+            continue;
+        }
+        for (a, b) in out.totals.iter_mut().zip(&totals) {
+            *a += b;
+        }
+        for (stack, row) in rows {
+            match out.rows.get_mut(&stack) {
+                Some(r) => r.iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b),
+                None => {
+                    out.rows.insert(stack, row);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The number of partitions to replay with.

@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::allocated::Allocated;
 use super::partition::Partition;
 use super::process::{PidState, PAGE_PID};
+use super::samples::{GrowthPlan, Row};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, IntMap};
 use crate::table::BlockTable;
@@ -30,6 +31,9 @@ pub struct ReplayOptions<'a> {
     /// Highest stack id of the trace, if the caller read the stacks
     /// already (replay sizes per-stack arrays by it).
     pub max_stack_id: Option<u64>,
+    /// Sample outstanding bytes by stack over time, for the growth
+    /// verdicts; `None` samples nothing.
+    pub growth: Option<GrowthPlan>,
 }
 
 /// An outstanding allocation as the report sees it: a heap block or a
@@ -149,12 +153,26 @@ pub struct Replay {
     /// Allocations counted while decoding.
     pub(super) allocated: Allocated,
     pub(super) stats: ReplayStats,
+    pub(super) growth: Option<GrowthSamples>,
+}
+
+/// Outstanding bytes at the end of each window of a [`GrowthPlan`]: by
+/// stack (the stacks that held any at some window's end), and in all.
+#[derive(Debug, Default)]
+pub(crate) struct GrowthSamples {
+    pub(crate) rows: IntMap<u64, Row>,
+    pub(crate) totals: Vec<u64>,
 }
 
 impl Replay {
     /// Totals of the replay.
     pub fn stats(&self) -> &ReplayStats {
         &self.stats
+    }
+
+    /// The growth samples, if the options asked for them; once.
+    pub(crate) fn take_growth(&mut self) -> Option<GrowthSamples> {
+        self.growth.take()
     }
 
     /// Folds every outstanding allocation, in parallel: the blocks of
