@@ -353,16 +353,17 @@ pub fn analyze_trace(
     replay_filter
         .pids
         .extend(ancestors(&opts.filter.pids, meta));
-    let (at_ts, at_peak) = if opts.at_peak {
-        let peak = find_peak(trace, opts, replay_filter.resolve(start_ts), start_ts)?;
-        (Some(start_ts + peak.ns), Some(peak))
+    let (at_ts, at_row, at_peak) = if opts.at_peak {
+        let (peak, row) = find_peak(trace, opts, replay_filter.resolve(start_ts), start_ts)?;
+        (Some(start_ts + peak.ns), row, Some(peak))
     } else {
-        (opts.at_ns.map(|a| start_ts.saturating_add(a)), None)
+        (opts.at_ns.map(|a| start_ts.saturating_add(a)), None, None)
     };
     let plan = growth_plan(trace, opts, at_ts, start_ts, &filter, meta)?;
     let ropts = ReplayOptions {
         filter: replay_filter.resolve(start_ts),
         at_ts,
+        at_row,
         partitions: opts.partitions,
         progress,
         // Unknown yet: per-stack arrays grow as ids show up.
@@ -491,35 +492,41 @@ pub fn analyze_trace(
 
 /// Replays the trace once to find the peak an `--at peak` report is
 /// evaluated at: the live total's, or with pids selected, the highest of
-/// the selected processes' peaks (the earliest of equal ones). A trace
-/// that never held anything peaks at its start.
+/// the selected processes' peaks (the earliest of equal ones), and the
+/// row that reached it: events share timestamps, and a free stamped like
+/// the allocation that reached the peak must not count. A trace that
+/// never held anything peaks at its start.
 fn find_peak(
     trace: &Trace,
     opts: &AnalyzeOptions,
     filter: ResolvedFilter,
     start_ts: u64,
-) -> memleak_trace::Result<AtPeak> {
+) -> memleak_trace::Result<(AtPeak, Option<u64>)> {
     let ropts = ReplayOptions {
         filter,
-        partitions: opts.partitions,
+        // Several partitions tell which row reached the peak.
+        partitions: opts.partitions.max(2),
         ..Default::default()
     };
     let r = replay(trace, &ropts)?;
     let st = r.stats();
-    let (pid, bytes, ts) = if opts.filter.pids.is_empty() {
-        (None, st.peak_bytes, st.peak_ts)
+    let (pid, bytes, ts, row) = if opts.filter.pids.is_empty() {
+        (None, st.peak_bytes, st.peak_ts, st.peak_row)
     } else {
         st.process_peaks
             .iter()
             .filter(|p| opts.filter.pids.contains(&p.pid))
             .max_by(|a, b| a.bytes.cmp(&b.bytes).then(b.ts.cmp(&a.ts)))
-            .map_or((None, 0, start_ts), |p| (Some(p.pid), p.bytes, p.ts))
+            .map_or((None, 0, start_ts, None), |p| {
+                (Some(p.pid), p.bytes, p.ts, p.row)
+            })
     };
-    Ok(AtPeak {
+    let peak = AtPeak {
         pid,
         bytes,
         ns: ts.max(start_ts) - start_ts,
-    })
+    };
+    Ok((peak, row))
 }
 
 /// What the growth samples count and when: the windows span the trace

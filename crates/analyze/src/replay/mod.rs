@@ -99,9 +99,11 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let mut live = LiveTotal::default();
     let mut stats = ReplayStats::default();
     let mut kinds = [0u64; 256];
-    let counted = decode_in_order(trace, opts.at_ts, &ctx, &timing, |d| {
+    let mut base = 0u64;
+    let at = (opts.at_ts, opts.at_row);
+    let counted = decode_in_order(trace, at, &ctx, &timing, |d| {
         if d.rows > 0 {
-            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing);
+            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing, base);
             stats.first_ts.get_or_insert(d.first_ts);
             stats.last_ts = Some(d.last_ts);
             if let Some(f) = opts.progress {
@@ -111,6 +113,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
             *k += c;
         }
+        base += d.total as u64;
     })?;
     timing.report(nparts);
     let mut allocated = Allocated::new(max_stack);
@@ -184,6 +187,7 @@ fn replay_row_group(
     processes: &ProcessIndex,
     live: &mut LiveTotal,
     timing: &Timing,
+    base: u64,
 ) {
     match (&d.mode, partitions) {
         (Mode::Packed(packed), [p]) => {
@@ -209,7 +213,7 @@ fn replay_row_group(
                 timed(&timing.replay, t);
             });
             let t = Instant::now();
-            live.sum(partitions, cols.ts, processes.len());
+            live.sum(partitions, cols.ts, processes.len(), base);
             timed(&timing.peak, t);
         }
         (Mode::Packed(_), _) => unreachable!("operations are packed for a single partition only"),
@@ -240,6 +244,7 @@ fn add_totals(
     stats.allocated_bytes = allocated.bytes;
     stats.peak_bytes = live.peak.max(0) as u64;
     stats.peak_ts = live.peak_ts;
+    stats.peak_row = live.peak_row;
     stats.live_bytes = live.outstanding.max(0) as u64;
 }
 

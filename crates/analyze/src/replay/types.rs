@@ -23,6 +23,10 @@ pub struct ReplayOptions<'a> {
     pub filter: ResolvedFilter,
     /// Stop at this timestamp (inclusive); `None` replays everything.
     pub at_ts: Option<u64>,
+    /// Stop after this row of the events table (counted from 0 over the
+    /// whole trace), as well: events that share a timestamp are told
+    /// apart by their order.
+    pub at_row: Option<u64>,
     /// Number of partitions; 0 means one per two rayon threads (at least
     /// one): see [`default_partitions`](super::default_partitions).
     pub partitions: usize,
@@ -111,6 +115,10 @@ pub struct ReplayStats {
     pub peak_bytes: u64,
     /// When it was reached (0 if never).
     pub peak_ts: u64,
+    /// The row of the events table that reached it, counted from 0 over
+    /// the whole trace: known with several partitions only (`None` with
+    /// one, or if never reached).
+    pub peak_row: Option<u64>,
     /// The live total at the end of replay.
     pub live_bytes: u64,
     /// The peak of each process's share of the live total, by pid, for
@@ -129,6 +137,8 @@ pub struct ProcessPeak {
     pub bytes: u64,
     /// When they were first reached.
     pub ts: u64,
+    /// The row that reached them, as [`ReplayStats::peak_row`].
+    pub row: Option<u64>,
 }
 
 impl ReplayStats {
