@@ -2,6 +2,28 @@
 //! windows, per stack and in total, and a verdict per stack telling a
 //! steady leak from a cache that stopped growing and from memory that was
 //! freed late.
+//!
+//! The samples are taken during replay (`replay/samples.rs`): each
+//! partition keeps every stack's outstanding bytes, among the allocations
+//! the filters select, and copies them at each window's end. The windows
+//! ([`WINDOWS`] of them) span the trace from its start to `--at`, else to
+//! the last event; the last sample is the state the report shows.
+//!
+//! The verdict ([`Growth::classify`]), with `max` the highest sample and
+//! `end` the last:
+//! * [`Verdict::Transient`]: `end` ≤ [`TRANSIENT_END`] × `max`;
+//! * [`Verdict::Unknown`]: all samples 0, or fewer than [`MIN_SAMPLES`]
+//!   from the first nonzero one to the end;
+//! * [`Verdict::Growing`]: the least-squares line through the last third
+//!   of those samples rises across it by at least [`GROWING_RISE`] ×
+//!   `max`;
+//! * [`Verdict::Plateau`]: the rest.
+//!
+//! The slope is that line's (bytes per second: the current rate), and the
+//! fit 1 − RMS residual / `max`, so a flat plateau fits perfectly. Comparing
+//! the end with the trend of the last third, rather than the slopes of the
+//! first and last parts, keeps one rule for caches filled at any time and
+//! for leaks that started late. docs/json.md has the same rules.
 
 use std::cmp::Ordering;
 
