@@ -38,6 +38,9 @@ pub enum SortArg {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// Growing stacks first (steepest first), then plateaus, unknown, and
+    /// stacks that freed their memory late (transient, listed too).
+    Growth,
 }
 
 /// Flamegraph weights.
@@ -98,6 +101,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         SortArg::Bytes => SortKey::Bytes,
         SortArg::Count => SortKey::Count,
         SortArg::Age => SortKey::Age,
+        SortArg::Growth => SortKey::Growth,
     };
     let opts = args
         .select

@@ -31,9 +31,10 @@ pub enum KindArg {
 pub struct SelectArgs {
     /// Evaluate the state and ages at this time since the recording
     /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
-    /// its end; at most the recording's length.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub at: Option<u64>,
+    /// its end; at most the recording's length. `peak`: at the peak of
+    /// the live total (with --pid, of the selected process).
+    #[arg(long, value_name = "TIME|peak", value_parser = parse_at)]
+    pub at: Option<AtArg>,
     /// Only these processes (repeat or separate with commas).
     #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
@@ -64,6 +65,22 @@ pub struct SelectArgs {
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+}
+
+/// `--at`: a time, or the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtArg {
+    /// Nanoseconds since the recording started.
+    Time(u64),
+    /// When the live total (or the selected process's share) peaked.
+    Peak,
+}
+
+fn parse_at(text: &str) -> Result<AtArg, String> {
+    if text == "peak" {
+        return Ok(AtArg::Peak);
+    }
+    parse_duration_ns(text).map(AtArg::Time)
 }
 
 fn parse_jobs(text: &str) -> Result<usize, String> {
@@ -102,7 +119,7 @@ impl SelectArgs {
 
     /// Rejects an `--at` past the end of `trace`'s recording.
     pub fn check_trace(&self, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
-        if let (Some(at), Some(length)) = (self.at, recording_length(trace)?) {
+        if let (Some(AtArg::Time(at)), Some(length)) = (self.at, recording_length(trace)?) {
             if at > length {
                 bail!(
                     "--at {} is past the end of the recording, which is {:.3}s long",
@@ -133,7 +150,11 @@ impl SelectArgs {
                 to_ns: self.to,
                 older_than_ns: self.older_than,
             },
-            at_ns: self.at,
+            at_ns: match self.at {
+                Some(AtArg::Time(t)) => Some(t),
+                _ => None,
+            },
+            at_peak: self.at == Some(AtArg::Peak),
             top,
             sort,
             partitions: 0,

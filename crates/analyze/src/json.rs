@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::growth::{Growth, Timeline};
 use crate::histogram::Bucket;
 use crate::replay::Anomalies;
-use crate::report::{Frame, Report, StackReport};
+use crate::report::{AtPeak, Frame, Report, StackReport};
 
 /// Version of the JSON schema.
 pub const JSON_VERSION: u32 = 1;
@@ -17,6 +18,7 @@ pub const JSON_VERSION: u32 = 1;
 struct Doc<'a> {
     version: u32,
     summary: SummaryJson<'a>,
+    timeline: Option<&'a Timeline>,
     stacks: Vec<StackJson<'a>>,
 }
 
@@ -45,6 +47,7 @@ struct SummaryJson<'a> {
     start_ns: u64,
     eval_ns: u64,
     at_given: bool,
+    at_peak: Option<AtPeak>,
     duration_ns: u64,
     events: u64,
     events_by_kind: &'a BTreeMap<String, u64>,
@@ -90,6 +93,7 @@ struct StackJson<'a> {
     allocated_bytes: u64,
     allocations: u64,
     age_histogram: Vec<Bucket>,
+    growth: Option<&'a Growth>,
     frames: Vec<FrameJson<'a>>,
 }
 
@@ -153,6 +157,7 @@ fn stack(s: &StackReport) -> StackJson<'_> {
         allocated_bytes: s.allocated_bytes,
         allocations: s.allocations,
         age_histogram: s.age_histogram.buckets(),
+        growth: s.growth.as_ref(),
         frames: s.frames.iter().map(frame).collect(),
     }
 }
@@ -258,6 +263,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             start_ns: s.start_ts,
             eval_ns: s.eval_ts,
             at_given: s.at_given,
+            at_peak: s.at_peak,
             duration_ns: s.duration_ns(),
             events: s.events,
             events_by_kind: &s.events_by_kind,
@@ -291,6 +297,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             sort: s.sort.name(),
             stacks_shown: shown,
         },
+        timeline: report.timeline.as_ref(),
         stacks,
     }
 }

@@ -24,6 +24,7 @@
 pub mod diff;
 pub mod filter;
 pub mod folded;
+pub mod growth;
 mod hash;
 pub mod histogram;
 pub mod json;
@@ -39,6 +40,7 @@ mod time;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
+pub use growth::{Growth, Timeline, Verdict};
 pub use histogram::AgeHistogram;
 pub use report::{
     analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,

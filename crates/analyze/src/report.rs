@@ -8,9 +8,12 @@ use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace}
 use serde::Serialize;
 
 use crate::filter::{Filter, ResolvedFilter};
+use crate::growth::{Growth, Timeline};
 use crate::hash::{int_map, IntMap};
 use crate::histogram::AgeHistogram;
-use crate::replay::{replay, AllocatedTotals, Anomalies, OutstandingBlock, Replay, ReplayOptions};
+use crate::replay::{
+    replay, AllocatedTotals, Anomalies, GrowthPlan, OutstandingBlock, Replay, ReplayOptions,
+};
 
 /// Order of the stacks in the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -22,6 +25,10 @@ pub enum SortKey {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// By growth verdict: growing stacks first, steepest slope first, then
+    /// plateaus and unknown by outstanding bytes, then transient stacks
+    /// (listed even with nothing outstanding) by their highest sample.
+    Growth,
 }
 
 impl SortKey {
@@ -31,6 +38,7 @@ impl SortKey {
             SortKey::Bytes => "bytes",
             SortKey::Count => "count",
             SortKey::Age => "age",
+            SortKey::Growth => "growth",
         }
     }
 }
@@ -43,6 +51,10 @@ pub struct AnalyzeOptions {
     /// Evaluate the state at this time (ns since trace start) instead of
     /// at the end; events after it are ignored.
     pub at_ns: Option<u64>,
+    /// Evaluate the state at the peak of the live total (with pids
+    /// selected, at the highest peak of a selected process); overrides
+    /// `at_ns`.
+    pub at_peak: bool,
     /// Stacks shown in text and JSON (0: all).
     pub top: usize,
     /// Order of the stacks.
@@ -113,6 +125,22 @@ pub struct StackReport {
     pub age_histogram: AgeHistogram,
     /// Frames, innermost first.
     pub frames: Vec<Frame>,
+    /// How the stack's outstanding bytes evolved (`None`: not computed).
+    pub growth: Option<Growth>,
+}
+
+impl StackReport {
+    /// Whether text and JSON list the stack when sorted by `key`: it has
+    /// allocations outstanding, or, sorted by growth, its verdict is
+    /// transient (held memory for a while, then freed it).
+    pub fn shown(&self, key: SortKey) -> bool {
+        self.count > 0
+            || (key == SortKey::Growth
+                && self
+                    .growth
+                    .as_ref()
+                    .is_some_and(|g| g.verdict == crate::growth::Verdict::Transient))
+    }
 }
 
 /// Outstanding bytes and allocations of one class.
@@ -154,6 +182,8 @@ pub struct Summary {
     pub eval_ts: u64,
     /// Whether `eval_ts` comes from `--at`.
     pub at_given: bool,
+    /// With `--at peak`: the peak the state is evaluated at.
+    pub at_peak: Option<AtPeak>,
     /// Events read, by kind name (before filters).
     pub events_by_kind: BTreeMap<String, u64>,
     /// Events read.
@@ -205,6 +235,17 @@ pub struct Summary {
     pub sort: SortKey,
 }
 
+/// The peak an `--at peak` report shows the state at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct AtPeak {
+    /// The process whose peak it is; `None`: the live total's.
+    pub pid: Option<u32>,
+    /// Its bytes.
+    pub bytes: u64,
+    /// When it was first reached, in ns since `start_ts`.
+    pub ns: u64,
+}
+
 /// The peak of one process's outstanding bytes while it was alive: the
 /// blocks it allocated itself (in its current program image) and had not
 /// freed. What it inherited at fork counts for its parent.
@@ -240,6 +281,8 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     /// How many stacks text and JSON show (0: all).
     pub top: usize,
+    /// Outstanding bytes in total over time (`None`: not computed).
+    pub timeline: Option<Timeline>,
     /// What the analysis built and the report no longer needs.
     pub(crate) spent: Spent,
 }
@@ -275,7 +318,8 @@ impl Report {
     /// The stacks text and JSON show: those with outstanding allocations,
     /// at most `top` of them.
     pub fn top_stacks(&self) -> &[StackReport] {
-        let leaking = self.stacks.iter().take_while(|s| s.count > 0).count();
+        let sort = self.summary.sort;
+        let leaking = self.stacks.iter().take_while(|s| s.shown(sort)).count();
         let n = if self.top == 0 {
             leaking
         } else {
@@ -311,14 +355,22 @@ pub fn analyze_trace(
     replay_filter
         .pids
         .extend(ancestors(&opts.filter.pids, meta));
-    let at_ts = opts.at_ns.map(|a| start_ts.saturating_add(a));
+    let (at_ts, at_row, at_peak) = if opts.at_peak {
+        let (peak, row) = find_peak(trace, opts, replay_filter.resolve(start_ts), start_ts)?;
+        (Some(start_ts + peak.ns), row, Some(peak))
+    } else {
+        (opts.at_ns.map(|a| start_ts.saturating_add(a)), None, None)
+    };
+    let plan = growth_plan(trace, opts, at_ts, start_ts, &filter, meta)?;
     let ropts = ReplayOptions {
         filter: replay_filter.resolve(start_ts),
         at_ts,
+        at_row,
         partitions: opts.partitions,
         progress,
         // Unknown yet: per-stack arrays grow as ids show up.
         max_stack_id: Some(0),
+        growth: Some(plan.clone()),
     };
     // The stacks and frames tables are read, and indexed, while the events
     // replay: the pool has idle moments (the first decode, waiting for
@@ -339,8 +391,9 @@ pub fn analyze_trace(
             Ok((stacks, frames))
         },
     );
-    let replayed = replayed?;
+    let mut replayed = replayed?;
     let (stacks_by_id, frames) = tables?;
+    let samples = replayed.take_growth().unwrap_or_default();
     let stats = replayed.stats();
     let eval_ts = match at_ts {
         Some(at) => at,
@@ -367,15 +420,16 @@ pub fn analyze_trace(
                 .is_none_or(|parent| !opts.filter.pids.contains(parent))
         })
         .collect();
-    let (stacks, by_class) = build_stacks(
+    let (mut stacks, by_class) = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
         &filter,
         (&opts.filter.pids, &inherited_for),
         eval_ts,
-        opts.sort,
     );
+    let timeline = crate::growth::attach(&mut stacks, samples, &plan, start_ts);
+    sort_stacks(&mut stacks, opts.sort);
     let mut age_histogram = AgeHistogram::default();
     let (mut outstanding_bytes, mut outstanding_allocations, mut outstanding_stacks) = (0, 0, 0);
     for s in &stacks {
@@ -402,6 +456,7 @@ pub fn analyze_trace(
         start_ts,
         eval_ts,
         at_given: at_ts.is_some(),
+        at_peak,
         events_by_kind: stats
             .events_by_kind
             .iter()
@@ -425,14 +480,114 @@ pub fn analyze_trace(
         age_histogram,
         complete: meta.complete,
         incomplete: trace.incomplete(),
-        filters: describe_filters(&opts.filter, opts.at_ns),
+        filters: describe_filters(&opts.filter, if opts.at_peak { None } else { opts.at_ns }),
         sort: opts.sort,
     };
     Ok(Report {
         summary,
         stacks,
         top: opts.top,
+        timeline: Some(timeline),
         spent: Spent(Some(std::sync::Arc::new((replayed, stacks_by_id, frames)))),
+    })
+}
+
+/// Replays the trace once to find the peak an `--at peak` report is
+/// evaluated at: the live total's, or with pids selected, the highest of
+/// the selected processes' peaks (the earliest of equal ones), and the
+/// row that reached it: events share timestamps, and a free stamped like
+/// the allocation that reached the peak must not count. A trace that
+/// never held anything peaks at its start.
+fn find_peak(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    filter: ResolvedFilter,
+    start_ts: u64,
+) -> memleak_trace::Result<(AtPeak, Option<u64>)> {
+    let ropts = ReplayOptions {
+        filter,
+        // Several partitions tell which row reached the peak.
+        partitions: opts.partitions.max(2),
+        ..Default::default()
+    };
+    let r = replay(trace, &ropts)?;
+    let st = r.stats();
+    let (pid, bytes, ts, row) = if opts.filter.pids.is_empty() {
+        (None, st.peak_bytes, st.peak_ts, st.peak_row)
+    } else {
+        st.process_peaks
+            .iter()
+            .filter(|p| opts.filter.pids.contains(&p.pid))
+            .max_by(|a, b| a.bytes.cmp(&b.bytes).then(b.ts.cmp(&a.ts)))
+            .map_or((None, 0, start_ts, None), |p| {
+                (Some(p.pid), p.bytes, p.ts, p.row)
+            })
+    };
+    let peak = AtPeak {
+        pid,
+        bytes,
+        ns: ts.max(start_ts) - start_ts,
+    };
+    Ok((peak, row))
+}
+
+/// What the growth samples count and when: the windows span the trace
+/// from its start to `--at`, else to the last event; the allocations are
+/// those the report's filters select (with `--older-than`, those old
+/// enough at the evaluation time).
+fn growth_plan(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    at_ts: Option<u64>,
+    start_ts: u64,
+    filter: &ResolvedFilter,
+    meta: &memleak_trace::Meta,
+) -> memleak_trace::Result<GrowthPlan> {
+    let last_ts = last_event_ts(trace)?;
+    // The windows end at the last event: after it nothing changes, and a
+    // recording that goes on after its program exited would otherwise
+    // show every stack flat at the end.
+    let end = at_ts.unwrap_or(last_ts).max(start_ts);
+    let windows = crate::growth::WINDOWS;
+    let window_ns = (end - start_ts).div_ceil(windows as u64).max(1);
+    // The report's evaluation time, which `--older-than` counts from.
+    let eval_ts = at_ts.unwrap_or(meta.end_ns.max(last_ts)).max(start_ts);
+    let (min_size, max_size, from_ts, to_ts) = filter.allocation_bounds(eval_ts);
+    let inherited_for = opts
+        .filter
+        .pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            meta.parents
+                .get(p)
+                .is_none_or(|parent| !opts.filter.pids.contains(parent))
+        })
+        .collect();
+    Ok(GrowthPlan {
+        start_ts,
+        window_ns,
+        windows,
+        pids: opts.filter.pids.clone(),
+        inherited_for,
+        min_size,
+        max_size,
+        from_ts,
+        to_ts,
+    })
+}
+
+/// The timestamp of the trace's last event (0 if it has none).
+fn last_event_ts(trace: &Trace) -> memleak_trace::Result<u64> {
+    Ok(match trace.event_units().last() {
+        Some(u) => trace
+            .read_unit(u, EventColumns::TS)?
+            .ts_ns
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0),
+        None => 0,
     })
 }
 
@@ -530,7 +685,6 @@ fn build_stacks(
     filter: &ResolvedFilter,
     (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
-    sort: SortKey,
 ) -> (Vec<StackReport>, OutstandingByClass) {
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
@@ -617,7 +771,7 @@ fn build_stacks(
         .map(|id| (id, by_stack.remove(&id)))
         .collect();
     // Resolving frames copies their names: in parallel.
-    let mut out: Vec<StackReport> = ids
+    let out: Vec<StackReport> = ids
         .into_par_iter()
         .map(|(id, o)| {
             let a = allocated.get(&id).copied().unwrap_or_default();
@@ -645,7 +799,6 @@ fn build_stacks(
             s
         })
         .collect();
-    sort_stacks(&mut out, sort);
     (out, by_class)
 }
 
@@ -681,8 +834,9 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
 /// moves the large reports less) gives the same order.
 pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
     stacks.sort_unstable_by(|a, b| {
-        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let leak = b.shown(key).cmp(&a.shown(key));
         let by_key = match key {
+            SortKey::Growth => crate::growth::order(a, b),
             SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
             SortKey::Count => b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)),
             SortKey::Age => b

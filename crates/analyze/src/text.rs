@@ -3,7 +3,8 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{Frame, Report, StackReport, Summary};
+use crate::growth::Growth;
+use crate::report::{Frame, Report, SortKey, StackReport, Summary};
 use crate::time::{format_bytes, format_duration};
 
 /// Renders the text report.
@@ -25,13 +26,23 @@ pub fn render(report: &Report) -> String {
         }
         out.push_str(".\n\n");
     } else {
-        let _ = writeln!(
-            out,
-            "Top {} of {} stacks with outstanding allocations, by {}:\n",
-            top.len(),
-            s.outstanding_stacks,
-            s.sort.name()
-        );
+        if s.sort == SortKey::Growth {
+            let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
+            let _ = writeln!(
+                out,
+                "Top {} of {} stacks with outstanding allocations or freed late, by growth:\n",
+                top.len(),
+                shown,
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "Top {} of {} stacks with outstanding allocations, by {}:\n",
+                top.len(),
+                s.outstanding_stacks,
+                s.sort.name()
+            );
+        }
         for st in top {
             render_stack(&mut out, st);
             out.push('\n');
@@ -49,6 +60,23 @@ fn bytes_phrase(b: u64) -> String {
     }
 }
 
+/// `growing, +1.5 MiB/s (fit 0.98)`: the verdict, the slope of the last
+/// third of the samples and how well a line fits them.
+fn growth_phrase(g: &Growth) -> String {
+    let sign = if g.slope_bytes_per_s < 0.0 { "-" } else { "+" };
+    let rate = g.slope_bytes_per_s.abs().round() as u64;
+    let rate = if rate < 1024 {
+        format!("{rate} bytes")
+    } else {
+        format_bytes(rate)
+    };
+    format!(
+        "{}, {sign}{rate}/s (fit {:.2})",
+        g.verdict.name(),
+        g.fit
+    )
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
@@ -64,14 +92,31 @@ fn render_stack(out: &mut String, st: &StackReport) {
     } else if let Some(pid) = st.pid {
         let _ = write!(who, " (pid {pid})");
     }
-    let _ = writeln!(
-        out,
-        "{} in {} from {}, oldest {}",
-        bytes_phrase(st.bytes),
-        plural(st.count, "allocation", "allocations"),
-        who,
-        format_duration(st.oldest_age_ns)
-    );
+    if st.count == 0 {
+        // Listed for its growth verdict: it held memory and freed it.
+        let held = st
+            .growth
+            .as_ref()
+            .and_then(|g| g.samples.iter().copied().max())
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "nothing outstanding from {who}, which held up to {} and freed it",
+            bytes_phrase(held)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{} in {} from {}, oldest {}",
+            bytes_phrase(st.bytes),
+            plural(st.count, "allocation", "allocations"),
+            who,
+            format_duration(st.oldest_age_ns)
+        );
+    }
+    if let Some(g) = &st.growth {
+        let _ = writeln!(out, "    growth: {}", growth_phrase(g));
+    }
     let lines = frame_lines(&st.frames);
     let width = lines
         .iter()
@@ -173,7 +218,9 @@ fn render_summary(out: &mut String, s: &Summary) {
             format!("incomplete (recorder killed or still running){missing}"),
         );
     }
-    let when = if s.at_given {
+    let when = if s.at_peak.is_some() {
+        "state and ages at the peak, --at peak"
+    } else if s.at_given {
         "state and ages at --at"
     } else {
         "ages at end of recording"
@@ -235,6 +282,20 @@ fn render_summary(out: &mut String, s: &Summary) {
             format_duration(s.peak_ns)
         ),
     );
+    if let Some(p) = &s.at_peak {
+        let whose = match p.pid {
+            Some(pid) => format!("of pid {pid}"),
+            None => "of the live total".to_string(),
+        };
+        row(
+            "peak view",
+            format!(
+                "the state at the peak {whose}, {} at {}",
+                bytes_phrase(p.bytes),
+                format_duration(p.ns)
+            ),
+        );
+    }
     // The processes that held the most, a few lines at most.
     for (i, p) in s.process_peaks.iter().take(PROCESS_PEAKS).enumerate() {
         row(

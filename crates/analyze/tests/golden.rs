@@ -8,7 +8,9 @@ mod common;
 use std::path::PathBuf;
 
 use common::{TraceBuilder, MS};
-use memleak_analyze::{analyze, folded, json, svg, text, AnalyzeOptions, Filter, Report, Weight};
+use memleak_analyze::{
+    analyze, folded, json, svg, text, AnalyzeOptions, Filter, Report, SortKey, Weight,
+};
 use memleak_trace::{EventKind, FrameRecord, StackRecord};
 
 /// A small program's trace: two leaking user stacks (one through an
@@ -141,6 +143,27 @@ fn text_report_filtered() {
         ..Default::default()
     };
     golden("report-older-than.txt", &text::render(&report(opts)));
+}
+
+#[test]
+fn text_report_by_growth() {
+    let opts = AnalyzeOptions {
+        sort: SortKey::Growth,
+        ..Default::default()
+    };
+    golden("report-growth.txt", &text::render(&report(opts)));
+}
+
+#[test]
+fn text_report_at_peak() {
+    let opts = AnalyzeOptions {
+        at_peak: true,
+        ..Default::default()
+    };
+    let r = report(opts);
+    let peak = r.summary.at_peak.expect("a peak view");
+    assert_eq!(peak.bytes, r.summary.outstanding_bytes);
+    golden("report-peak.txt", &text::render(&r));
 }
 
 #[test]

@@ -68,6 +68,7 @@ mod partition;
 mod peak;
 mod pipeline;
 mod process;
+mod samples;
 mod types;
 
 use allocated::Allocated;
@@ -77,6 +78,9 @@ use partition::Partition;
 use peak::LiveTotal;
 use pipeline::{decode_in_order, timed, Timing};
 use process::ProcessIndex;
+pub use samples::GrowthPlan;
+use samples::Sampler;
+pub(crate) use types::GrowthSamples;
 pub use types::{
     AllocatedTotals, Anomalies, OutstandingBlock, ProcessPeak, Replay, ReplayOptions, ReplayStats,
 };
@@ -87,15 +91,19 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let max_stack = max_stack_id(trace, opts)?;
     let ctx = Ctx::new(nparts, &opts.filter);
     let processes = ProcessIndex::default();
-    let mut partitions: Vec<Partition> =
-        (0..nparts).map(|i| Partition::new(i, &processes)).collect();
+    let plan = opts.growth.clone().map(std::sync::Arc::new);
+    let mut partitions: Vec<Partition> = (0..nparts)
+        .map(|i| Partition::new(i, &processes, Sampler::new(plan.clone())))
+        .collect();
     let timing = Timing::default();
     let mut live = LiveTotal::default();
     let mut stats = ReplayStats::default();
     let mut kinds = [0u64; 256];
-    let counted = decode_in_order(trace, opts.at_ts, &ctx, &timing, |d| {
+    let mut base = 0u64;
+    let at = (opts.at_ts, opts.at_row);
+    let counted = decode_in_order(trace, at, &ctx, &timing, |d| {
         if d.rows > 0 {
-            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing);
+            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing, base);
             stats.first_ts.get_or_insert(d.first_ts);
             stats.last_ts = Some(d.last_ts);
             if let Some(f) = opts.progress {
@@ -105,6 +113,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
             *k += c;
         }
+        base += d.total as u64;
     })?;
     timing.report(nparts);
     let mut allocated = Allocated::new(max_stack);
@@ -113,11 +122,37 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     }
     add_totals(&mut stats, &kinds, &partitions, &allocated, &live);
     stats.process_peaks = live.process_peaks(&partitions, &processes);
+    let growth = plan.map(|_| merge_samples(&mut partitions));
     Ok(Replay {
         partitions,
         allocated,
         stats,
+        growth,
     })
+}
+
+/// Ends every partition's sampling and sums the partitions' samples.
+fn merge_samples(partitions: &mut [Partition]) -> GrowthSamples {
+    let mut out = GrowthSamples::default();
+    for p in partitions {
+        let (rows, totals) = std::mem::replace(&mut p.sampler, Sampler::new(None)).finish();
+        if out.totals.is_empty() {
+            (out.rows, out.totals) = (rows, totals);
+            continue;
+        }
+        for (a, b) in out.totals.iter_mut().zip(&totals) {
+            *a += b;
+        }
+        for (stack, row) in rows {
+            match out.rows.get_mut(&stack) {
+                Some(r) => r.iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b),
+                None => {
+                    out.rows.insert(stack, row);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The number of partitions to replay with.
@@ -152,6 +187,7 @@ fn replay_row_group(
     processes: &ProcessIndex,
     live: &mut LiveTotal,
     timing: &Timing,
+    base: u64,
 ) {
     match (&d.mode, partitions) {
         (Mode::Packed(packed), [p]) => {
@@ -177,7 +213,7 @@ fn replay_row_group(
                 timed(&timing.replay, t);
             });
             let t = Instant::now();
-            live.sum(partitions, cols.ts, processes.len());
+            live.sum(partitions, cols.ts, processes.len(), base);
             timed(&timing.peak, t);
         }
         (Mode::Packed(_), _) => unreachable!("operations are packed for a single partition only"),
@@ -208,6 +244,7 @@ fn add_totals(
     stats.allocated_bytes = allocated.bytes;
     stats.peak_bytes = live.peak.max(0) as u64;
     stats.peak_ts = live.peak_ts;
+    stats.peak_row = live.peak_row;
     stats.live_bytes = live.outstanding.max(0) as u64;
 }
 
