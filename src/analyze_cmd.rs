@@ -11,7 +11,8 @@ use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
 use memleak_analyze::{
-    analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
+    analyze_trace, folded, html, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey,
+    Weight,
 };
 
 /// Output formats.
@@ -25,7 +26,10 @@ pub enum Format {
     Folded,
     /// A flamegraph SVG.
     Svg,
-    /// All four, into the directory given with -o.
+    /// One self-contained HTML page: summary, timeline, flamegraphs, top
+    /// stacks.
+    Html,
+    /// All of the above, into the directory given with -o.
     All,
 }
 
@@ -141,7 +145,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         let _ = rayon_pool(j);
     }
     if args.format == Format::All && args.output.is_none() {
-        bail!("--format all writes four files: give a directory with -o");
+        bail!("--format all writes five files: give a directory with -o");
     }
     if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
         if a > b {
@@ -218,6 +222,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(args.output.as_deref(), &svg)?
         }
+        Format::Html => emit_with(args.output.as_deref(), |w| html::write(&report, w))?,
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
             fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
@@ -232,8 +237,9 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             )?;
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(Some(&dir.join("flamegraph.svg")), &svg)?;
+            emit_with(Some(&dir.join("report.html")), |w| html::write(&report, w))?;
             say!(
-                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
+                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg, report.html to {}",
                 dir.display()
             );
         }

@@ -6,7 +6,8 @@
 //! the [`report`] built from it (outstanding allocations by stack with
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
-//! [`folded`] stacks and [`svg`] flamegraphs.
+//! [`folded`] stacks, [`svg`] flamegraphs and a self-contained [`html`]
+//! page.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -25,6 +26,7 @@ pub mod folded;
 pub mod growth;
 mod hash;
 pub mod histogram;
+pub mod html;
 pub mod json;
 pub mod progress;
 mod ranges;
