@@ -9,12 +9,15 @@
 mod common;
 
 use std::fs;
+use std::io::Write as _;
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fixtures::{memleak, Fixture};
+use memleak_analyze::growth::{Growth, Timeline, Verdict};
+use memleak_analyze::{analyze, html, AnalyzeOptions, Report};
 
 const CHROMIUM: &str = "/usr/bin/chromium";
 
@@ -104,7 +107,7 @@ fn console_lines(run: &Run) -> Vec<&str> {
 /// `marker`.
 fn attr_of<'a>(dom: &'a str, marker: &str, attr: &str) -> Option<&'a str> {
     let at = dom.find(marker)?;
-    let start = dom[..at].rfind('<')?;
+    let start = dom[..=at].rfind('<')?;
     let tag = &dom[start..start + dom[start..].find('>')?];
     let key = format!(" {attr}=\"");
     let v = tag.find(&key)? + key.len();
@@ -154,13 +157,53 @@ fn html_report_renders_in_chromium() {
     let work = tempfile::tempdir().unwrap();
     let page: PathBuf = work.path().join("report.html");
     analyze_html(&trace, &page, &[]);
-    let html = fs::read_to_string(&page).unwrap();
+    let text = fs::read_to_string(&page).unwrap();
     // Self-contained: nothing refers to anything outside the page.
     for outside in ["src=\"http", "href=\"http", "url(http", "@import", "<link "] {
-        assert!(!html.contains(outside), "the page refers to {outside}");
+        assert!(!text.contains(outside), "the page refers to {outside}");
     }
 
-    let run = chromium(&page, &["--dump-dom"], work.path());
+    let timeline = check_page(&fx, &page, work.path());
+    // Growth data may not be computed: the page says so. A page from the
+    // same report with a timeline and growth must draw its chart too.
+    let mut shown = page.clone();
+    if timeline == "none" {
+        let mut report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+        synthesize_growth(&mut report);
+        let synthetic = work.path().join("synthetic.html");
+        let mut f = std::io::BufWriter::new(fs::File::create(&synthetic).unwrap());
+        html::write(&report, &mut f).unwrap();
+        f.flush().unwrap();
+        drop(f);
+        assert_eq!(check_page(&fx, &synthetic, work.path()), "2");
+        shown = synthetic;
+    }
+
+    let shot = work.path().join("shot.png");
+    let run = chromium(
+        &shown,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1280,2000",
+        ],
+        work.path(),
+    );
+    let console = console_lines(&run);
+    assert!(
+        console.is_empty(),
+        "console messages:\n{}",
+        console.join("\n")
+    );
+    assert!(shot.exists(), "no screenshot");
+    assert!(png_is_not_blank(&shot), "blank screenshot");
+}
+
+/// Loads `page` in Chromium and checks what its scripts drew: no console
+/// message, the table with the fixture's leak, the flamegraph, and the
+/// timeline, whose `data-rendered` (`none`, or the number of series
+/// drawn) it returns.
+fn check_page(fx: &Fixture, page: &Path, work: &Path) -> String {
+    let run = chromium(page, &["--dump-dom"], work);
     let console = console_lines(&run);
     assert!(
         console.is_empty(),
@@ -214,22 +257,22 @@ fn html_report_renders_in_chromium() {
     let frames = attr_of(dom, "data-weight=\"bytes\" data-source", "data-frames")
         .expect("the flamegraph reported back");
     assert!(frames.parse::<usize>().unwrap() >= 5, "{frames} frames");
+    chart.to_string()
+}
 
-    let shot = work.path().join("shot.png");
-    let run = chromium(
-        &page,
-        &[
-            &format!("--screenshot={}", shot.display()),
-            "--window-size=1280,2000",
-        ],
-        work.path(),
-    );
-    let console = console_lines(&run);
-    assert!(
-        console.is_empty(),
-        "console messages:\n{}",
-        console.join("\n")
-    );
-    assert!(shot.exists(), "no screenshot");
-    assert!(png_is_not_blank(&shot), "blank screenshot");
+/// Gives the report a timeline and its first stack a growth, as the
+/// growth analysis would: four windows, the stack rising to its bytes.
+fn synthesize_growth(report: &mut Report) {
+    let bytes = report.stacks[0].bytes;
+    report.timeline = Some(Timeline {
+        start_ns: 0,
+        window_ns: 1_000_000,
+        total_bytes: vec![bytes / 4 + 8, bytes / 2 + 8, bytes * 3 / 4 + 8, bytes],
+    });
+    report.stacks[0].growth = Some(Growth {
+        verdict: Verdict::Growing,
+        slope_bytes_per_s: 5000.0,
+        fit: 0.99,
+        samples: vec![bytes / 4, bytes / 2, bytes * 3 / 4, bytes],
+    });
 }

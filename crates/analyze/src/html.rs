@@ -215,6 +215,10 @@ fn bytes_phrase(b: u64) -> String {
     }
 }
 
+fn plural(n: u64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 fn card(out: &mut String, value: &str, key: &str) {
     let _ = write!(
         out,
@@ -286,10 +290,10 @@ fn summary(out: &mut String, s: &Summary) {
     row(
         "outstanding",
         &format!(
-            "{} allocations, {}, in {} stacks",
-            s.outstanding_allocations,
+            "{}, {}, in {}",
+            plural(s.outstanding_allocations, "allocation", "allocations"),
             bytes_phrase(s.outstanding_bytes),
-            s.outstanding_stacks
+            plural(s.outstanding_stacks, "stack", "stacks")
         ),
     );
     let c = &s.outstanding_by_class;
@@ -298,9 +302,9 @@ fn summary(out: &mut String, s: &Summary) {
         .filter(|(_, t)| t.allocations > 0 || t.bytes > 0)
         .map(|(name, t)| {
             format!(
-                "{name} {} in {} allocations",
+                "{name} {} in {}",
                 bytes_phrase(t.bytes),
-                t.allocations
+                plural(t.allocations, "allocation", "allocations")
             )
         })
         .collect();
@@ -498,7 +502,7 @@ Click a header to sort, a stack to see its frames.</p>",
 fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
     let _ = write!(
         out,
-        "<tr data-stack=\"{}\"><td class=\"num\" data-v=\"{rank}\">{rank}</td><td>",
+        "<tr data-stack=\"{}\"><td class=\"num rank\" data-v=\"{rank}\">{rank}</td><td>",
         st.stack_id
     );
     let mut who = format!("stack {}", st.stack_id);
@@ -641,11 +645,11 @@ aria-label=\"ages from {} to {}\">",
         };
         let _ = write!(
             out,
-            "<rect x=\"{}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\"><title>{}: {} allocations, {} bytes</title></rect>",
+            "<rect x=\"{}\" y=\"{}\" width=\"{bar}\" height=\"{bh}\"><title>{}: {}, {} bytes</title></rect>",
             i as u32 * (bar + gap),
             h - bh,
             escape(&age_range(b.low_us, b.high_us)),
-            b.count,
+            plural(b.count, "allocation", "allocations"),
             b.bytes
         );
     }
@@ -828,7 +832,7 @@ mod tests {
         assert!(page.contains("<td class=\"num\" data-v=\"123457\">123457"));
         // The age histogram: two non-empty buckets with empty ones between.
         assert!(page.contains("2 allocations, 64 bytes"));
-        assert!(page.contains("1 allocations, 1000 bytes"));
+        assert!(page.contains("1 allocation, 1000 bytes"));
     }
 
     #[test]

@@ -139,6 +139,10 @@
     });
     function load(f) {
       if (f.getAttribute("src")) return;
+      // Lay the frame out first (reading its width does): inferno sizes
+      // the flamegraph to the frame's width as it loads, and a width of 0
+      // is an error.
+      if (!f.offsetWidth) return;
       var src = document.getElementById(f.getAttribute("data-source"));
       var bin = atob(src.textContent.trim());
       var bytes = new Uint8Array(bin.length);
