@@ -163,6 +163,27 @@ fn html_report_renders_in_chromium() {
         assert!(!text.contains(outside), "the page refers to {outside}");
     }
 
+    // --format all writes the same page beside the other reports.
+    let all = work.path().join("all");
+    let status = memleak()
+        .args(["analyze", "-q", "--format", "all", "-o"])
+        .arg(&all)
+        .arg(&trace)
+        .status()
+        .unwrap();
+    assert!(status.success());
+    assert_eq!(fs::read_to_string(all.join("report.html")).unwrap(), text);
+    // The filters hold: seed's blocks are 4 bytes, none is 5 or more.
+    let filtered = work.path().join("filtered.html");
+    analyze_html(&trace, &filtered, &["--min-size", "5"]);
+    let filtered = fs::read_to_string(&filtered).unwrap();
+    assert!(filtered.contains("No outstanding allocations matching the filters."));
+    assert!(
+        filtered.contains("<dt>filters</dt><dd>min-size=5<"),
+        "{filtered}"
+    );
+    assert!(!filtered.contains("<tr data-stack="));
+
     let timeline = check_page(&fx, &page, work.path());
     // Growth data may not be computed: the page says so. A page from the
     // same report with a timeline and growth must draw its chart too.
