@@ -9,7 +9,7 @@ use crate::select_args::SelectArgs;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{analyze_trace, folded, json, pprof, svg, text, SortKey, Weight};
+use memleak_analyze::{analyze_trace, folded, html, json, pprof, svg, text, SortKey, Weight};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -25,7 +25,10 @@ pub enum Format {
     /// A gzipped pprof profile (`go tool pprof`), every stack: binary,
     /// so never to a terminal.
     Pprof,
-    /// All five, into the directory given with -o.
+    /// One self-contained HTML page: summary, timeline, flamegraphs, top
+    /// stacks.
+    Html,
+    /// All of the above, into the directory given with -o.
     All,
 }
 
@@ -83,7 +86,7 @@ pub struct AnalyzeArgs {
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     if args.format == Format::All && args.output.is_none() {
-        bail!("--format all writes five files: give a directory with -o");
+        bail!("--format all writes six files: give a directory with -o");
     }
     if args.format == Format::Pprof
         && args.output.is_none()
@@ -134,6 +137,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             let ctx = pprof_context()?;
             emit_with(args.output.as_deref(), |w| pprof::write(&report, &ctx, w))?
         }
+        Format::Html => emit_with(args.output.as_deref(), |w| html::write(&report, w))?,
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
             fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
@@ -152,9 +156,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             emit_with(Some(&dir.join("profile.pb.gz")), |w| {
                 pprof::write(&report, &ctx, w)
             })?;
+            emit_with(Some(&dir.join("report.html")), |w| html::write(&report, w))?;
             say!(
                 "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg, \
-                 profile.pb.gz to {}",
+                 profile.pb.gz, report.html to {}",
                 dir.display()
             );
         }

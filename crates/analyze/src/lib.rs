@@ -6,8 +6,8 @@
 //! the [`report`] built from it (outstanding allocations by stack with
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
-//! [`folded`] stacks, [`svg`] flamegraphs and [`pprof`] profiles, and the
-//! [`diff`] of two traces.
+//! [`folded`] stacks, [`svg`] flamegraphs, [`pprof`] profiles and a
+//! self-contained [`html`] page, and the [`diff`] of two traces.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -27,6 +27,7 @@ pub mod folded;
 pub mod growth;
 mod hash;
 pub mod histogram;
+pub mod html;
 pub mod json;
 pub mod pprof;
 pub mod progress;
