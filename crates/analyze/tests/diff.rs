@@ -250,6 +250,7 @@ fn frame_keys_leave_out_what_differs_between_builds() {
         column: Some(addr as u32),
         path: Some(path.into()),
         file_offset: Some(addr),
+        build_id: None,
         inlined: Vec::new(),
     };
     let a = frame(0x1234, "/opt/a/prog", "/tmp/tmp.x1/src/f.cc");
