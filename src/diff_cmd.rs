@@ -7,9 +7,9 @@ use std::process::ExitCode;
 
 use anyhow::Context;
 use clap::ValueEnum;
-use memleak_analyze::diff::{self, DiffWeight, MatchOptions};
+use memleak_analyze::diff::{self, DiffWeight, Keyed, MatchOptions};
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{analyze_trace, Report, SortKey};
+use memleak_analyze::{analyze_trace, SortKey};
 
 use crate::analyze_cmd::emit;
 use crate::select_args::SelectArgs;
@@ -102,21 +102,25 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     };
     let progress = Progress::new(base.event_count() + new.event_count(), args.select.quiet);
     let advance = |rows: u64| progress.advance(rows);
-    let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Report> {
-        // Every stack: the diff shows its own top.
-        let opts = args.select.options(pids, 0, SortKey::Bytes);
-        Ok(analyze_trace(trace, &opts, Some(&advance))?)
+    let opts = MatchOptions {
+        ignore_lines: args.ignore_lines,
     };
-    let reports = analyze(&base, pids(&args.base_pid)).and_then(|b| {
+    let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Keyed> {
+        // Every stack: the diff shows its own top.
+        let aopts = args.select.options(pids, 0, SortKey::Bytes);
+        let report = analyze_trace(trace, &aopts, Some(&advance))?;
+        let keyed = Keyed::new(&report, opts);
+        // The replay's tables go before the next replay builds its own.
+        drop(report);
+        Ok(keyed)
+    };
+    let keyed = analyze(&base, pids(&args.base_pid)).and_then(|b| {
         let n = analyze(&new, pids(&args.new_pid))?;
         Ok((b, n))
     });
     progress.finish();
-    let (base_report, new_report) = reports?;
-    let opts = MatchOptions {
-        ignore_lines: args.ignore_lines,
-    };
-    let mut d = diff::diff(&base_report, &new_report, opts, args.top);
+    let (base_keyed, new_keyed) = keyed?;
+    let mut d = diff::diff_keyed(base_keyed, new_keyed, args.top);
     let side_filters = |name: &str, own: &[u32]| {
         (!own.is_empty()).then(|| {
             let p: Vec<String> = own.iter().map(|p| p.to_string()).collect();
@@ -151,6 +155,6 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
         }
     }
     // As for analyze: the process ends here, no need to free the reports.
-    std::mem::forget((base_report, new_report, d));
+    std::mem::forget(d);
     Ok(ExitCode::SUCCESS)
 }

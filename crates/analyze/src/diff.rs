@@ -210,45 +210,100 @@ impl Diff {
     }
 }
 
-/// Compares the outstanding allocations of `base` and `new`, stack key by
-/// stack key. Stacks with nothing outstanding on either side are left out.
-pub fn diff(base: &Report, new: &Report, opts: MatchOptions, top: usize) -> Diff {
-    let mut by_key: HashMap<String, DiffStack> = HashMap::new();
-    let mut keys = [0u64; 2];
-    for (side, report) in [base, new].into_iter().enumerate() {
+/// One trace's outstanding allocations by stack key: all [`diff`] needs
+/// of a [`Report`]. The command keys the first trace's report and drops it
+/// before replaying the second, so the two replays' tables are never held
+/// at once.
+#[derive(Debug, Clone, Default)]
+pub struct Keyed {
+    summary: SideSummary,
+    filters: Vec<String>,
+    opts: MatchOptions,
+    stacks: HashMap<String, KeyedStack>,
+}
+
+#[derive(Debug, Clone)]
+struct KeyedStack {
+    kernel: bool,
+    truncated: bool,
+    frames: Vec<Frame>,
+    side: Side,
+}
+
+impl Keyed {
+    /// Keys the stacks of `report` with outstanding allocations.
+    pub fn new(report: &Report, opts: MatchOptions) -> Keyed {
+        let mut stacks: HashMap<String, KeyedStack> = HashMap::new();
         for s in report.stacks.iter().filter(|s| s.count > 0) {
-            let key = stack_key(s, opts);
-            let e = by_key.entry(key).or_insert_with_key(|key| DiffStack {
-                key: key.clone(),
-                kernel: s.kernel,
-                truncated: s.truncated,
-                frames: Vec::new(),
-                base: Side::default(),
-                new: Side::default(),
-            });
-            let mine = if side == 0 { &mut e.base } else { &mut e.new };
-            if mine.stacks == 0 {
-                keys[side] += 1;
-                // NEW's frames win: they name the code as it is now.
-                e.frames = s.frames.clone();
-            }
-            mine.bytes += s.bytes;
-            mine.count += s.count;
-            mine.stacks += 1;
+            let e = stacks
+                .entry(stack_key(s, opts))
+                .or_insert_with(|| KeyedStack {
+                    kernel: s.kernel,
+                    truncated: s.truncated,
+                    frames: s.frames.clone(),
+                    side: Side::default(),
+                });
+            e.side.bytes += s.bytes;
+            e.side.count += s.count;
+            e.side.stacks += 1;
             if let Some(p) = s.pid {
-                if let Err(i) = mine.pids.binary_search(&p) {
-                    mine.pids.insert(i, p);
+                if let Err(i) = e.side.pids.binary_search(&p) {
+                    e.side.pids.insert(i, p);
                 }
             }
         }
+        Keyed {
+            summary: SideSummary::of(report, stacks.len() as u64),
+            filters: report.summary.filters.clone(),
+            opts,
+            stacks,
+        }
+    }
+}
+
+/// Compares the outstanding allocations of `base` and `new`, stack key by
+/// stack key. Stacks with nothing outstanding on either side are left out.
+pub fn diff(base: &Report, new: &Report, opts: MatchOptions, top: usize) -> Diff {
+    diff_keyed(Keyed::new(base, opts), Keyed::new(new, opts), top)
+}
+
+/// [`diff`] of two keyed reports (keyed with the same options).
+pub fn diff_keyed(base: Keyed, new: Keyed, top: usize) -> Diff {
+    let mut by_key: HashMap<String, DiffStack> = base
+        .stacks
+        .into_iter()
+        .map(|(key, k)| {
+            let d = DiffStack {
+                key: key.clone(),
+                kernel: k.kernel,
+                truncated: k.truncated,
+                frames: k.frames,
+                base: k.side,
+                new: Side::default(),
+            };
+            (key, d)
+        })
+        .collect();
+    for (key, k) in new.stacks {
+        let e = by_key.entry(key).or_insert_with_key(|key| DiffStack {
+            key: key.clone(),
+            kernel: k.kernel,
+            truncated: k.truncated,
+            frames: Vec::new(),
+            base: Side::default(),
+            new: Side::default(),
+        });
+        // NEW's frames win: they name the code as it is now.
+        e.frames = k.frames;
+        e.new = k.side;
     }
     let mut stacks: Vec<DiffStack> = by_key.into_values().collect();
     sort(&mut stacks);
     let mut summary = DiffSummary {
-        base: SideSummary::of(base, keys[0]),
-        new: SideSummary::of(new, keys[1]),
-        ignore_lines: opts.ignore_lines,
-        filters: base.summary.filters.clone(),
+        base: base.summary,
+        new: new.summary,
+        ignore_lines: base.opts.ignore_lines,
+        filters: base.filters,
         ..Default::default()
     };
     for s in &stacks {
