@@ -389,6 +389,14 @@ fn realloc_fixture_profile_with_filters() {
     );
     assert!(fjson["summary"]["outstanding_bytes"].as_u64().unwrap() > 0);
     assert!(p["comments"].as_array().unwrap().len() < fp["comments"].as_array().unwrap().len());
+
+    // The state halfway through the recording: the profile covers that
+    // span (checked against the JSON report's duration).
+    let half = json["summary"]["duration_ns"].as_u64().unwrap() / 2;
+    let at = format!("{half}ns");
+    let (ajson, ap) = check_profile(&trace, &["--at", &at, "--older-than", "1us"]);
+    assert_eq!(ap["duration_nanos"].as_u64(), Some(half));
+    assert_eq!(ajson["summary"]["at_given"], true);
 }
 
 #[test]
