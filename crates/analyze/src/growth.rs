@@ -184,16 +184,13 @@ pub(crate) fn attach(
         .iter()
         .map(|s| samples.rows.remove(&s.stack_id))
         .collect();
-    stacks
-        .par_iter_mut()
-        .zip(rows)
-        .for_each(|(s, row)| {
-            let row = match row {
-                Some(r) => r.into_vec(),
-                None => vec![0; plan.windows],
-            };
-            s.growth = Some(Growth::classify(row, plan.window_ns));
-        });
+    stacks.par_iter_mut().zip(rows).for_each(|(s, row)| {
+        let row = match row {
+            Some(r) => r.into_vec(),
+            None => vec![0; plan.windows],
+        };
+        s.growth = Some(Growth::classify(row, plan.window_ns));
+    });
     Timeline {
         start_ns: plan.start_ts - start_ts,
         window_ns: plan.window_ns,
