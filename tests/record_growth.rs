@@ -84,7 +84,11 @@ fn check_growth(name: &str) {
                 assert_eq!(s["count"], 0);
                 let allocations = s["allocations"].as_u64().unwrap();
                 assert_eq!(allocations, 40, "{name}");
-                assert_eq!(samples.iter().max().copied(), Some(40 * 1500), "{name}: {g}");
+                assert_eq!(
+                    samples.iter().max().copied(),
+                    Some(40 * 1500),
+                    "{name}: {g}"
+                );
             }
             _ => {}
         }
@@ -151,9 +155,9 @@ fn peak_view() {
         assert!(bytes >= peak && bytes < peak + 4096, "{view}: {at}");
         let stacks = by_function(&doc);
         for (function, want) in fx.expected["peaks"][view].as_object().unwrap() {
-            let got = stacks
-                .get(function)
-                .map_or((0, 0), |s| (s["bytes"].as_u64().unwrap(), s["count"].as_u64().unwrap()));
+            let got = stacks.get(function).map_or((0, 0), |s| {
+                (s["bytes"].as_u64().unwrap(), s["count"].as_u64().unwrap())
+            });
             let want = (want[0].as_u64().unwrap(), want[1].as_u64().unwrap());
             assert_eq!(got, want, "{view} peak view: {function}");
         }

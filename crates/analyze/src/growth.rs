@@ -16,14 +16,17 @@
 //!   from the first nonzero one to the end;
 //! * [`Verdict::Growing`]: the least-squares line through the last third
 //!   of those samples rises across it by at least [`GROWING_RISE`] ×
-//!   `max`;
+//!   `max`, or by at least [`STEADY_RISE`] × `max` while at least
+//!   [`STEADY_SLOPE`] times as steep as the line through all of them (a
+//!   steady leak on top of a large base);
 //! * [`Verdict::Plateau`]: the rest.
 //!
 //! The slope is that line's (bytes per second: the current rate), and the
-//! fit 1 − RMS residual / `max`, so a flat plateau fits perfectly. Comparing
-//! the end with the trend of the last third, rather than the slopes of the
-//! first and last parts, keeps one rule for caches filled at any time and
-//! for leaks that started late. docs/json.md has the same rules.
+//! fit 1 − RMS residual / `max`, so a flat plateau fits perfectly. The
+//! rise of the last third against `max` catches leaks that started late;
+//! its slope against the whole span's tells a cache that filled (steep,
+//! then flat) from a slow leak on a large base. docs/json.md has the same
+//! rules.
 
 use std::cmp::Ordering;
 
@@ -100,6 +103,15 @@ pub const TRANSIENT_END: f64 = 0.10;
 /// across that third.
 pub const GROWING_RISE: f64 = 0.10;
 
+/// A stack is still growing, too, when that line rises by at least this
+/// fraction of its highest sample and at least [`STEADY_SLOPE`] times as
+/// steeply as the line through all its samples: a steady leak on top of
+/// a large base.
+pub const STEADY_RISE: f64 = 0.02;
+
+/// See [`STEADY_RISE`].
+pub const STEADY_SLOPE: f64 = 0.5;
+
 /// Fewer samples than this from the first nonzero one to the end say too
 /// little for a trend: [`Verdict::Unknown`].
 pub const MIN_SAMPLES: usize = 4;
@@ -121,13 +133,17 @@ impl Growth {
         // The last third of the span, at least two samples.
         let tail = (span / 3).max(2).min(span);
         let (slope, fit) = fit_line(&samples[n - tail..], window_ns, max);
+        let (span_slope, _) = fit_line(&samples[first..], window_ns, max);
         let end = samples[n - 1] as f64;
+        let max_f = max as f64;
         let rise = slope * (tail - 1) as f64 * window_ns as f64 / 1e9;
-        let verdict = if end <= TRANSIENT_END * max as f64 {
+        let verdict = if end <= TRANSIENT_END * max_f {
             Verdict::Transient
         } else if span < MIN_SAMPLES {
             Verdict::Unknown
-        } else if rise >= GROWING_RISE * max as f64 {
+        } else if rise >= GROWING_RISE * max_f
+            || (rise >= STEADY_RISE * max_f && slope >= STEADY_SLOPE * span_slope)
+        {
             Verdict::Growing
         } else {
             Verdict::Plateau
@@ -184,16 +200,13 @@ pub(crate) fn attach(
         .iter()
         .map(|s| samples.rows.remove(&s.stack_id))
         .collect();
-    stacks
-        .par_iter_mut()
-        .zip(rows)
-        .for_each(|(s, row)| {
-            let row = match row {
-                Some(r) => r.into_vec(),
-                None => vec![0; plan.windows],
-            };
-            s.growth = Some(Growth::classify(row, plan.window_ns));
-        });
+    stacks.par_iter_mut().zip(rows).for_each(|(s, row)| {
+        let row = match row {
+            Some(r) => r.into_vec(),
+            None => vec![0; plan.windows],
+        };
+        s.growth = Some(Growth::classify(row, plan.window_ns));
+    });
     Timeline {
         start_ns: plan.start_ts - start_ts,
         window_ns: plan.window_ns,
@@ -226,4 +239,53 @@ pub(crate) fn order(a: &StackReport, b: &StackReport) -> Ordering {
         3 => high(b).cmp(&high(a)),
         _ => b.bytes.cmp(&a.bytes),
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(samples: Vec<u64>) -> Growth {
+        Growth::classify(samples, 10_000_000)
+    }
+
+    #[test]
+    fn verdicts_follow_the_documented_rules() {
+        let n = WINDOWS as u64;
+        // A steady leak: 1000 bytes per 10 ms window, 100 kB/s.
+        let g = verdict((1..=n).map(|i| i * 1000).collect());
+        assert_eq!(g.verdict, Verdict::Growing);
+        assert!((g.slope_bytes_per_s - 100_000.0).abs() < 1e-6, "{g:?}");
+        assert!((g.fit - 1.0).abs() < 1e-9, "{g:?}");
+        // A cache filled in the first quarter, then flat.
+        let g = verdict((1..=n).map(|i| i.min(n / 4) * 1000).collect());
+        assert_eq!(g.verdict, Verdict::Plateau);
+        assert_eq!(g.slope_bytes_per_s, 0.0);
+        // Held, then all freed: transient, and with a 5 % remainder too.
+        let g = verdict((1..=n).map(|i| if i < n / 2 { 1000 } else { 0 }).collect());
+        assert_eq!(g.verdict, Verdict::Transient);
+        let g = verdict((1..=n).map(|i| if i < n / 2 { 1000 } else { 50 }).collect());
+        assert_eq!(g.verdict, Verdict::Transient);
+        // Still growing in the last third, slower: 10 % of the top rises
+        // across it.
+        let g = verdict((1..=n).map(|i| 10_000 + i * 60).collect());
+        assert_eq!(g.verdict, Verdict::Growing, "{g:?}");
+        // A slow steady leak on top of a large base: 2.5 % of the top
+        // across the last third, as steep as ever.
+        let g = verdict((1..=n).map(|i| 100_000 + i * 130).collect());
+        assert_eq!(g.verdict, Verdict::Growing, "{g:?}");
+        // A pool that filled, then moves by 1 % around its size.
+        let g = verdict(
+            (1..=n)
+                .map(|i| i.min(8) * 1000 + if i > 8 { (i % 3) * 80 } else { 0 })
+                .collect(),
+        );
+        assert_eq!(g.verdict, Verdict::Plateau, "{g:?}");
+        // Too little to tell.
+        assert_eq!(verdict(vec![0; WINDOWS]).verdict, Verdict::Unknown);
+        let mut late = vec![0; WINDOWS];
+        late[WINDOWS - 2] = 10;
+        late[WINDOWS - 1] = 20;
+        assert_eq!(verdict(late).verdict, Verdict::Unknown);
+    }
 }

@@ -480,7 +480,13 @@ pub fn analyze_trace(
         age_histogram,
         complete: meta.complete,
         incomplete: trace.incomplete(),
-        filters: describe_filters(&opts.filter, if opts.at_peak { None } else { opts.at_ns }),
+        filters: {
+            let mut f = describe_filters(&opts.filter, opts.at_ns.filter(|_| !opts.at_peak));
+            if opts.at_peak {
+                f.push("at=peak".into());
+            }
+            f
+        },
         sort: opts.sort,
     };
     Ok(Report {

@@ -70,11 +70,7 @@ fn growth_phrase(g: &Growth) -> String {
     } else {
         format_bytes(rate)
     };
-    format!(
-        "{}, {sign}{rate}/s (fit {:.2})",
-        g.verdict.name(),
-        g.fit
-    )
+    format!("{}, {sign}{rate}/s (fit {:.2})", g.verdict.name(), g.fit)
 }
 
 fn plural(n: u64, one: &str, many: &str) -> String {

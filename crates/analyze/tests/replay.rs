@@ -51,8 +51,15 @@ fn check_growth(r: &Report) {
         );
     }
     for (w, &t) in timeline.total_bytes.iter().enumerate() {
-        let sum: u64 = r.stacks.iter().map(|s| s.growth.as_ref().unwrap().samples[w]).sum();
-        assert_eq!(sum, t, "window {w}: the stacks' samples add up to the total");
+        let sum: u64 = r
+            .stacks
+            .iter()
+            .map(|s| s.growth.as_ref().unwrap().samples[w])
+            .sum();
+        assert_eq!(
+            sum, t,
+            "window {w}: the stacks' samples add up to the total"
+        );
     }
 }
 

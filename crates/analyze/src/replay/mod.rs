@@ -103,7 +103,15 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let at = (opts.at_ts, opts.at_row);
     let counted = decode_in_order(trace, at, &ctx, &timing, |d| {
         if d.rows > 0 {
-            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing, base);
+            replay_row_group(
+                d,
+                &mut partitions,
+                &ctx,
+                &processes,
+                &mut live,
+                &timing,
+                base,
+            );
             stats.first_ts.get_or_insert(d.first_ts);
             stats.last_ts = Some(d.last_ts);
             if let Some(f) = opts.progress {

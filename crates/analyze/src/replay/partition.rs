@@ -10,11 +10,11 @@ use super::packed::{
     C_FREE_PAGE, C_FREE_USER, SIZE_BITS,
 };
 use super::peak::raise;
-use super::samples::Sampler;
 use super::process::{
     free_gone, replace_gone, PidState, ProcessIndex, KERNEL_PID, KERNEL_SLOT, NO_PID, NO_PROCESS,
     PAGE_PID, PAGE_SLOT, UNKNOWN_SLOT,
 };
+use super::samples::Sampler;
 use super::Anomalies;
 use super::Slices;
 use crate::hash::{int_map, mix, IntMap};
@@ -621,8 +621,10 @@ impl Partition {
             return;
         }
         let gone = st.gone.as_deref();
-        let all = blocks_of(&st.blocks, &st.ranges)
-            .chain(gone.into_iter().flat_map(|g| blocks_of(&g.blocks, &g.ranges)));
+        let all = blocks_of(&st.blocks, &st.ranges).chain(
+            gone.into_iter()
+                .flat_map(|g| blocks_of(&g.blocks, &g.ranges)),
+        );
         for b in all {
             self.sampler.count(&b, st.sampled, st.born_ts, -1);
         }
@@ -631,9 +633,12 @@ impl Partition {
 
 /// The blocks of a table and the pieces of a set of mappings, as blocks.
 fn blocks_of<'a>(blocks: &'a BlockTable, ranges: &'a RangeSet) -> impl Iterator<Item = Block> + 'a {
-    blocks.iter().map(|(_, b)| b).chain(ranges.iter().map(|(start, r)| Block {
-        size: r.end - start,
-        ts: r.ts,
-        stack: r.stack,
-    }))
+    blocks
+        .iter()
+        .map(|(_, b)| b)
+        .chain(ranges.iter().map(|(start, r)| Block {
+            size: r.end - start,
+            ts: r.ts,
+            stack: r.stack,
+        }))
 }
