@@ -11,7 +11,8 @@ use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
 use memleak_analyze::{
-    analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
+    analyze_trace, folded, json, suppress, svg, text, AnalyzeOptions, Filter, KindScope, SortKey,
+    Suppression, VerdictSet, Weight,
 };
 
 /// Output formats.
@@ -118,12 +119,46 @@ pub struct AnalyzeArgs {
     /// User-space allocations, kernel ones, or both.
     #[arg(long, value_enum, default_value = "all")]
     pub kind: KindArg,
+    /// Only blocks of these scan verdicts, comma-separated: definitely,
+    /// indirectly, possibly, reachable, unscanned, or lost (the first
+    /// three). Needs a trace with a scan.
+    #[arg(long, value_name = "LIST", value_parser = parse_verdicts)]
+    pub verdict: Option<VerdictSet>,
+    /// Leave out the stacks a suppression file matches and count them
+    /// apart (repeatable; syntax in docs/analyzer.md).
+    #[arg(long, value_name = "FILE")]
+    pub suppress: Vec<PathBuf>,
+    /// Do not apply the built-in suppressions of runtime holders (the
+    /// libstdc++ emergency pool, glibc's thread-stack cache, ld.so).
+    #[arg(long)]
+    pub no_default_suppressions: bool,
     /// Worker threads, at least 1 (default: one per core).
     #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
     pub jobs: Option<usize>,
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+}
+
+fn parse_verdicts(text: &str) -> Result<VerdictSet, String> {
+    VerdictSet::parse(text)
+}
+
+/// The default suppressions (unless turned off), then each file's.
+fn load_suppressions(args: &AnalyzeArgs) -> anyhow::Result<Vec<Suppression>> {
+    let mut out = Vec::new();
+    if !args.no_default_suppressions {
+        out.extend(
+            suppress::parse(suppress::DEFAULT_SUPPRESSIONS, "default suppressions")
+                .map_err(anyhow::Error::msg)?,
+        );
+    }
+    for path in &args.suppress {
+        let text = fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+        let origin = path.display().to_string();
+        out.extend(suppress::parse(&text, &origin).map_err(anyhow::Error::msg)?);
+    }
+    Ok(out)
 }
 
 fn parse_jobs(text: &str) -> Result<usize, String> {
@@ -170,6 +205,31 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     for w in trace.warnings() {
         say!("memleak: warning: {w}");
     }
+    let suppressions = load_suppressions(&args)?;
+    if let Some(v) = args.verdict {
+        let scans = &trace.meta().scans;
+        let ok: Vec<_> = scans.iter().filter(|s| s.error.is_none()).collect();
+        if ok.is_empty() {
+            bail!(
+                "--verdict {}: {} has no scan to take verdicts from (record with a scan: \
+                 at exit in -- CMD mode, --scan with -p, or memleak scan)",
+                v.describe(),
+                args.trace.display()
+            );
+        }
+        if let Some(at) = args.at {
+            let start = trace.meta().start_ns;
+            let first = ok.iter().map(|s| s.ts_ns).min().unwrap_or(0);
+            if start.saturating_add(at) < first {
+                bail!(
+                    "--verdict with --at {}: the first scan is at {}, after it; verdicts apply \
+                     from the time of a scan",
+                    format_duration(Duration::from_nanos(at)),
+                    format_duration(Duration::from_nanos(first.saturating_sub(start)))
+                );
+            }
+        }
+    }
     let opts = AnalyzeOptions {
         filter: Filter {
             pids: args.pids.clone(),
@@ -194,6 +254,8 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             SortArg::Age => SortKey::Age,
         },
         partitions: 0,
+        verdicts: args.verdict.unwrap_or_default(),
+        suppressions,
     };
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,
