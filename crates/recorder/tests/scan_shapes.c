@@ -1,6 +1,7 @@
 /* Pointer shapes with known leak verdicts, for the scan tests: each
  * block's name, address and size go to stdout ("mapping" marks an mmap
- * block), then "ready"; the process then waits to be scanned. */
+ * block), then "ready"; the process then waits to be scanned, or with the
+ * argument "exit" returns from main (to be scanned at its exit). */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -116,7 +117,7 @@ static __attribute__((noinline)) void scrub(void) {
     memset((char *)buf, 0, sizeof buf);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
     build();
     pthread_t t1, t2;
     pthread_create(&t1, NULL, on_stack, NULL);
@@ -125,6 +126,8 @@ int main(void) {
         usleep(1000);
     scrub();
     dprintf(1, "ready\n");
+    if (argc > 1 && strcmp(argv[1], "exit") == 0)
+        return 0;
     for (;;)
         pause();
 }

@@ -6,13 +6,13 @@
 //!   stack: a root from the stack pointer minus the 128-byte red zone up
 //!   to the mapping's end (above it: the caller frames, and for threads
 //!   other than the main one their TLS and `struct pthread`);
-//! - `[heap]` is the allocator's, never a root, nor is an anonymous
-//!   mapping that holds the start of an outstanding heap block (glibc's
-//!   other arenas, its mmap'd large chunks) or that starts like a glibc
-//!   arena heap (64 MiB aligned, with its `heap_info` header): free
-//!   chunks there hold stale pointers that would hide leaks;
-//! - the parts of a mapping covered by an outstanding `mmap` block are
-//!   blocks, scanned only when reached;
+//! - `[heap]` is the allocator's, never a root, nor is a glibc arena heap
+//!   in anonymous memory (found by its `heap_info` header at a 64 MiB
+//!   boundary): free chunks there hold stale pointers that would hide
+//!   leaks;
+//! - the parts of a mapping covered by an outstanding `mmap` block, and
+//!   in anonymous memory by a heap block (glibc's mmap'd large chunks),
+//!   are blocks, scanned only when reached;
 //! - `[vvar]`, `[vdso]`, `[vsyscall]` and device files (`/dev/...`) are
 //!   skipped;
 //! - everything else is a root: the writable segments of the loaded
@@ -34,6 +34,9 @@ pub(crate) const RED_ZONE: u64 = 128;
 
 /// glibc's arena heaps (`HEAP_MAX_SIZE` on 64-bit) are aligned to this.
 const ARENA_HEAP_ALIGN: u64 = 64 << 20;
+
+/// glibc's chunk header before a heap block.
+const CHUNK_HEADER: u64 = 16;
 
 /// The roots of a scan.
 #[derive(Debug, Default)]
@@ -74,7 +77,7 @@ fn is_anonymous(m: &Mapping) -> bool {
     !m.is_file()
 }
 
-/// `ranges` minus the sorted, disjoint `holes`.
+/// `range` minus the sorted, disjoint `holes`.
 fn subtract(range: (u64, u64), holes: &[(u64, u64)], out: &mut Vec<(u64, u64)>) {
     let (mut start, end) = range;
     let first = holes.partition_point(|h| h.1 <= start);
@@ -114,25 +117,45 @@ pub(crate) fn find_roots(
             None => roots.threads_without_registers += 1,
         }
     }
-    // Heap block starts, and the ranges of mmap blocks (merged).
-    let heap_starts: Vec<u64> = blocks
+    // The blocks' extents: mmap blocks whole, heap blocks with their
+    // 16-byte chunk header, merged. Heap blocks matter in anonymous
+    // mappings only (glibc's mmap'd chunks; elsewhere they are in
+    // `[heap]` or in an arena).
+    let mut extents: Vec<(u64, u64)> = blocks
         .iter()
-        .filter(|b| !b.is_mapping)
-        .map(|b| b.addr)
+        .filter(|b| b.size > 0)
+        .map(|b| {
+            if b.is_mapping {
+                (b.addr, b.addr + b.size)
+            } else {
+                (b.addr.saturating_sub(CHUNK_HEADER), b.addr + b.size)
+            }
+        })
         .collect();
-    let mut holes: Vec<(u64, u64)> = blocks
-        .iter()
-        .filter(|b| b.is_mapping && b.size > 0)
-        .map(|b| (b.addr, b.addr + b.size))
-        .collect();
-    holes.sort_unstable();
-    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(holes.len());
-    for h in holes {
+    extents.sort_unstable();
+    let mut merged: Vec<(u64, u64)> = Vec::with_capacity(extents.len());
+    for h in extents {
         match merged.last_mut() {
             Some(last) if h.0 <= last.1 => last.1 = last.1.max(h.1),
             _ => merged.push(h),
         }
     }
+    let mmap_only: Vec<(u64, u64)> = {
+        let mut v: Vec<(u64, u64)> = blocks
+            .iter()
+            .filter(|b| b.is_mapping && b.size > 0)
+            .map(|b| (b.addr, b.addr + b.size))
+            .collect();
+        v.sort_unstable();
+        let mut m: Vec<(u64, u64)> = Vec::with_capacity(v.len());
+        for h in v {
+            match m.last_mut() {
+                Some(last) if h.0 <= last.1 => last.1 = last.1.max(h.1),
+                _ => m.push(h),
+            }
+        }
+        m
+    };
     let mut header = Vec::new();
     for m in maps {
         let p = m.perms.as_bytes();
@@ -150,27 +173,46 @@ pub(crate) fn find_roots(
             roots.stacks.push((m.start, m.end));
             continue;
         }
-        if is_anonymous(m) {
-            let i = heap_starts.partition_point(|&a| a < m.start);
-            if heap_starts.get(i).is_some_and(|&a| a < m.end) {
-                continue; // the allocator's
+        if !is_anonymous(m) {
+            subtract((m.start, m.end), &mmap_only, &mut roots.ranges);
+            continue;
+        }
+        // Anonymous: minus glibc arena heaps (a `heap_info` header at a
+        // 64 MiB boundary: arena pointer, previous heap, size in use) and
+        // the blocks; what is left (ld.so's TLS, memory the program mapped
+        // itself, adjacent mappings the kernel merged) is a root.
+        let mut holes = Vec::new();
+        let mut a = m.start.next_multiple_of(ARENA_HEAP_ALIGN);
+        while a + 4096 <= m.end {
+            mem.read(&[(a, 24)], &mut header)?;
+            let w = |i: usize| u64::from_ne_bytes(header[i * 8..i * 8 + 8].try_into().unwrap());
+            let (arena, prev, size) = (w(0), w(1), w(2));
+            let arena_heap = arena != 0
+                && (prev == 0 || prev % ARENA_HEAP_ALIGN == 0)
+                && size > 0
+                && size <= ARENA_HEAP_ALIGN
+                && size % 4096 == 0;
+            if arena_heap {
+                holes.push((a, a + ARENA_HEAP_ALIGN));
             }
-            if m.start % ARENA_HEAP_ALIGN == 0 && m.end - m.start >= 4096 {
-                // heap_info: arena pointer, previous heap, size in use.
-                mem.read(&[(m.start, 24)], &mut header)?;
-                let w = |i: usize| u64::from_ne_bytes(header[i * 8..i * 8 + 8].try_into().unwrap());
-                let (arena, prev, size) = (w(0), w(1), w(2));
-                let arena_heap = arena != 0
-                    && (prev == 0 || prev % ARENA_HEAP_ALIGN == 0)
-                    && size > 0
-                    && size <= ARENA_HEAP_ALIGN
-                    && size % 4096 == 0;
-                if arena_heap {
-                    continue;
-                }
+            a += ARENA_HEAP_ALIGN;
+        }
+        let first = merged.partition_point(|h| h.1 <= m.start);
+        for &h in &merged[first..] {
+            if h.0 >= m.end {
+                break;
+            }
+            holes.push(h);
+        }
+        holes.sort_unstable();
+        let mut hm: Vec<(u64, u64)> = Vec::with_capacity(holes.len());
+        for h in holes {
+            match hm.last_mut() {
+                Some(last) if h.0 <= last.1 => last.1 = last.1.max(h.1),
+                _ => hm.push(h),
             }
         }
-        subtract((m.start, m.end), &merged, &mut roots.ranges);
+        subtract((m.start, m.end), &hm, &mut roots.ranges);
     }
     Ok(roots)
 }
