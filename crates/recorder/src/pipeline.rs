@@ -505,6 +505,15 @@ impl Recorder {
         self.writer.path()
     }
 
+    /// Writes a leak scan's rows and figures (`scan` table, `meta.json`).
+    pub fn write_scan(
+        &mut self,
+        info: memleak_trace::ScanInfo,
+        rows: &[memleak_trace::ScanRecord],
+    ) -> memleak_trace::Result<()> {
+        self.writer.write_scan(info, rows)
+    }
+
     /// When `pid` last exec'd, if it did during the recording.
     pub fn last_exec_ts(&self, pid: u32) -> Option<u64> {
         self.exec_ts.get(&pid).copied()

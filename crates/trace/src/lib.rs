@@ -41,9 +41,7 @@ pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
-pub use meta::{
-    Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo,
-};
+pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{
     Event, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord,

@@ -233,7 +233,12 @@ pub fn scans() -> Vec<(ScanInfo, Vec<ScanRecord>)> {
         contents: contents.map(|c| c.to_vec()),
     };
     let rows = vec![
-        row(0x5000, 16, ScanVerdict::DefinitelyLost, Some(b"leak\0\xff\x01")),
+        row(
+            0x5000,
+            16,
+            ScanVerdict::DefinitelyLost,
+            Some(b"leak\0\xff\x01"),
+        ),
         row(0x6000, 32, ScanVerdict::IndirectlyLost, Some(b"")),
         row(0x7000, 48, ScanVerdict::PossiblyLost, None),
         row(u64::MAX - 15, u64::MAX, ScanVerdict::Reachable, None),
