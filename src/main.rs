@@ -41,6 +41,8 @@ mod probes;
 mod record_cmd;
 #[cfg(feature = "bpf")]
 mod record_targets;
+#[cfg(feature = "bpf")]
+mod scan_run;
 mod units;
 #[cfg(feature = "bpf")]
 mod unwinder;
