@@ -129,7 +129,7 @@ pub struct AnalyzeArgs {
     #[arg(long, value_name = "FILE")]
     pub suppress: Vec<PathBuf>,
     /// Do not apply the built-in suppressions of runtime holders (the
-    /// libstdc++ emergency pool, glibc's thread-stack cache, ld.so).
+    /// libstdc++ emergency pool, glibc's thread stacks, ld.so).
     #[arg(long)]
     pub no_default_suppressions: bool,
     /// Worker threads, at least 1 (default: one per core).

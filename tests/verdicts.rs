@@ -179,3 +179,84 @@ fn a_blocked_threads_stack_is_a_root() {
     assert_eq!(suppressed[0].name, rt["suppression"].as_str().unwrap());
     assert_eq!((suppressed[0].bytes, suppressed[0].allocations), dtv);
 }
+
+/// `memleak analyze --format json` of a trace, parsed.
+fn analyze_json(trace: &std::path::Path, extra: &[&str]) -> Value {
+    let out = memleak()
+        .args(["analyze", "-q", "--format", "json", "-T", "0"])
+        .arg(trace)
+        .args(extra)
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "analyze failed: {out:?}");
+    serde_json::from_slice(&out.stdout).unwrap()
+}
+
+#[test]
+fn the_default_suppressions_hide_the_libstdcxx_pool_and_the_flag_shows_it() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("cxx_new");
+    let (_dir, trace) = fx.record(&[]);
+    let pool = fx.expected["runtime"][0]["bytes"].as_u64().unwrap();
+    let has_pool = |v: &Value| {
+        v["stacks"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|s| s["bytes"] == pool && s["count"] == 1)
+    };
+    let v = analyze_json(&trace, &[]);
+    assert!(!has_pool(&v), "the pool is shown by default");
+    let supp = &v["summary"]["suppressed"];
+    let entry = supp
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["name"] == "libstdc++ emergency pool")
+        .unwrap_or_else(|| panic!("{supp}"));
+    assert_eq!(entry["bytes"], pool);
+    assert_eq!(entry["allocations"], 1);
+
+    let v = analyze_json(&trace, &["--no-default-suppressions"]);
+    assert!(has_pool(&v), "the pool is hidden without suppressions");
+    assert!(v["summary"].get("suppressed").is_none());
+}
+
+#[test]
+fn verdict_and_suppress_errors_are_one_line() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("verdicts");
+    let (dir, trace) = fx.record(&["--no-scan"]);
+    let err = |args: &[&str], needle: &str| {
+        let out = memleak()
+            .args(["analyze", "-q"])
+            .arg(&trace)
+            .args(args)
+            .output()
+            .unwrap();
+        assert!(!out.status.success());
+        let e = String::from_utf8_lossy(&out.stderr);
+        assert!(e.starts_with("memleak: error: "), "{e}");
+        assert_eq!(e.trim_end().lines().count(), 1, "{e}");
+        assert!(e.contains(needle), "{e}");
+    };
+    err(
+        &["--verdict", "definitely"],
+        "has no scan to take verdicts from",
+    );
+    err(&["--verdict", "leaked"], "unknown verdict \"leaked\"");
+    let bad = dir.path().join("bad.supp");
+    std::fs::write(&bad, "[x]\nfun: a\nkind: heap\n").unwrap();
+    err(
+        &["--suppress", bad.to_str().unwrap()],
+        "bad.supp:3: kind: must come before the frame lines",
+    );
+    // The same trace reads without a scan: every block, no verdicts.
+    let v = analyze_json(&trace, &[]);
+    assert!(v["summary"].get("leak_summary").is_none());
+    assert_eq!(v["summary"]["outstanding_bytes"], 144 + 104 + 80 + 156);
+}
