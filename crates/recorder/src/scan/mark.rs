@@ -149,7 +149,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         let Some(seg) = self.segment(a).copied() else {
             return Ok(false);
         };
-        if !seg.file || a % 8 != 0 {
+        if !seg.file || !a.is_multiple_of(8) {
             return Ok(false);
         }
         let n = ((seg.end - a) / 8).min(VTABLE_WORDS);
@@ -194,11 +194,11 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
             if first > 0 && b.size - 8 == first {
                 return Ok(true);
             }
-            if first > 0 && (b.size - 8) % first == 0 {
+            if first > 0 && (b.size - 8).is_multiple_of(first) {
                 return Ok(true);
             }
         }
-        if w % 8 == 0 && w + 8 <= b.addr + b.size {
+        if w.is_multiple_of(8) && w + 8 <= b.addr + b.size {
             let inner = self.read_small(w, 8)?.unwrap_or_default()[0];
             if inner % 8 == 0 && inner >= 4096 {
                 let first = self.read_small(b.addr, 8)?.unwrap_or_default()[0];
