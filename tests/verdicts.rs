@@ -260,3 +260,33 @@ fn verdict_and_suppress_errors_are_one_line() {
     assert!(v["summary"].get("leak_summary").is_none());
     assert_eq!(v["summary"]["outstanding_bytes"], 144 + 104 + 80 + 156);
 }
+
+#[test]
+fn info_shows_the_scan() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("verdicts");
+    let (_dir, trace) = fx.record(&[]);
+    let out = memleak().arg("info").arg(&trace).output().unwrap();
+    assert!(out.status.success(), "{out:?}");
+    let text = String::from_utf8_lossy(&out.stdout);
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("scan:      pid "))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(line.contains(" ms/MiB, "), "{line}");
+    assert!(!line.contains("failed"), "{line}");
+    let out = memleak()
+        .args(["info", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let v: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let scans = v["scans"].as_array().unwrap();
+    assert_eq!(scans.len(), 1, "{v}");
+    // The fixture's 11 outstanding heap blocks, and nothing the process
+    // did not allocate itself.
+    assert_eq!(scans[0]["blocks"], 11, "{v}");
+    assert_eq!(v["tables"]["scan"]["rows"], 11, "{v}");
+}
