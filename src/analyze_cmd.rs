@@ -108,7 +108,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     };
     let opts = args
         .select
-        .options(args.select.pids.clone(), args.top, sort);
+        .options(args.select.pids.clone(), args.top, sort)?;
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,
         WeightArg::Count => Weight::Count,

@@ -107,7 +107,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     };
     let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Keyed> {
         // Every stack: the diff shows its own top.
-        let aopts = args.select.options(pids, 0, SortKey::Bytes);
+        let aopts = args.select.options(pids, 0, SortKey::Bytes)?;
         let report = analyze_trace(trace, &aopts, Some(&advance))?;
         let keyed = Keyed::new(&report, opts);
         // The replay's tables go before the next replay builds its own.

@@ -42,6 +42,8 @@ mod probes;
 mod record_cmd;
 #[cfg(feature = "bpf")]
 mod record_targets;
+#[cfg(feature = "bpf")]
+mod scan_run;
 mod select_args;
 mod units;
 #[cfg(feature = "bpf")]

@@ -4,9 +4,11 @@
 
 use std::time::Duration;
 
-use anyhow::bail;
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
 use clap::ValueEnum;
-use memleak_analyze::{AnalyzeOptions, Filter, KindScope, SortKey};
+use memleak_analyze::{suppress, AnalyzeOptions, Filter, KindScope, SortKey, Suppression, VerdictSet};
 
 use crate::units::{format_duration, parse_duration_ns, parse_size};
 
@@ -59,6 +61,19 @@ pub struct SelectArgs {
     /// User-space allocations, kernel ones, or both.
     #[arg(long, value_enum, default_value = "all")]
     pub kind: KindArg,
+    /// Only blocks of these scan verdicts, comma-separated: definitely,
+    /// indirectly, possibly, reachable, unscanned, or lost (the first
+    /// three). Needs a trace with a scan.
+    #[arg(long, value_name = "LIST", value_parser = parse_verdicts)]
+    pub verdict: Option<VerdictSet>,
+    /// Leave out the stacks a suppression file matches and count them
+    /// apart (repeatable; syntax in docs/analyzer.md).
+    #[arg(long, value_name = "FILE")]
+    pub suppress: Vec<PathBuf>,
+    /// Do not apply the built-in suppressions of runtime holders (the
+    /// libstdc++ emergency pool, glibc's thread stacks, ld.so).
+    #[arg(long)]
+    pub no_default_suppressions: bool,
     /// Worker threads, at least 1 (default: one per core).
     #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
     pub jobs: Option<usize>,
@@ -81,6 +96,10 @@ fn parse_at(text: &str) -> Result<AtArg, String> {
         return Ok(AtArg::Peak);
     }
     parse_duration_ns(text).map(AtArg::Time)
+}
+
+fn parse_verdicts(text: &str) -> Result<VerdictSet, String> {
+    VerdictSet::parse(text)
 }
 
 fn parse_jobs(text: &str) -> Result<usize, String> {
@@ -117,8 +136,33 @@ impl SelectArgs {
         Ok(())
     }
 
-    /// Rejects an `--at` past the end of `trace`'s recording.
+    /// Rejects an `--at` past the end of `trace`'s recording, and
+    /// `--verdict` on a trace without a scan before the evaluation time.
     pub fn check_trace(&self, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
+        if let Some(v) = self.verdict {
+            let scans = &trace.meta().scans;
+            let ok: Vec<_> = scans.iter().filter(|s| s.error.is_none()).collect();
+            if ok.is_empty() {
+                bail!(
+                    "--verdict {}: {} has no scan to take verdicts from (record with a scan: \
+                     at exit in -- CMD mode, or --scan with -p)",
+                    v.describe(),
+                    trace.path().display()
+                );
+            }
+            if let Some(AtArg::Time(at)) = self.at {
+                let start = trace.meta().start_ns;
+                let first = ok.iter().map(|s| s.ts_ns).min().unwrap_or(0);
+                if start.saturating_add(at) < first {
+                    bail!(
+                        "--verdict with --at {}: the first scan is at {}, after it; verdicts apply \
+                         from the time of a scan",
+                        format_duration(Duration::from_nanos(at)),
+                        format_duration(Duration::from_nanos(first.saturating_sub(start)))
+                    );
+                }
+            }
+        }
         if let (Some(AtArg::Time(at)), Some(length)) = (self.at, recording_length(trace)?) {
             if at > length {
                 bail!(
@@ -133,8 +177,13 @@ impl SelectArgs {
 
     /// The analysis options these arguments give, for the processes
     /// `pids` (empty: all).
-    pub fn options(&self, pids: Vec<u32>, top: usize, sort: SortKey) -> AnalyzeOptions {
-        AnalyzeOptions {
+    pub fn options(
+        &self,
+        pids: Vec<u32>,
+        top: usize,
+        sort: SortKey,
+    ) -> anyhow::Result<AnalyzeOptions> {
+        Ok(AnalyzeOptions {
             filter: Filter {
                 pids,
                 kind: match self.kind {
@@ -158,7 +207,26 @@ impl SelectArgs {
             top,
             sort,
             partitions: 0,
+            verdicts: self.verdict.unwrap_or_default(),
+            suppressions: self.suppressions()?,
+        })
+    }
+
+    /// The default suppressions (unless turned off), then each file's.
+    fn suppressions(&self) -> anyhow::Result<Vec<Suppression>> {
+        let mut out = Vec::new();
+        if !self.no_default_suppressions {
+            out.extend(
+                suppress::parse(suppress::DEFAULT_SUPPRESSIONS, "default suppressions")
+                    .map_err(anyhow::Error::msg)?,
+            );
         }
+        for path in &self.suppress {
+            let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            let origin = path.display().to_string();
+            out.extend(suppress::parse(&text, &origin).map_err(anyhow::Error::msg)?);
+        }
+        Ok(out)
     }
 }
 

@@ -137,7 +137,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.2 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.3 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -176,7 +176,7 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.2");
+    assert_eq!(v["format_version"], "1.3");
     assert_eq!(v["complete"], true);
     assert_eq!(v["pids"], serde_json::json!([321]));
     assert_eq!(v["events_total"], 90);

@@ -70,6 +70,45 @@ struct SummaryJson<'a> {
     filters: &'a [String],
     sort: &'static str,
     stacks_shown: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leak_summary: Option<LeakJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scan_note: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    suppressed: &'a [crate::SuppressedTotals],
+}
+
+/// The scans that apply and the totals by verdict.
+#[derive(Serialize)]
+struct LeakJson<'a> {
+    scans: Vec<ScanJson<'a>>,
+    definitely: crate::ClassTotals,
+    indirectly: crate::ClassTotals,
+    possibly: crate::ClassTotals,
+    reachable: crate::ClassTotals,
+    unscanned: crate::ClassTotals,
+}
+
+#[derive(Serialize)]
+struct ScanJson<'a> {
+    pid: u32,
+    /// ns since the start of the recording.
+    at_ns: u64,
+    pause_ns: u64,
+    threads: u32,
+    roots_bytes: u64,
+    heap_bytes: u64,
+    blocks: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ContentsJson {
+    addr: String,
+    size: u64,
+    verdict: &'static str,
+    hex: String,
 }
 
 #[derive(Serialize)]
@@ -94,6 +133,10 @@ struct StackJson<'a> {
     allocations: u64,
     age_histogram: Vec<Bucket>,
     growth: Option<&'a Growth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdicts: Option<crate::VerdictTotals>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    contents: Vec<ContentsJson>,
     frames: Vec<FrameJson<'a>>,
 }
 
@@ -158,6 +201,17 @@ fn stack(s: &StackReport) -> StackJson<'_> {
         allocations: s.allocations,
         age_histogram: s.age_histogram.buckets(),
         growth: s.growth.as_ref(),
+        verdicts: s.verdicts,
+        contents: s
+            .contents
+            .iter()
+            .map(|c| ContentsJson {
+                addr: format!("0x{:x}", c.addr),
+                size: c.size,
+                verdict: crate::verdicts::verdict_name(c.verdict),
+                hex: crate::verdicts::hex_string(&c.bytes),
+            })
+            .collect(),
         frames: s.frames.iter().map(frame).collect(),
     }
 }
@@ -296,6 +350,29 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             filters: &s.filters,
             sort: s.sort.name(),
             stacks_shown: shown,
+            leak_summary: s.leak.as_ref().map(|l| LeakJson {
+                scans: l
+                    .scans
+                    .iter()
+                    .map(|x| ScanJson {
+                        pid: x.pid,
+                        at_ns: x.ts_ns.saturating_sub(s.start_ts),
+                        pause_ns: x.pause_ns,
+                        threads: x.threads,
+                        roots_bytes: x.roots_bytes,
+                        heap_bytes: x.heap_bytes,
+                        blocks: x.blocks,
+                        error: x.error.as_deref(),
+                    })
+                    .collect(),
+                definitely: l.totals.definitely,
+                indirectly: l.totals.indirectly,
+                possibly: l.totals.possibly,
+                reachable: l.totals.reachable,
+                unscanned: l.totals.unscanned,
+            }),
+            scan_note: s.scan_note.as_deref(),
+            suppressed: &s.suppressed,
         },
         timeline: report.timeline.as_ref(),
         stacks,

@@ -7,7 +7,9 @@
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
 //! [`folded`] stacks, [`svg`] flamegraphs, [`pprof`] profiles and a
-//! self-contained [`html`] page, and the [`diff`] of two traces.
+//! self-contained [`html`] page, and the [`diff`] of two traces; the leak
+//! [`verdicts`] of a reachability scan joined to the outstanding blocks,
+//! and the [`suppress`]ions that leave known runtime holders out.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -34,19 +36,23 @@ pub mod progress;
 mod ranges;
 pub mod replay;
 pub mod report;
+pub mod suppress;
 pub mod svg;
 mod table;
 pub mod text;
 mod time;
+pub mod verdicts;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
 pub use growth::{Growth, Timeline, Verdict};
 pub use histogram::AgeHistogram;
 pub use report::{
-    analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,
-    SortKey, StackReport, Summary,
+    analyze, analyze_trace, AnalyzeOptions, ClassTotals, LeakSummary, OutstandingByClass, PidPeak,
+    Report, SortKey, StackReport, Summary, SuppressedTotals,
 };
+pub use suppress::Suppression;
+pub use verdicts::{VerdictSet, VerdictTotals};
 
 /// Locks a pool of spare buffers, even one a panicking worker left
 /// poisoned: a pool holds only buffers to reuse, never half-written state.

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace};
+use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, ScanInfo, StackRecord, Trace};
 use serde::Serialize;
 
 use crate::filter::{Filter, ResolvedFilter};
@@ -13,6 +13,10 @@ use crate::hash::{int_map, IntMap};
 use crate::histogram::AgeHistogram;
 use crate::replay::{
     replay, AllocatedTotals, Anomalies, GrowthPlan, OutstandingBlock, Replay, ReplayOptions,
+};
+use crate::suppress::Suppression;
+use crate::verdicts::{
+    verdict_rank, BlockContents, ScanIndex, Scans, VerdictSet, VerdictTotals, CONTENTS_PER_STACK,
 };
 
 /// Order of the stacks in the report.
@@ -61,6 +65,13 @@ pub struct AnalyzeOptions {
     pub sort: SortKey,
     /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
+    /// Which scan verdicts count (`--verdict`); blocks of the others are
+    /// left out of every report. Everything by default.
+    pub verdicts: VerdictSet,
+    /// Suppressions: blocks of matching stacks are left out and counted
+    /// by suppression name. None by default (the CLI adds its default
+    /// file).
+    pub suppressions: Vec<Suppression>,
 }
 
 /// A frame of an inlined chain, innermost first.
@@ -127,6 +138,12 @@ pub struct StackReport {
     pub frames: Vec<Frame>,
     /// How the stack's outstanding bytes evolved (`None`: not computed).
     pub growth: Option<Growth>,
+    /// `bytes` and `count` by scan verdict, when a scan applies to the
+    /// report.
+    pub verdicts: Option<VerdictTotals>,
+    /// The first bytes of a few lost blocks (worst verdict, then lowest
+    /// address first), when the recording kept them.
+    pub contents: Vec<BlockContents>,
 }
 
 impl StackReport {
@@ -141,6 +158,28 @@ impl StackReport {
                     .as_ref()
                     .is_some_and(|g| g.verdict == crate::growth::Verdict::Transient))
     }
+
+/// What the scans say about the outstanding allocations: memcheck's
+/// LEAK SUMMARY.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeakSummary {
+    /// The scans whose verdicts apply: per process, the last successful
+    /// one at or before the evaluation time.
+    pub scans: Vec<ScanInfo>,
+    /// Outstanding bytes and allocations by verdict, every verdict (not
+    /// only those `--verdict` selects), without suppressed blocks.
+    pub totals: VerdictTotals,
+}
+
+/// Blocks one suppression (by name) left out of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct SuppressedTotals {
+    /// The suppression's name.
+    pub name: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// Allocations.
+    pub allocations: u64,
 }
 
 /// Outstanding bytes and allocations of one class.
@@ -231,6 +270,13 @@ pub struct Summary {
     pub incomplete: Option<memleak_trace::Incomplete>,
     /// The filters in force, as `name=value`.
     pub filters: Vec<String>,
+    /// Verdicts of the trace's scans, when one applies to the report.
+    pub leak: Option<LeakSummary>,
+    /// Why the trace's scans do not apply (e.g. `--at` before them).
+    pub scan_note: Option<String>,
+    /// What suppressions left out, by name, most bytes first (names with
+    /// nothing suppressed are not listed).
+    pub suppressed: Vec<SuppressedTotals>,
     /// Sort order of the stacks.
     pub sort: SortKey,
 }
@@ -388,11 +434,14 @@ pub fn analyze_trace(
                 .into_iter()
                 .map(|f| ((f.pid, f.addr), f))
                 .collect();
-            Ok((stacks, frames))
+            let suppressed = crate::suppress::match_stacks(&opts.suppressions, &stacks, &frames);
+            // Every scan is at or before the end; only --at can precede one.
+            let scans = Scans::load(trace, at_ts.unwrap_or(u64::MAX))?;
+            Ok((stacks, frames, suppressed, scans))
         },
     );
     let mut replayed = replayed?;
-    let (stacks_by_id, frames) = tables?;
+    let (stacks_by_id, frames, suppressed_stacks, scans) = tables?;
     let samples = replayed.take_growth().unwrap_or_default();
     let stats = replayed.stats();
     let eval_ts = match at_ts {
@@ -420,16 +469,64 @@ pub fn analyze_trace(
                 .is_none_or(|parent| !opts.filter.pids.contains(parent))
         })
         .collect();
-    let (mut stacks, by_class) = build_stacks(
+    let (scan_index, scan_note) = match scans {
+        Scans::None => (None, None),
+        Scans::AfterEval(s) => {
+            let first = s.iter().map(|s| s.ts_ns).min().unwrap_or(0);
+            let note = format!(
+                "the scan{} at {} {} after the evaluation time: no verdicts",
+                if s.len() == 1 { "" } else { "s" },
+                crate::time::format_duration(first.saturating_sub(start_ts)),
+                if s.len() == 1 { "is" } else { "are" }
+            );
+            (None, Some(note))
+        }
+        Scans::Apply(index) => (Some(index), None),
+    };
+    let join = Join {
+        scan: scan_index.as_ref(),
+        verdicts: opts.verdicts,
+        suppressions: &opts.suppressions,
+        suppressed_stacks: &suppressed_stacks,
+    };
+    let (mut stacks, by_class, leak_totals, suppressed_totals) = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
         &filter,
         (&opts.filter.pids, &inherited_for),
         eval_ts,
+        &join,
     );
     let timeline = crate::growth::attach(&mut stacks, samples, &plan, start_ts);
-    sort_stacks(&mut stacks, opts.sort);
+    if join.scan.is_some() {
+        sort_stacks_by_verdict(&mut stacks, opts.sort);
+    } else {
+        sort_stacks(&mut stacks, opts.sort);
+    }
+    let leak = scan_index.as_ref().map(|index| LeakSummary {
+        scans: index.scans.clone(),
+        totals: leak_totals,
+    });
+    let mut suppressed: Vec<SuppressedTotals> = Vec::new();
+    for (i, t) in suppressed_totals.iter().enumerate() {
+        if t.allocations == 0 && t.bytes == 0 {
+            continue;
+        }
+        let name = &opts.suppressions[i].name;
+        match suppressed.iter_mut().find(|s| &s.name == name) {
+            Some(s) => {
+                s.bytes += t.bytes;
+                s.allocations += t.allocations;
+            }
+            None => suppressed.push(SuppressedTotals {
+                name: name.clone(),
+                bytes: t.bytes,
+                allocations: t.allocations,
+            }),
+        }
+    }
+    suppressed.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
     let mut age_histogram = AgeHistogram::default();
     let (mut outstanding_bytes, mut outstanding_allocations, mut outstanding_stacks) = (0, 0, 0);
     for s in &stacks {
@@ -481,20 +578,32 @@ pub fn analyze_trace(
         complete: meta.complete,
         incomplete: trace.incomplete(),
         filters: {
-            let mut f = describe_filters(&opts.filter, opts.at_ns.filter(|_| !opts.at_peak));
+            let mut f = describe_filters(
+                &opts.filter,
+                opts.at_ns.filter(|_| !opts.at_peak),
+                opts.verdicts,
+            );
             if opts.at_peak {
                 f.push("at=peak".into());
             }
             f
         },
         sort: opts.sort,
+        leak,
+        scan_note,
+        suppressed,
     };
     Ok(Report {
         summary,
         stacks,
         top: opts.top,
         timeline: Some(timeline),
-        spent: Spent(Some(std::sync::Arc::new((replayed, stacks_by_id, frames)))),
+        spent: Spent(Some(std::sync::Arc::new((
+            replayed,
+            stacks_by_id,
+            frames,
+            scan_index,
+        )))),
     })
 }
 
@@ -637,7 +746,7 @@ fn start_ts(trace: &Trace) -> memleak_trace::Result<u64> {
     })
 }
 
-fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
+fn describe_filters(f: &Filter, at: Option<u64>, verdicts: VerdictSet) -> Vec<String> {
     use crate::filter::KindScope;
     use crate::time::format_duration;
     let mut out = Vec::new();
@@ -670,6 +779,9 @@ fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
     if let Some(v) = at {
         out.push(format!("at={}", format_duration(v)));
     }
+    if !verdicts.is_all() {
+        out.push(format!("verdict={}", verdicts.describe()));
+    }
     out
 }
 
@@ -682,8 +794,42 @@ struct OutstandingByStack {
     mapped_count: u64,
     oldest_ts: u64,
     histogram: AgeHistogram,
+    verdicts: VerdictTotals,
+    /// Lost blocks with contents: (verdict rank, address, scan row), the
+    /// first [`CONTENTS_PER_STACK`] in that order.
+    samples: Vec<(u8, u64, u32)>,
 }
 
+impl OutstandingByStack {
+    fn add_sample(&mut self, sample: (u8, u64, u32)) {
+        let at = self.samples.partition_point(|s| *s < sample);
+        if at < CONTENTS_PER_STACK {
+            self.samples.insert(at, sample);
+            self.samples.truncate(CONTENTS_PER_STACK);
+        }
+    }
+}
+
+/// How blocks meet the scan's verdicts and the suppressions while they
+/// are folded by stack.
+struct Join<'a> {
+    scan: Option<&'a ScanIndex>,
+    verdicts: VerdictSet,
+    suppressions: &'a [Suppression],
+    /// The first suppression matching each stack, by stack id.
+    suppressed_stacks: &'a HashMap<u64, u32>,
+}
+
+/// What [`build_stacks`] returns: the stacks, the totals by class, the
+/// totals by verdict before `--verdict`, and what each suppression hid.
+type Built = (
+    Vec<StackReport>,
+    OutstandingByClass,
+    VerdictTotals,
+    Vec<ClassTotals>,
+);
+
+#[allow(clippy::too_many_arguments)]
 fn build_stacks(
     stacks: &HashMap<u64, StackRecord>,
     frames: &HashMap<(u32, u64), FrameRecord>,
@@ -691,7 +837,9 @@ fn build_stacks(
     filter: &ResolvedFilter,
     (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
-) -> (Vec<StackReport>, OutstandingByClass) {
+    join: &Join<'_>,
+) -> Built {
+    let n_supps = join.suppressions.len();
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
     let per_partition = replayed.fold_outstanding(
@@ -700,9 +848,13 @@ fn build_stacks(
                 int_map::<u64, OutstandingByStack>(),
                 HashSet::<u64>::new(),
                 OutstandingByClass::default(),
+                (
+                    VerdictTotals::default(),
+                    vec![ClassTotals::default(); n_supps],
+                ),
             )
         },
-        |(acc, mappings, class), b: &OutstandingBlock| {
+        |(acc, mappings, class, (leak, suppressed)), b: &OutstandingBlock| {
             if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
                 return;
             }
@@ -710,6 +862,28 @@ fn build_stacks(
                 return; // an ancestor, replayed only for what it passed on
             }
             if b.inherited && b.pid.is_none_or(|p| !inherited_for.contains(&p)) {
+                return;
+            }
+            // The scan's verdict (None: unscanned), only with a scan.
+            let found = join
+                .scan
+                .and_then(|s| s.lookup(b.pid, b.addr, b.size, b.ts));
+            let verdict = found.map(|(v, _)| v);
+            if let Some(&i) = join.suppressed_stacks.get(&b.stack) {
+                if join.suppressions[i as usize].applies_to(verdict, b.mapping.is_some()) {
+                    let first_piece = b.mapping.is_none_or(|m| mappings.insert(m));
+                    suppressed[i as usize].add(b.size, first_piece as u64);
+                    return;
+                }
+            }
+            if join.scan.is_some() {
+                let first_piece = b.mapping.is_none_or(|m| !mappings.contains(&m));
+                leak.add(verdict, b.size, first_piece as u64);
+            }
+            if !join.verdicts.contains(verdict) {
+                if let Some(m) = b.mapping {
+                    mappings.insert(m);
+                }
                 return;
             }
             let first_piece = match b.mapping {
@@ -721,6 +895,14 @@ fn build_stacks(
                 ..Default::default()
             });
             let count = first_piece as u64;
+            if join.scan.is_some() {
+                e.verdicts.add(verdict, b.size, count);
+                if let Some((v, row)) = found.filter(|(v, _)| v.is_lost()) {
+                    if join.scan.is_some_and(|s| s.has_contents) {
+                        e.add_sample((verdict_rank(Some(v)), b.addr, row));
+                    }
+                }
+            }
             e.bytes += b.size;
             e.count += count;
             if b.mapping.is_some() {
@@ -739,14 +921,20 @@ fn build_stacks(
     // Merged pairwise on the pool's threads, not one after another.
     use rayon::prelude::*;
     let mut by_class = OutstandingByClass::default();
-    for (_, _, c) in &per_partition {
+    let mut leak_totals = VerdictTotals::default();
+    let mut suppressed_totals = vec![ClassTotals::default(); n_supps];
+    for (_, _, c, (leak, supp)) in &per_partition {
         by_class.heap.add(c.heap.bytes, c.heap.allocations);
         by_class.mapped.add(c.mapped.bytes, c.mapped.allocations);
         by_class.kernel.add(c.kernel.bytes, c.kernel.allocations);
+        leak_totals.merge(leak);
+        for (t, s) in suppressed_totals.iter_mut().zip(supp) {
+            t.add(s.bytes, s.allocations);
+        }
     }
     let mut by_stack: IntMap<u64, OutstandingByStack> = per_partition
         .into_par_iter()
-        .map(|(part, _, _)| part)
+        .map(|(part, _, _, _)| part)
         .reduce(int_map, |mut a, mut b| {
             if a.len() < b.len() {
                 std::mem::swap(&mut a, &mut b);
@@ -760,6 +948,10 @@ fn build_stacks(
                         e.mapped_count += o.mapped_count;
                         e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
                         e.histogram.merge(&o.histogram);
+                        e.verdicts.merge(&o.verdicts);
+                        for sample in o.samples {
+                            e.add_sample(sample);
+                        }
                     }
                     None => {
                         a.insert(stack, o);
@@ -770,8 +962,20 @@ fn build_stacks(
         });
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
 
-    let ids: std::collections::BTreeSet<u64> =
-        by_stack.keys().chain(allocated.keys()).copied().collect();
+    // A stack suppressed whatever the verdict is gone from the report;
+    // one suppressed for some verdicts only shows what is left.
+    let wholly_suppressed = |id: &u64| {
+        join.suppressed_stacks.get(id).is_some_and(|&i| {
+            let s = &join.suppressions[i as usize];
+            s.verdicts.is_all() && s.kind.is_none()
+        })
+    };
+    let ids: std::collections::BTreeSet<u64> = by_stack
+        .keys()
+        .chain(allocated.keys())
+        .filter(|id| !wholly_suppressed(id))
+        .copied()
+        .collect();
     let ids: Vec<(u64, Option<OutstandingByStack>)> = ids
         .into_iter()
         .map(|id| (id, by_stack.remove(&id)))
@@ -801,11 +1005,28 @@ fn build_stacks(
                 s.oldest_ts = Some(o.oldest_ts);
                 s.oldest_age_ns = eval_ts.saturating_sub(o.oldest_ts);
                 s.age_histogram = o.histogram;
+                s.contents = o
+                    .samples
+                    .iter()
+                    .filter_map(|&(_, _, row)| {
+                        let r = join.scan?.row(row);
+                        Some(BlockContents {
+                            addr: r.addr,
+                            size: r.size,
+                            verdict: Some(r.verdict),
+                            bytes: r.contents.clone()?,
+                        })
+                    })
+                    .collect();
+                s.verdicts = join.scan.map(|_| o.verdicts);
+            }
+            if join.scan.is_some() && s.verdicts.is_none() {
+                s.verdicts = Some(VerdictTotals::default());
             }
             s
         })
         .collect();
-    (out, by_class)
+    (out, by_class, leak_totals, suppressed_totals)
 }
 
 fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {
@@ -832,6 +1053,44 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
             },
         })
         .collect()
+}
+
+/// Sorts the stacks of a report with verdicts: leaking stacks grouped by
+/// their worst verdict (definitely lost first, unscanned last), each group
+/// by `key` applied to the bytes and count of that verdict, then as
+/// [`sort_stacks`] does.
+pub fn sort_stacks_by_verdict(stacks: &mut [StackReport], key: SortKey) {
+    let worst = |s: &StackReport| {
+        let (v, t) = s
+            .verdicts
+            .and_then(|v| v.worst())
+            .unwrap_or((None, ClassTotals::default()));
+        (verdict_rank(v), t)
+    };
+    stacks.sort_unstable_by(|a, b| {
+        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let ((ra, ta), (rb, tb)) = (worst(a), worst(b));
+        let by_key = match key {
+            SortKey::Growth => crate::growth::order(a, b),
+            SortKey::Bytes => tb
+                .bytes
+                .cmp(&ta.bytes)
+                .then(tb.allocations.cmp(&ta.allocations)),
+            SortKey::Count => tb
+                .allocations
+                .cmp(&ta.allocations)
+                .then(tb.bytes.cmp(&ta.bytes)),
+            SortKey::Age => b
+                .oldest_age_ns
+                .cmp(&a.oldest_age_ns)
+                .then(b.bytes.cmp(&a.bytes)),
+        };
+        leak.then(ra.cmp(&rb))
+            .then(by_key)
+            .then(b.bytes.cmp(&a.bytes))
+            .then(b.allocated_bytes.cmp(&a.allocated_bytes))
+            .then(a.stack_id.cmp(&b.stack_id))
+    });
 }
 
 /// Sorts leaking stacks by `key` (ties by stack id, so output is stable),

@@ -4,8 +4,14 @@
 use std::fmt::Write as _;
 
 use crate::growth::Growth;
-use crate::report::{Frame, Report, SortKey, StackReport, Summary};
+use crate::report::{Frame, LeakSummary, Report, SortKey, StackReport, Summary};
 use crate::time::{format_bytes, format_duration};
+use crate::verdicts::{hex_preview, verdict_name, VERDICTS_AND_UNSCANNED};
+
+/// Stacks whose lost blocks' contents the text report shows.
+const CONTENTS_STACKS: usize = 5;
+/// Bytes of a block's contents the text report shows.
+const CONTENTS_BYTES: usize = 32;
 
 /// Renders the text report.
 pub fn render(report: &Report) -> String {
@@ -15,6 +21,11 @@ pub fn render(report: &Report) -> String {
     if let Some(inc) = &s.incomplete {
         // First, where nobody can miss it: what follows is a partial view.
         let _ = writeln!(out, "WARNING: {inc}.\n");
+    }
+    if let Some(leak) = &s.leak {
+        // With a scan, the verdicts lead, as memcheck's LEAK SUMMARY does.
+        render_leak_summary(&mut out, leak, s);
+        out.push('\n');
     }
     if top.is_empty() {
         out.push_str("No outstanding allocations");
@@ -43,8 +54,8 @@ pub fn render(report: &Report) -> String {
                 s.sort.name()
             );
         }
-        for st in top {
-            render_stack(&mut out, st);
+        for (i, st) in top.iter().enumerate() {
+            render_stack(&mut out, st, i < CONTENTS_STACKS);
             out.push('\n');
         }
     }
@@ -77,7 +88,62 @@ fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn render_stack(out: &mut String, st: &StackReport) {
+/// memcheck's LEAK SUMMARY, from the scans: bytes and blocks per verdict,
+/// and what suppressions hid.
+fn render_leak_summary(out: &mut String, leak: &LeakSummary, s: &Summary) {
+    for scan in &leak.scans {
+        let _ = writeln!(
+            out,
+            "Scan of pid {} at {}: paused {:.3} ms for {} of roots and {} of heap ({} blocks, {})",
+            scan.pid,
+            format_duration(scan.ts_ns.saturating_sub(s.start_ts)),
+            scan.pause_ns as f64 / 1e6,
+            format_bytes(scan.roots_bytes),
+            format_bytes(scan.heap_bytes),
+            scan.blocks,
+            plural(scan.threads as u64, "thread", "threads"),
+        );
+    }
+    out.push_str("LEAK SUMMARY:\n");
+    let label = |v| match v {
+        Some(memleak_trace::ScanVerdict::DefinitelyLost) => "definitely lost",
+        Some(memleak_trace::ScanVerdict::IndirectlyLost) => "indirectly lost",
+        Some(memleak_trace::ScanVerdict::PossiblyLost) => "possibly lost",
+        Some(memleak_trace::ScanVerdict::Reachable) => "still reachable",
+        None => "unscanned",
+    };
+    for v in VERDICTS_AND_UNSCANNED {
+        let t = leak.totals.get(v);
+        if v.is_none() && t.allocations == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:>16}: {} in {}",
+            label(v),
+            bytes_phrase(t.bytes),
+            plural(t.allocations, "block", "blocks")
+        );
+    }
+    for sup in &s.suppressed {
+        let _ = writeln!(
+            out,
+            "  {:>16}: {} in {} ({})",
+            "suppressed",
+            bytes_phrase(sup.bytes),
+            plural(sup.allocations, "block", "blocks"),
+            sup.name
+        );
+    }
+    if leak.totals.unscanned.allocations > 0 {
+        out.push_str(
+            "  (unscanned: outstanding at the report's time but not in the scan: allocated after it, \
+             or of a process or kind it did not read)\n",
+        );
+    }
+}
+
+fn render_stack(out: &mut String, st: &StackReport, show_contents: bool) {
     let mut who = if st.stack_id == 0 {
         "an unknown stack".to_string()
     } else {
@@ -113,6 +179,23 @@ fn render_stack(out: &mut String, st: &StackReport) {
     if let Some(g) = &st.growth {
         let _ = writeln!(out, "    growth: {}", growth_phrase(g));
     }
+    if let Some(v) = &st.verdicts {
+        let parts: Vec<String> = VERDICTS_AND_UNSCANNED
+            .into_iter()
+            .filter_map(|k| {
+                let t = v.get(k);
+                (t.allocations > 0 || t.bytes > 0).then(|| {
+                    format!(
+                        "{} {} in {}",
+                        verdict_name(k),
+                        bytes_phrase(t.bytes),
+                        t.allocations
+                    )
+                })
+            })
+            .collect();
+        let _ = writeln!(out, "    verdicts: {}", parts.join("; "));
+    }
     let lines = frame_lines(&st.frames);
     let width = lines
         .iter()
@@ -137,6 +220,18 @@ fn render_stack(out: &mut String, st: &StackReport) {
         let _ = writeln!(out, "    [{what}]");
     } else if st.truncated {
         out.push_str("    [truncated: outer frames missing]\n");
+    }
+    if show_contents {
+        for c in &st.contents {
+            let _ = writeln!(
+                out,
+                "    contents of {} 0x{:x} ({} bytes): {}",
+                verdict_name(c.verdict),
+                c.addr,
+                c.size,
+                hex_preview(&c.bytes, CONTENTS_BYTES)
+            );
+        }
     }
     out.push_str(&st.age_histogram.render("    "));
 }
@@ -342,6 +437,23 @@ fn render_summary(out: &mut String, s: &Summary) {
                 plural(n, "stack", "stacks")
             ),
         );
+    }
+    if s.leak.is_none() {
+        // With a scan, the LEAK SUMMARY at the top lists them.
+        for (i, sup) in s.suppressed.iter().enumerate() {
+            row(
+                if i == 0 { "suppressed" } else { "" },
+                format!(
+                    "{} in {} ({})",
+                    bytes_phrase(sup.bytes),
+                    plural(sup.allocations, "allocation", "allocations"),
+                    sup.name
+                ),
+            );
+        }
+    }
+    if let Some(note) = &s.scan_note {
+        row("scan", note.clone());
     }
     if !s.filters.is_empty() {
         row("filters", s.filters.join(", "));
