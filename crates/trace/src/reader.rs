@@ -608,12 +608,14 @@ impl Trace {
                     .ok_or_else(|| corrupt(path, format!("unknown scan verdict {name:?}")))?;
                 match per_scan.get_mut(&(pid, ts_ns)) {
                     Some(n) => *n += 1,
-                    None => return Err(corrupt(
-                        path,
-                        format!(
+                    None => {
+                        return Err(corrupt(
+                            path,
+                            format!(
                             "scan rows of pid {pid} at {ts_ns} ns, a scan meta.json does not list"
                         ),
-                    )),
+                        ))
+                    }
                 }
                 out.push(ScanRecord {
                     ts_ns,
