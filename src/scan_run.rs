@@ -48,7 +48,13 @@ fn trace_verdict(v: Verdict) -> ScanVerdict {
 }
 
 /// The summary line of a scan.
-pub fn summary(pid: u32, blocks: &[Block], verdicts: &[Verdict], info: &ScanInfo) -> String {
+pub fn summary(
+    pid: u32,
+    blocks: &[Block],
+    verdicts: &[Verdict],
+    info: &ScanInfo,
+    scan_ns: u64,
+) -> String {
     let t = Totals::of(blocks, verdicts);
     let kinds: Vec<String> = Verdict::ALL
         .iter()
@@ -68,8 +74,9 @@ pub fn summary(pid: u32, blocks: &[Block], verdicts: &[Verdict], info: &ScanInfo
     let mib = (info.roots_bytes + info.heap_bytes) as f64 / (1 << 20) as f64;
     let ms = info.pause_ns as f64 / 1e6;
     format!(
-        "memleak: scan of pid {pid}: {}; paused {ms:.1} ms for {} roots + {} heap ({:.2} ms/MiB)",
+        "memleak: scan of pid {pid}: {}; paused {ms:.1} ms (marking {:.1} ms) for {} roots + {} heap ({:.2} ms/MiB)",
         kinds.join(", "),
+        scan_ns as f64 / 1e6,
         format_size(info.roots_bytes),
         format_size(info.heap_bytes),
         if mib > 0.0 { ms / mib } else { 0.0 }
@@ -126,7 +133,7 @@ pub fn scan_into(
                     contents: out.contents.get(i).cloned().flatten(),
                 })
                 .collect();
-            let line = summary(pid, &blocks, &out.verdicts, &info);
+            let line = summary(pid, &blocks, &out.verdicts, &info, out.stats.scan_ns);
             let mut line = line;
             if out.stats.unreadable_pages > 0 {
                 line += &format!("; {} unreadable pages skipped", out.stats.unreadable_pages);

@@ -168,3 +168,67 @@ fn scan_options_without_a_scan_are_refused() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+/// `-p PID --scan`: every thread is stopped for the scan and let go;
+/// the scan's figures are in `meta.json` (the blocks the program made
+/// before the recording are not in the trace, so there are no rows).
+#[test]
+fn a_running_process_is_scanned_at_the_end_and_left_running() {
+    if !common::can_record() || !common::has_tool("cc") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let exe = build_shapes(dir.path());
+    let mut target = Command::new(&exe)
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Wait until its threads run: it prints "ready" then.
+    let mut stdout = std::io::BufReader::new(target.stdout.take().unwrap());
+    let mut line = String::new();
+    while line.trim() != "ready" {
+        line.clear();
+        assert!(std::io::BufRead::read_line(&mut stdout, &mut line).unwrap() > 0);
+    }
+    let pid = target.id();
+    let trace = dir.path().join("t.parquet");
+    let out = {
+        let _guard = recording_guard(false);
+        memleak()
+            .args([
+                "record",
+                "-q",
+                "--scan",
+                "-d",
+                "500ms",
+                "-p",
+                &pid.to_string(),
+                "-o",
+            ])
+            .arg(&trace)
+            .output()
+            .unwrap()
+    };
+    let state = std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .unwrap()
+        .rsplit_once(')')
+        .and_then(|(_, r)| r.trim_start().chars().next())
+        .unwrap();
+    let _ = target.kill();
+    let _ = target.wait();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_ne!(state, 't', "left stopped by ptrace");
+    assert_ne!(state, 'T', "left stopped");
+    let t = Trace::open(&trace).unwrap();
+    let scans = &t.meta().scans;
+    assert_eq!(scans.len(), 1, "{scans:?}");
+    assert_eq!(scans[0].pid, pid);
+    assert_eq!(scans[0].error, None);
+    assert_eq!(scans[0].threads, 3);
+    assert!(scans[0].roots_bytes > 0 && scans[0].pause_ns > 0);
+    assert_eq!(t.scans().unwrap().len() as u64, scans[0].blocks);
+}

@@ -17,6 +17,15 @@ use super::{Block, ScanError, Verdict};
 const WINDOW: u64 = 4 << 20;
 /// Ranges per batch.
 const BATCH: usize = 4096;
+/// Small blocks are read through a cache of aligned windows of the
+/// heap: a linked list is marked one block at a time, and one read per
+/// block would cost a system call each; its neighbours are likely in the
+/// same window.
+const CACHE_WINDOW: u64 = 64 << 10;
+/// Windows kept (64 MiB).
+const CACHE_WINDOWS: usize = 1024;
+/// Blocks up to this size go through the cache.
+const CACHED_BLOCK: u64 = 4096;
 /// Words of a vtable looked at by the multiple-inheritance heuristic.
 const VTABLE_WORDS: u64 = 20;
 
@@ -60,6 +69,8 @@ pub(crate) struct Marker<'a, M: Memory + ?Sized> {
     mem: &'a mut M,
     /// Sorted by start.
     blocks: &'a [Block],
+    /// Their starts, dense for the binary search.
+    starts: Vec<u64>,
     lo: u64,
     hi: u64,
     state: Vec<State>,
@@ -70,6 +81,33 @@ pub(crate) struct Marker<'a, M: Memory + ?Sized> {
     heap_bytes: u64,
     buf: Vec<u8>,
     small: Vec<u8>,
+    cache: WindowCache,
+}
+
+/// Windows of memory read, by window number: (start, bytes).
+#[derive(Default)]
+struct WindowCache {
+    map: std::collections::HashMap<u64, (u64, Vec<u8>)>,
+    order: std::collections::VecDeque<u64>,
+}
+
+impl WindowCache {
+    fn get(&self, addr: u64, len: u64) -> Option<&[u8]> {
+        let (start, bytes) = self.map.get(&(addr / CACHE_WINDOW))?;
+        let off = (addr - start) as usize;
+        bytes.get(off..off + len as usize)
+    }
+
+    fn insert(&mut self, key: u64, start: u64, bytes: Vec<u8>) {
+        while self.map.len() >= CACHE_WINDOWS {
+            let Some(old) = self.order.pop_front() else {
+                break;
+            };
+            self.map.remove(&old);
+        }
+        self.map.insert(key, (start, bytes));
+        self.order.push_back(key);
+    }
 }
 
 #[inline]
@@ -94,6 +132,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         Marker {
             mem,
             blocks,
+            starts: blocks.iter().map(|b| b.addr).collect(),
             lo,
             hi,
             state: vec![State::Unreached; blocks.len()],
@@ -104,6 +143,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
             heap_bytes: 0,
             buf: Vec::new(),
             small: Vec::new(),
+            cache: WindowCache::default(),
         }
     }
 
@@ -114,10 +154,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         if w < self.lo || w >= self.hi {
             return None;
         }
-        let i = self
-            .blocks
-            .partition_point(|b| b.addr <= w)
-            .checked_sub(1)?;
+        let i = self.starts.partition_point(|&a| a <= w).checked_sub(1)?;
         let b = &self.blocks[i];
         if w == b.addr {
             return Some((i, true));
@@ -200,9 +237,9 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         }
         if w.is_multiple_of(8) && w + 8 <= b.addr + b.size {
             let inner = self.read_small(w, 8)?.unwrap_or_default()[0];
-            if inner % 8 == 0 && inner >= 4096 {
+            if inner.is_multiple_of(8) && inner >= 4096 {
                 let first = self.read_small(b.addr, 8)?.unwrap_or_default()[0];
-                if first % 8 == 0
+                if first.is_multiple_of(8)
                     && first >= 4096
                     && self.is_vtable(inner)?
                     && self.is_vtable(first)?
@@ -251,23 +288,86 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         }
     }
 
+    /// The cache window a piece can be read through: (window number,
+    /// start, length), the window clipped to the readable mapping.
+    fn window_of(&self, addr: u64, len: u64) -> Option<(u64, u64, u64)> {
+        if len > CACHED_BLOCK {
+            return None;
+        }
+        let seg = self.segment(addr)?;
+        let key = addr / CACHE_WINDOW;
+        let start = (key * CACHE_WINDOW).max(seg.start);
+        let end = (key * CACHE_WINDOW + CACHE_WINDOW).min(seg.end);
+        (addr + len <= end).then_some((key, start, end - start))
+    }
+
     /// Reads `pieces` (block index, address, length) and hands each one's
-    /// bytes to `f`, in batches.
-    fn read_pieces(
+    /// bytes to `f`, in order: small pieces from the window cache (the
+    /// missing windows read in one call), the others in one call too.
+    fn fetch_pieces(
         &mut self,
         pieces: &[(usize, u64, u64)],
         mut f: impl FnMut(&mut Self, usize, &[u8]) -> Result<(), ScanError>,
     ) -> Result<(), ScanError> {
-        let ranges: Vec<(u64, u64)> = pieces.iter().map(|p| (p.1, p.2)).collect();
+        let mut missing: Vec<(u64, u64, u64)> = Vec::new();
+        let mut direct: Vec<(u64, u64)> = Vec::new();
+        let mut cached = vec![false; pieces.len()];
+        for (k, &(_, a, l)) in pieces.iter().enumerate() {
+            match self.window_of(a, l) {
+                Some(w)
+                    if self.cache.map.contains_key(&w.0) || missing.iter().any(|m| m.0 == w.0) =>
+                {
+                    cached[k] = true
+                }
+                Some(w) if missing.len() < CACHE_WINDOWS / 2 => {
+                    missing.push(w);
+                    cached[k] = true;
+                }
+                _ => direct.push((a, l)),
+            }
+        }
+        if !missing.is_empty() {
+            let ranges: Vec<(u64, u64)> = missing.iter().map(|m| (m.1, m.2)).collect();
+            let mut buf = Vec::new();
+            self.mem.read(&ranges, &mut buf)?;
+            let mut off = 0usize;
+            for &(key, start, len) in &missing {
+                self.cache
+                    .insert(key, start, buf[off..off + len as usize].to_vec());
+                off += len as usize;
+            }
+        }
         let mut buf = std::mem::take(&mut self.buf);
-        self.mem.read(&ranges, &mut buf)?;
+        if !direct.is_empty() {
+            self.mem.read(&direct, &mut buf)?;
+        }
         let mut off = 0usize;
-        for &(i, _, len) in pieces {
-            f(self, i, &buf[off..off + len as usize])?;
-            off += len as usize;
+        let mut one = Vec::new();
+        let mut result = Ok(());
+        for (k, &(i, a, l)) in pieces.iter().enumerate() {
+            let r = if cached[k] {
+                // A copy: the callback may mark further blocks, which
+                // may load (and evict) windows.
+                match self.cache.get(a, l) {
+                    Some(bytes) => {
+                        one.clear();
+                        one.extend_from_slice(bytes);
+                    }
+                    None => self.mem.read(&[(a, l)], &mut one)?,
+                }
+                f(self, i, &one)
+            } else {
+                let r = f(self, i, &buf[off..off + l as usize]);
+                off += l as usize;
+                r
+            };
+            if r.is_err() {
+                result = r;
+                break;
+            }
         }
         self.buf = buf;
-        Ok(())
+        result
     }
 
     /// Pops blocks off the stack into batches, splitting a large block
@@ -302,7 +402,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
                         sum += group[end].2;
                         end += 1;
                     }
-                    self.read_pieces(&group[start..end], |m, i, bytes| {
+                    self.fetch_pieces(&group[start..end], |m, i, bytes| {
                         match clique {
                             Some(leader) => {
                                 for k in (0..bytes.len()).step_by(8) {
@@ -399,7 +499,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
             }
             self.heap_bytes += bytes;
             let pieces = std::mem::take(&mut batch);
-            self.read_pieces(&pieces, |m, leader, bytes| {
+            self.fetch_pieces(&pieces, |m, leader, bytes| {
                 if m.state[leader] != State::Unreached {
                     return Ok(()); // taken into an earlier clique
                 }

@@ -188,10 +188,10 @@ pub(crate) fn find_roots(
             let w = |i: usize| u64::from_ne_bytes(header[i * 8..i * 8 + 8].try_into().unwrap());
             let (arena, prev, size) = (w(0), w(1), w(2));
             let arena_heap = arena != 0
-                && (prev == 0 || prev % ARENA_HEAP_ALIGN == 0)
+                && (prev == 0 || prev.is_multiple_of(ARENA_HEAP_ALIGN))
                 && size > 0
                 && size <= ARENA_HEAP_ALIGN
-                && size % 4096 == 0;
+                && size.is_multiple_of(4096);
             if arena_heap {
                 holes.push((a, a + ARENA_HEAP_ALIGN));
             }
