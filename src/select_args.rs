@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
-use memleak_analyze::{suppress, AnalyzeOptions, Filter, KindScope, SortKey, Suppression, VerdictSet};
+use memleak_analyze::{
+    suppress, AnalyzeOptions, Filter, KindScope, SortKey, Suppression, VerdictSet,
+};
 
 use crate::units::{format_duration, parse_duration_ns, parse_size};
 
@@ -222,7 +224,8 @@ impl SelectArgs {
             );
         }
         for path in &self.suppress {
-            let text = std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
             let origin = path.display().to_string();
             out.extend(suppress::parse(&text, &origin).map_err(anyhow::Error::msg)?);
         }

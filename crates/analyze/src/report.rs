@@ -158,6 +158,7 @@ impl StackReport {
                     .as_ref()
                     .is_some_and(|g| g.verdict == crate::growth::Verdict::Transient))
     }
+}
 
 /// What the scans say about the outstanding allocations: memcheck's
 /// LEAK SUMMARY.
