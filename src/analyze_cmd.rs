@@ -6,13 +6,12 @@ use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use crate::units::{format_duration, parse_duration_ns, parse_positive_duration, parse_size};
+use crate::select_args::SelectArgs;
+use crate::units::parse_positive_duration;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{
-    analyze_trace, folded, json, svg, text, AnalyzeOptions, Filter, KindScope, SortKey, Weight,
-};
+use memleak_analyze::{analyze_trace, folded, html, json, pprof, svg, text, SortKey, Weight};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -25,7 +24,13 @@ pub enum Format {
     Folded,
     /// A flamegraph SVG.
     Svg,
-    /// All four, into the directory given with -o.
+    /// A gzipped pprof profile (`go tool pprof`), every stack: binary,
+    /// so never to a terminal.
+    Pprof,
+    /// One self-contained HTML page: summary, timeline, flamegraphs, top
+    /// stacks.
+    Html,
+    /// All of the above, into the directory given with -o.
     All,
 }
 
@@ -38,6 +43,9 @@ pub enum SortArg {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// Growing stacks first (steepest first), then plateaus, unknown, and
+    /// stacks that freed their memory late (transient, listed too).
+    Growth,
     /// Most temporary allocations first (stacks with nothing
     /// outstanding too).
     Temporary,
@@ -54,22 +62,6 @@ pub enum WeightArg {
     AllocatedBytes,
     /// Allocations made during the trace, freed or not.
     Allocations,
-}
-
-/// Event scopes.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum KindArg {
-    /// User-space allocators.
-    User,
-    /// Kernel allocators.
-    Kernel,
-    /// Heap allocator calls of processes, without mmap: what valgrind
-    /// counts.
-    Heap,
-    /// Memory mappings of processes (mmap, munmap, mremap).
-    Mmap,
-    /// Both.
-    All,
 }
 
 /// Arguments of `memleak analyze`.
@@ -92,131 +84,55 @@ pub struct AnalyzeArgs {
     /// What flamegraph widths measure (folded and svg).
     #[arg(long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
-    /// Evaluate the state and ages at this time since the recording
-    /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
-    /// its end; at most the recording's length.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub at: Option<u64>,
-    /// Only these processes (repeat or separate with commas).
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
-    pub pids: Vec<u32>,
-    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
-    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
-    pub older_than: Option<u64>,
-    /// Only allocations of at least this size (bytes; k, M, G suffixes,
-    /// binary: 1k = 1024).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub min_size: Option<u64>,
-    /// Only allocations of at most this size (bytes; k, M, G suffixes;
-    /// at least --min-size).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
-    pub max_size: Option<u64>,
-    /// Only allocations made at or after this time since the start.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub from: Option<u64>,
-    /// Only allocations made before this time since the start (after
-    /// --from).
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
-    pub to: Option<u64>,
+    /// Filters, `--at`, workers.
+    #[command(flatten)]
+    pub select: SelectArgs,
     /// An allocation freed within this time by the thread that made it,
     /// before the thread allocated again, counts as temporary.
     #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration)]
     pub temporary_threshold: Duration,
-    /// User-space allocations, kernel ones, or both.
-    #[arg(long, value_enum, default_value = "all")]
-    pub kind: KindArg,
-    /// Worker threads, at least 1 (default: one per core).
-    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
-    pub jobs: Option<usize>,
-    /// No progress bar.
-    #[arg(short = 'q', long)]
-    pub quiet: bool,
-}
-
-fn parse_jobs(text: &str) -> Result<usize, String> {
-    match text.trim().parse::<usize>() {
-        Ok(0) => Err("at least 1 worker thread is needed".into()),
-        Ok(n) => Ok(n),
-        Err(e) => Err(e.to_string()),
-    }
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
-    crate::keep_freed_memory();
-    if let Some(j) = args.jobs {
-        // Only fails if the pool was already built, which cannot happen here.
-        let _ = rayon_pool(j);
-    }
     if args.format == Format::All && args.output.is_none() {
-        bail!("--format all writes four files: give a directory with -o");
+        bail!("--format all writes six files: give a directory with -o");
     }
-    if let (Some(a), Some(b)) = (args.min_size, args.max_size) {
-        if a > b {
-            bail!("--min-size ({a}) is larger than --max-size ({b})");
-        }
+    if args.format == Format::Pprof
+        && args.output.is_none()
+        && std::io::IsTerminal::is_terminal(&std::io::stdout())
+    {
+        bail!("--format pprof writes a binary file: give one with -o, or redirect stdout");
     }
-    if let (Some(from), Some(to)) = (args.from, args.to) {
-        if from >= to {
-            bail!(
-                "--from ({}) is not before --to ({}): no allocation can match",
-                format_duration(Duration::from_nanos(from)),
-                format_duration(Duration::from_nanos(to))
-            );
-        }
-    }
+    args.select.check()?;
     let trace = memleak_trace::Trace::open(&args.trace)?;
-    if let (Some(at), Some(length)) = (args.at, recording_length(&trace)?) {
-        if at > length {
-            bail!(
-                "--at {} is past the end of the recording, which is {:.3}s long",
-                format_duration(Duration::from_nanos(at)),
-                length as f64 / 1e9
-            );
-        }
-    }
+    args.select.check_trace(&trace)?;
     for w in trace.warnings() {
         say!("memleak: warning: {w}");
     }
-    let opts = AnalyzeOptions {
-        filter: Filter {
-            pids: args.pids.clone(),
-            kind: match args.kind {
-                KindArg::User => KindScope::User,
-                KindArg::Kernel => KindScope::Kernel,
-                KindArg::Heap => KindScope::Heap,
-                KindArg::Mmap => KindScope::Mmap,
-                KindArg::All => KindScope::All,
-            },
-            min_size: args.min_size,
-            max_size: args.max_size,
-            from_ns: args.from,
-            to_ns: args.to,
-            older_than_ns: args.older_than,
-        },
-        at_ns: args.at,
-        top: args.top,
-        sort: match args.sort {
-            SortArg::Bytes => SortKey::Bytes,
-            SortArg::Count => SortKey::Count,
-            SortArg::Age => SortKey::Age,
-            SortArg::Temporary => SortKey::Temporary,
-        },
-        partitions: 0,
-        temporary_threshold_ns: Some(
-            args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64
-        ),
+    let sort = match args.sort {
+        SortArg::Bytes => SortKey::Bytes,
+        SortArg::Count => SortKey::Count,
+        SortArg::Age => SortKey::Age,
+        SortArg::Growth => SortKey::Growth,
+        SortArg::Temporary => SortKey::Temporary,
     };
+    let mut opts = args
+        .select
+        .options(args.select.pids.clone(), args.top, sort)?;
+    opts.temporary_threshold_ns =
+        Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64);
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,
         WeightArg::Count => Weight::Count,
         WeightArg::AllocatedBytes => Weight::AllocatedBytes,
         WeightArg::Allocations => Weight::Allocations,
     };
-    let progress = Progress::new(trace.event_count(), args.quiet);
+    let progress = Progress::new(trace.event_count(), args.select.quiet);
     let advance = |rows: u64| progress.advance(rows);
     let report = analyze_trace(&trace, &opts, Some(&advance));
     progress.finish();
     let report = report?;
+    let pprof_context = || pprof::Context::read(&trace).context("reading the maps table");
 
     match args.format {
         Format::Text => emit(args.output.as_deref(), text::render(&report).as_bytes())?,
@@ -229,6 +145,11 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(args.output.as_deref(), &svg)?
         }
+        Format::Pprof => {
+            let ctx = pprof_context()?;
+            emit_with(args.output.as_deref(), |w| pprof::write(&report, &ctx, w))?
+        }
+        Format::Html => emit_with(args.output.as_deref(), |w| html::write(&report, w))?,
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
             fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
@@ -243,8 +164,14 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             )?;
             let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
             emit(Some(&dir.join("flamegraph.svg")), &svg)?;
+            let ctx = pprof_context()?;
+            emit_with(Some(&dir.join("profile.pb.gz")), |w| {
+                pprof::write(&report, &ctx, w)
+            })?;
+            emit_with(Some(&dir.join("report.html")), |w| html::write(&report, w))?;
             say!(
-                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg to {}",
+                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg, \
+                 profile.pb.gz, report.html to {}",
                 dir.display()
             );
         }
@@ -256,39 +183,12 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// How long the recording ran, in nanoseconds: from the meta's start to
-/// its end, or to the last event of a trace that was never finished (its
-/// end is 0). None if that is unknown.
-fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>> {
-    let meta = trace.meta();
-    if meta.start_ns == 0 {
-        return Ok(None);
-    }
-    let end = if meta.end_ns != 0 {
-        meta.end_ns
-    } else {
-        // Rows are in time order: the last row group ends the recording.
-        match trace.event_units().last() {
-            Some(unit) => {
-                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
-                batch.ts_ns.iter().copied().max().unwrap_or(0)
-            }
-            None => return Ok(None),
-        }
-    };
-    Ok((end > meta.start_ns).then(|| end - meta.start_ns))
-}
-
-fn rayon_pool(threads: usize) -> Result<(), String> {
-    memleak_analyze::replay::set_threads(threads)
-}
-
-fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+pub(crate) fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     emit_with(path, |w| w.write_all(bytes))
 }
 
 /// Like [`emit`], for output written piece by piece as it is made.
-fn emit_with(
+pub(crate) fn emit_with(
     path: Option<&Path>,
     write: impl FnOnce(&mut (dyn Write + Send)) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {

@@ -258,9 +258,13 @@ impl Child {
     /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
     /// gets the process of a thread stopped where its mappings may have
     /// changed (an exec, ld.so's `_dl_debug_state`), before it runs on.
+    /// `on_exit` runs at the command's exit stop, after `on_stop`: the
+    /// leak scan's moment (the other threads are being killed and stop
+    /// at their own exit, or are gone).
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
+        on_exit: &mut dyn FnMut() -> Result<()>,
         on_fork: &mut dyn FnMut(u32) -> Result<()>,
         on_maps: &mut dyn FnMut(u32) -> Result<()>,
     ) -> Result<()> {
@@ -310,6 +314,7 @@ impl Child {
                 (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
                     if main {
                         on_stop()?;
+                        on_exit()?;
                     }
                     0
                 }

@@ -67,6 +67,8 @@ struct Report<'a> {
     path: &'a Path,
     pids: &'a [u32],
     recorder_cpu_ns: Option<u64>,
+    /// Reachability scans (`[]` when there was none).
+    scans: &'a [memleak_trace::ScanInfo],
     start_ns: u64,
     start_utc: Option<String>,
     /// By table name, so in name order like the rest.
@@ -98,8 +100,10 @@ fn report(trace: &Trace) -> Report<'_> {
     };
     let duration_s =
         (m.end_ns > m.start_ns && m.start_ns != 0).then(|| (m.end_ns - m.start_ns) as f64 / 1e9);
+    // The scan table exists only in traces with a scan.
     let tables = Table::ALL
         .iter()
+        .filter(|&&t| t != Table::Scan || trace.table_stats(t).segments > 0)
         .map(|&t| {
             let st = trace.table_stats(t);
             let info = TableInfo {
@@ -134,6 +138,7 @@ fn report(trace: &Trace) -> Report<'_> {
         path: trace.path(),
         pids: &m.pids,
         recorder_cpu_ns: m.recorder_cpu_ns,
+        scans: &m.scans,
         start_ns: m.start_ns,
         start_utc: wall(m.start_ns).map(utc),
         tables,
@@ -260,8 +265,34 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
         "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
         "", "segments", "rows", "row groups", "bytes"
     )?;
+    for s in r.scans {
+        let mib = (s.roots_bytes + s.heap_bytes) as f64 / (1 << 20) as f64;
+        let per_mib = if mib > 0.0 {
+            format!(", {:.3} ms/MiB", s.pause_ns as f64 / 1e6 / mib)
+        } else {
+            String::new()
+        };
+        write!(
+            out,
+            "scan:      pid {} at monotonic {} ns: paused {:.3} ms{per_mib}, {} threads, \
+             {} bytes of roots, {} bytes of heap, {} blocks",
+            s.pid,
+            s.ts_ns,
+            s.pause_ns as f64 / 1e6,
+            s.threads,
+            s.roots_bytes,
+            s.heap_bytes,
+            s.blocks
+        )?;
+        match &s.error {
+            Some(e) => writeln!(out, "; failed: {e}")?,
+            None => writeln!(out)?,
+        }
+    }
     for name in Table::ALL.iter().map(|t| t.name()) {
-        let t = &r.tables[name];
+        let Some(t) = r.tables.get(name) else {
+            continue;
+        };
         writeln!(
             out,
             "           {name:<8} {:>8} {:>12} {:>10} {:>12}",

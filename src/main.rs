@@ -3,7 +3,7 @@
 //!
 //! The binary is thin: `record` wires the probes (`probes`, the only module
 //! that touches libbpf) to the recording pipeline in `memleak-recorder`;
-//! `analyze` and `info` read traces through `memleak-trace` and
+//! `analyze`, `diff` and `info` read traces through `memleak-trace` and
 //! `memleak-analyze`, and build without BPF (`--no-default-features`).
 
 use std::process::ExitCode;
@@ -33,6 +33,7 @@ macro_rules! say_inline {
 mod analyze_cmd;
 #[cfg(feature = "bpf")]
 mod child;
+mod diff_cmd;
 mod info_cmd;
 mod output;
 #[cfg(feature = "bpf")]
@@ -41,6 +42,9 @@ mod probes;
 mod record_cmd;
 #[cfg(feature = "bpf")]
 mod record_targets;
+#[cfg(feature = "bpf")]
+mod scan_run;
+mod select_args;
 mod units;
 #[cfg(feature = "bpf")]
 mod unwinder;
@@ -60,6 +64,9 @@ enum Command {
     Record(record_cmd::RecordArgs),
     /// Replay a trace and report outstanding allocations by stack.
     Analyze(analyze_cmd::AnalyzeArgs),
+    /// Compare the outstanding allocations of two traces, stack by stack
+    /// (matched by symbolized frames, so two builds or hosts compare).
+    Diff(diff_cmd::DiffArgs),
     /// Print a trace's metadata, tables and counters.
     Info(info_cmd::InfoArgs),
 }
@@ -115,6 +122,7 @@ fn main() -> ExitCode {
         #[cfg(feature = "bpf")]
         Command::Record(args) => record_cmd::run(args),
         Command::Analyze(args) => analyze_cmd::run(args),
+        Command::Diff(args) => diff_cmd::run(args),
         Command::Info(args) => info_cmd::run(args),
     };
     match result {

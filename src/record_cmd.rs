@@ -21,10 +21,12 @@ use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 use crate::child::Child;
 use crate::probes::{self, ProbeConfig, Probes};
 use crate::record_targets::{add_providers, libraries_for, placement_policy, show_probes};
+use crate::scan_run;
 use crate::units::{
     format_duration, format_size, parse_duration, parse_positive_duration, parse_size,
 };
 use crate::unwinder::Unwinder;
+use memleak_recorder::scan::Stopped;
 
 /// Arguments of `memleak record`.
 #[derive(clap::Args, Debug)]
@@ -115,6 +117,20 @@ pub struct RecordArgs {
     /// count hits; no events are recorded.
     #[arg(long, hide = true)]
     pub count_only: bool,
+    /// With a command: no leak scan at its exit. By default the command is
+    /// held at its exit while memleak reads its memory for pointers to the
+    /// outstanding blocks, and each block gets a verdict like valgrind's
+    /// leak check (definitely, indirectly, possibly lost, still reachable).
+    #[arg(long)]
+    pub no_scan: bool,
+    /// With -p: scan each process for leak verdicts when the recording
+    /// ends (every thread is stopped for the scan, then let go).
+    #[arg(long, conflicts_with = "no_scan")]
+    pub scan: bool,
+    /// Keep the first N bytes (at most 4096) of each lost block in the
+    /// trace: a leaked block's bytes often name its owner.
+    #[arg(long, value_name = "N", default_value_t = 0, value_parser = clap::value_parser!(u64).range(0..=4096))]
+    pub scan_contents: u64,
     /// No status line and no summary.
     #[arg(short, long)]
     pub quiet: bool,
@@ -336,6 +352,14 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         bail!(
             "--kill-after needs a command (-c or --): processes given with -p are never signalled"
         );
+    }
+    if args.scan && args.pid.is_empty() && argv.is_empty() {
+        bail!("--scan needs a process to scan (-p PID, or a command, scanned at exit by default)");
+    }
+    if args.scan_contents > 0
+        && (args.no_scan || (args.pid.is_empty() || !args.scan) && argv.is_empty())
+    {
+        bail!("--scan-contents needs a scan: a command without --no-scan, or -p with --scan");
     }
     if args.min_size > args.max_size {
         bail!(
@@ -573,6 +597,31 @@ fn record(
         Ok(())
     };
 
+    // The leak scan at the command's exit (on_stop has drained the ring).
+    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only;
+    let scan_lines: RefCell<Vec<String>> = RefCell::new(Vec::new());
+    let contents = args.scan_contents as usize;
+    let mut on_exit = || -> Result<()> {
+        if !scan_at_exit {
+            return Ok(());
+        }
+        let mut rec = recorder.borrow_mut();
+        if !scan_run::whole_process_exiting(child_pid) {
+            let why = "the main thread exited before the other threads: no scan".to_string();
+            scan_lines
+                .borrow_mut()
+                .push(format!("memleak: warning: {why}"));
+            return scan_run::record_failure(&mut rec, child_pid, why);
+        }
+        let stopped = Stopped::traced(child_pid);
+        let line = match scan_run::scan_into(&mut rec, stopped, contents)? {
+            Ok(line) => line,
+            Err(why) => format!("memleak: warning: scan of pid {child_pid} failed: {why}"),
+        };
+        scan_lines.borrow_mut().push(line);
+        Ok(())
+    };
+
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
@@ -622,7 +671,7 @@ fn record(
                     None => {}
                     Some(s) => s.escalate(c, signals, kill_after),
                 }
-                c.poll(&mut on_stop, &mut on_fork, &mut on_maps)?;
+                c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
                 if let Some(code) = c.exit_code() {
                     // Followed processes got the signal too: wait for them.
                     if stopping.is_none() || !c.followed_running() {
@@ -642,7 +691,7 @@ fn record(
                 }
             }
             Target::Child(c) => {
-                c.poll(&mut on_stop, &mut on_fork, &mut on_maps)?;
+                c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
                 if let Some(code) = c.exit_code() {
                     exit_code = Some(code);
                     break;
@@ -667,6 +716,38 @@ fn record(
                 "--detach: the command (pid {}) keeps running",
                 c.pid
             ));
+        }
+    }
+    // -p --scan: stop each process, take the events it made up to then,
+    // scan, let it go: an allocation between the last drain and the stop
+    // is in the trace, and none can follow before the scan.
+    if let (Target::Pids(pids), true) = (&target, args.scan) {
+        for &pid in pids {
+            if !process_alive(pid) {
+                let why = format!("process {pid} exited before the scan");
+                scan_lines
+                    .borrow_mut()
+                    .push(format!("memleak: warning: {why}"));
+                scan_run::record_failure(&mut recorder.borrow_mut(), pid, why)?;
+                continue;
+            }
+            let stopped = Stopped::seize(pid);
+            probes::drain(&rb, Duration::ZERO)?;
+            if let Some(e) = failure.borrow_mut().take() {
+                return Err(e.into());
+            }
+            let mut rec = recorder.borrow_mut();
+            let line = match stopped {
+                Ok(stopped) => match scan_run::scan_into(&mut rec, stopped, contents)? {
+                    Ok(line) => line,
+                    Err(why) => format!("memleak: warning: scan of pid {pid} failed: {why}"),
+                },
+                Err(e) => {
+                    scan_run::record_failure(&mut rec, pid, e.to_string())?;
+                    format!("memleak: warning: scan of pid {pid} failed: {e}")
+                }
+            };
+            scan_lines.borrow_mut().push(line);
         }
     }
     // Whatever is still in the ring happened before we stopped: keep it.
@@ -723,6 +804,9 @@ fn record(
             say!("memleak: {ending}");
         }
         let lost = meta.counters.lost_total();
+        for line in scan_lines.borrow().iter() {
+            say!("{line}");
+        }
         say!(
             "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
             stats.events,

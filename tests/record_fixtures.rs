@@ -45,6 +45,7 @@ fixture_tests!(
     siglongjmp,
     seed_static,
     sighandler,
+    diff_leak,
     churn
 );
 

@@ -137,7 +137,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.2 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.3 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -176,7 +176,7 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.2");
+    assert_eq!(v["format_version"], "1.3");
     assert_eq!(v["complete"], true);
     assert_eq!(v["pids"], serde_json::json!([321]));
     assert_eq!(v["events_total"], 90);
@@ -505,4 +505,67 @@ fn closed_stdout_pipe_ends_quietly() {
         assert_eq!(out.status.code(), Some(141), "{args:?}: {stderr}");
         assert!(stderr.is_empty(), "{args:?}: {stderr}");
     }
+}
+
+fn diff(base: &Path, new: &Path, extra: &[&str]) -> Output {
+    let mut args = vec![
+        std::ffi::OsStr::new("diff"),
+        base.as_os_str(),
+        new.as_os_str(),
+    ];
+    args.extend(extra.iter().map(std::ffi::OsStr::new));
+    args.push("-q".as_ref());
+    memleak(&args)
+}
+
+/// `memleak diff` names the side whose trace is bad, in one line, and
+/// refuses options as `analyze` does.
+#[test]
+fn diff_of_a_bad_trace_fails_in_one_line() {
+    let dir = tempfile::tempdir().unwrap();
+    let good = dir.path().join("good.parquet");
+    write(&good, 90, 40);
+    let missing = dir.path().join("nope.parquet");
+    assert_fails(&diff(&missing, &good, &[]), "base trace: ");
+    assert_fails(&diff(&good, &missing, &[]), "new trace: ");
+    assert_fails(
+        &diff(&good, &missing, &[]),
+        "nope.parquet: no such file or directory",
+    );
+
+    let garbage = dir.path().join("garbage.parquet");
+    write(&garbage, 10, 100);
+    std::fs::write(garbage.join("meta.json"), "{{{ not json").unwrap();
+    assert_fails(
+        &diff(&good, &garbage, &[]),
+        "meta.json: corrupt (invalid JSON",
+    );
+
+    let truncated = dir.path().join("truncated.parquet");
+    write(&truncated, 90, 40);
+    truncate_half(&segments(&truncated, "events")[2]);
+    assert_fails(
+        &diff(&truncated, &good, &[]),
+        "part-00002.parquet: corrupt (",
+    );
+
+    assert_fails(
+        &diff(&good, &good, &["--min-size", "1k", "--max-size", "100"]),
+        "--min-size (1024) is larger than --max-size (100)",
+    );
+    assert_fails(
+        &diff(&good, &good, &["--at", "3s"]),
+        "--at 3s is past the end of the recording",
+    );
+    // A trace against itself: no change.
+    let out = diff(&good, &good, &["--format", "json"]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["summary"]["unchanged"], 1);
+    assert_eq!(v["summary"]["delta_bytes"], 0);
+    assert_eq!(v["stacks"][0]["base"]["bytes"], 48 * 60);
 }

@@ -167,6 +167,15 @@ impl Fixture {
         fixtures_dir_for(self.build).join(self.expected["program"].as_str().unwrap())
     }
 
+    /// The strings of the expected file's array `key` (extra argument
+    /// lists of a fixture).
+    pub fn args_of(&self, key: &str) -> Vec<String> {
+        self.expected[key]
+            .as_array()
+            .map(|a| a.iter().map(|v| v.as_str().unwrap().to_string()).collect())
+            .unwrap_or_default()
+    }
+
     pub fn args(&self) -> Vec<String> {
         self.expected["args"]
             .as_array()

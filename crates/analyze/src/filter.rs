@@ -151,6 +151,22 @@ impl ResolvedFilter {
             && last < self.to_ts
     }
 
+    /// The allocations that count at evaluation time `at`, as bounds on
+    /// their size and time: `(min_size, max_size, from_ts, to_ts)`, sizes
+    /// inclusive, `to_ts` exclusive (`--older-than` moves it earlier).
+    pub(crate) fn allocation_bounds(&self, at: u64) -> (u64, u64, u64, u64) {
+        let old_enough = match self.older_than_ns {
+            0 => u64::MAX,
+            o => at.saturating_sub(o).saturating_add(1),
+        };
+        (
+            self.min_size,
+            self.max_size,
+            self.from_ts,
+            self.to_ts.min(old_enough),
+        )
+    }
+
     /// Whether an allocation of `size` bytes made at `ts` and still
     /// outstanding at `at` counts.
     #[inline]

@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::growth::{Growth, Timeline};
 use crate::histogram::Bucket;
 use crate::replay::Anomalies;
-use crate::report::{Frame, Report, StackReport};
+use crate::report::{AtPeak, Frame, Report, StackReport};
 
 /// Version of the JSON schema.
 pub const JSON_VERSION: u32 = 1;
@@ -17,6 +18,7 @@ pub const JSON_VERSION: u32 = 1;
 struct Doc<'a> {
     version: u32,
     summary: SummaryJson<'a>,
+    timeline: Option<&'a Timeline>,
     stacks: Vec<StackJson<'a>>,
 }
 
@@ -45,6 +47,7 @@ struct SummaryJson<'a> {
     start_ns: u64,
     eval_ns: u64,
     at_given: bool,
+    at_peak: Option<AtPeak>,
     duration_ns: u64,
     events: u64,
     events_by_kind: &'a BTreeMap<String, u64>,
@@ -69,6 +72,45 @@ struct SummaryJson<'a> {
     filters: &'a [String],
     sort: &'static str,
     stacks_shown: usize,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    leak_summary: Option<LeakJson<'a>>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    scan_note: Option<&'a str>,
+    #[serde(skip_serializing_if = "<[_]>::is_empty")]
+    suppressed: &'a [crate::SuppressedTotals],
+}
+
+/// The scans that apply and the totals by verdict.
+#[derive(Serialize)]
+struct LeakJson<'a> {
+    scans: Vec<ScanJson<'a>>,
+    definitely: crate::ClassTotals,
+    indirectly: crate::ClassTotals,
+    possibly: crate::ClassTotals,
+    reachable: crate::ClassTotals,
+    unscanned: crate::ClassTotals,
+}
+
+#[derive(Serialize)]
+struct ScanJson<'a> {
+    pid: u32,
+    /// ns since the start of the recording.
+    at_ns: u64,
+    pause_ns: u64,
+    threads: u32,
+    roots_bytes: u64,
+    heap_bytes: u64,
+    blocks: u64,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    error: Option<&'a str>,
+}
+
+#[derive(Serialize)]
+struct ContentsJson {
+    addr: String,
+    size: u64,
+    verdict: &'static str,
+    hex: String,
 }
 
 #[derive(Serialize)]
@@ -94,6 +136,11 @@ struct StackJson<'a> {
     age_histogram: Vec<Bucket>,
     #[serde(flatten)]
     behaviour: crate::behaviour::StackJson,
+    growth: Option<&'a Growth>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    verdicts: Option<crate::VerdictTotals>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    contents: Vec<ContentsJson>,
     frames: Vec<FrameJson<'a>>,
 }
 
@@ -158,6 +205,18 @@ fn stack(s: &StackReport, interval_ns: u64) -> StackJson<'_> {
         allocations: s.allocations,
         age_histogram: s.age_histogram.buckets(),
         behaviour: crate::behaviour::stack_json(s, interval_ns),
+        growth: s.growth.as_ref(),
+        verdicts: s.verdicts,
+        contents: s
+            .contents
+            .iter()
+            .map(|c| ContentsJson {
+                addr: format!("0x{:x}", c.addr),
+                size: c.size,
+                verdict: crate::verdicts::verdict_name(c.verdict),
+                hex: crate::verdicts::hex_string(&c.bytes),
+            })
+            .collect(),
         frames: s.frames.iter().map(frame).collect(),
     }
 }
@@ -265,6 +324,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             start_ns: s.start_ts,
             eval_ns: s.eval_ts,
             at_given: s.at_given,
+            at_peak: s.at_peak,
             duration_ns: s.duration_ns(),
             events: s.events,
             events_by_kind: &s.events_by_kind,
@@ -298,7 +358,31 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             filters: &s.filters,
             sort: s.sort.name(),
             stacks_shown: shown,
+            leak_summary: s.leak.as_ref().map(|l| LeakJson {
+                scans: l
+                    .scans
+                    .iter()
+                    .map(|x| ScanJson {
+                        pid: x.pid,
+                        at_ns: x.ts_ns.saturating_sub(s.start_ts),
+                        pause_ns: x.pause_ns,
+                        threads: x.threads,
+                        roots_bytes: x.roots_bytes,
+                        heap_bytes: x.heap_bytes,
+                        blocks: x.blocks,
+                        error: x.error.as_deref(),
+                    })
+                    .collect(),
+                definitely: l.totals.definitely,
+                indirectly: l.totals.indirectly,
+                possibly: l.totals.possibly,
+                reachable: l.totals.reachable,
+                unscanned: l.totals.unscanned,
+            }),
+            scan_note: s.scan_note.as_deref(),
+            suppressed: &s.suppressed,
         },
+        timeline: report.timeline.as_ref(),
         stacks,
     }
 }

@@ -6,7 +6,10 @@
 //! the [`report`] built from it (outstanding allocations by stack with
 //! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
 //! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
-//! [`folded`] stacks and [`svg`] flamegraphs.
+//! [`folded`] stacks, [`svg`] flamegraphs, [`pprof`] profiles and a
+//! self-contained [`html`] page, and the [`diff`] of two traces; the leak
+//! [`verdicts`] of a reachability scan joined to the outstanding blocks,
+//! and the [`suppress`]ions that leave known runtime holders out.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -21,27 +24,36 @@
 #![deny(missing_docs)]
 
 pub mod behaviour;
+pub mod diff;
 pub mod filter;
 pub mod folded;
+pub mod growth;
 mod hash;
 pub mod histogram;
+pub mod html;
 pub mod json;
+pub mod pprof;
 pub mod progress;
 mod ranges;
 pub mod replay;
 pub mod report;
+pub mod suppress;
 pub mod svg;
 mod table;
 pub mod text;
 mod time;
+pub mod verdicts;
 
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
+pub use growth::{Growth, Timeline, Verdict};
 pub use histogram::AgeHistogram;
 pub use report::{
-    analyze, analyze_trace, AnalyzeOptions, ClassTotals, OutstandingByClass, PidPeak, Report,
-    SortKey, StackReport, Summary,
+    analyze, analyze_trace, AnalyzeOptions, ClassTotals, LeakSummary, OutstandingByClass, PidPeak,
+    Report, SortKey, StackReport, Summary, SuppressedTotals,
 };
+pub use suppress::Suppression;
+pub use verdicts::{VerdictSet, VerdictTotals};
 
 /// Locks a pool of spare buffers, even one a panicking worker left
 /// poisoned: a pool holds only buffers to reuse, never half-written state.

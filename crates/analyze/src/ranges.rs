@@ -46,11 +46,12 @@ impl RangeSet {
     /// Adds `[start, end)`, replacing whatever overlapped it (as
     /// `MAP_FIXED` does). Returns the bytes it replaced.
     pub fn insert(&mut self, start: u64, region: Region) -> u64 {
-        let replaced: u64 = self
-            .remove(start, region.end)
-            .iter()
-            .map(|(s, r)| r.end - s)
-            .sum();
+        bytes(&self.insert_pieces(start, region))
+    }
+
+    /// [`RangeSet::insert`], returning the pieces it replaced.
+    pub fn insert_pieces(&mut self, start: u64, region: Region) -> Vec<(u64, Region)> {
+        let replaced = self.remove(start, region.end);
         if region.end > start {
             self.regions.insert(start, region);
         }
@@ -97,6 +98,7 @@ impl RangeSet {
     /// and at the destination is released, and `[new, new+new_size)` is a
     /// new mapping made by the mremap call (`made_by`: its stack and time).
     /// Returns the bytes removed.
+    #[cfg(test)]
     pub fn remap(
         &mut self,
         old: u64,
@@ -105,10 +107,21 @@ impl RangeSet {
         new_size: u64,
         made_by: Region,
     ) -> u64 {
-        let gone = |v: Vec<(u64, Region)>| v.iter().map(|(s, r)| r.end - s).sum::<u64>();
-        let mut removed = gone(self.remove(old, old.saturating_add(old_size)));
+        bytes(&self.remap_pieces(old, old_size, new, new_size, made_by))
+    }
+
+    /// [`RangeSet::remap`], returning the pieces it removed.
+    pub fn remap_pieces(
+        &mut self,
+        old: u64,
+        old_size: u64,
+        new: u64,
+        new_size: u64,
+        made_by: Region,
+    ) -> Vec<(u64, Region)> {
+        let mut removed = self.remove(old, old.saturating_add(old_size));
         let new_end = new.saturating_add(new_size);
-        removed += gone(self.remove(new, new_end));
+        removed.extend(self.remove(new, new_end));
         if new_end > new {
             self.regions.insert(
                 new,
@@ -120,6 +133,11 @@ impl RangeSet {
         }
         removed
     }
+}
+
+/// The bytes of `pieces`.
+pub fn bytes(pieces: &[(u64, Region)]) -> u64 {
+    pieces.iter().map(|(s, r)| r.end - s).sum()
 }
 
 #[cfg(test)]

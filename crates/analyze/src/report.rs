@@ -4,14 +4,21 @@
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::path::Path;
 
-use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, StackRecord, Trace};
+use memleak_trace::{EventColumns, FrameRecord, InlinedFrame, ScanInfo, StackRecord, Trace};
 use serde::Serialize;
 
 use crate::behaviour::{SizeCount, SizeHistogram};
 use crate::filter::{Filter, ResolvedFilter};
+use crate::growth::{Growth, Timeline};
 use crate::hash::{int_map, IntMap};
 use crate::histogram::AgeHistogram;
-use crate::replay::{replay, AllocatedTotals, Anomalies, OutstandingBlock, Replay, ReplayOptions};
+use crate::replay::{
+    replay, AllocatedTotals, Anomalies, GrowthPlan, OutstandingBlock, Replay, ReplayOptions,
+};
+use crate::suppress::Suppression;
+use crate::verdicts::{
+    verdict_rank, BlockContents, ScanIndex, Scans, VerdictSet, VerdictTotals, CONTENTS_PER_STACK,
+};
 
 /// Order of the stacks in the report.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -23,6 +30,10 @@ pub enum SortKey {
     Count,
     /// Oldest outstanding allocation first.
     Age,
+    /// By growth verdict: growing stacks first, steepest slope first, then
+    /// plateaus and unknown by outstanding bytes, then transient stacks
+    /// (listed even with nothing outstanding) by their highest sample.
+    Growth,
     /// Most temporary allocations first; the stacks shown are those with
     /// temporary allocations, outstanding or not.
     Temporary,
@@ -35,6 +46,7 @@ impl SortKey {
             SortKey::Bytes => "bytes",
             SortKey::Count => "count",
             SortKey::Age => "age",
+            SortKey::Growth => "growth",
             SortKey::Temporary => "temporary",
         }
     }
@@ -48,12 +60,23 @@ pub struct AnalyzeOptions {
     /// Evaluate the state at this time (ns since trace start) instead of
     /// at the end; events after it are ignored.
     pub at_ns: Option<u64>,
+    /// Evaluate the state at the peak of the live total (with pids
+    /// selected, at the highest peak of a selected process); overrides
+    /// `at_ns`.
+    pub at_peak: bool,
     /// Stacks shown in text and JSON (0: all).
     pub top: usize,
     /// Order of the stacks.
     pub sort: SortKey,
     /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
+    /// Which scan verdicts count (`--verdict`); blocks of the others are
+    /// left out of every report. Everything by default.
+    pub verdicts: VerdictSet,
+    /// Suppressions: blocks of matching stacks are left out and counted
+    /// by suppression name. None by default (the CLI adds its default
+    /// file).
+    pub suppressions: Vec<Suppression>,
     /// An allocation freed within this (ns) may be temporary (see
     /// [`behaviour`](crate::behaviour)); `None`: 1 ms.
     pub temporary_threshold_ns: Option<u64>,
@@ -81,6 +104,8 @@ pub struct Frame {
     pub path: Option<String>,
     /// Offset of the address in the object file.
     pub file_offset: Option<u64>,
+    /// Build id of the object file, lowercase hex.
+    pub build_id: Option<String>,
     /// Functions inlined at this address, innermost first.
     pub inlined: Vec<Inlined>,
 }
@@ -123,6 +148,52 @@ pub struct StackReport {
     pub age_histogram: AgeHistogram,
     /// Frames, innermost first.
     pub frames: Vec<Frame>,
+    /// How the stack's outstanding bytes evolved (`None`: not computed).
+    pub growth: Option<Growth>,
+    /// `bytes` and `count` by scan verdict, when a scan applies to the
+    /// report.
+    pub verdicts: Option<VerdictTotals>,
+    /// The first bytes of a few lost blocks (worst verdict, then lowest
+    /// address first), when the recording kept them.
+    pub contents: Vec<BlockContents>,
+}
+
+impl StackReport {
+    /// Whether text and JSON list the stack when sorted by `key`: it has
+    /// allocations outstanding, or, sorted by growth, its verdict is
+    /// transient (held memory for a while, then freed it).
+    pub fn shown(&self, key: SortKey) -> bool {
+        self.count > 0
+            || (key == SortKey::Temporary && self.temporary > 0)
+            || (key == SortKey::Growth
+                && self
+                    .growth
+                    .as_ref()
+                    .is_some_and(|g| g.verdict == crate::growth::Verdict::Transient))
+    }
+}
+
+/// What the scans say about the outstanding allocations: memcheck's
+/// LEAK SUMMARY.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LeakSummary {
+    /// The scans whose verdicts apply: per process, the last successful
+    /// one at or before the evaluation time.
+    pub scans: Vec<ScanInfo>,
+    /// Outstanding bytes and allocations by verdict, every verdict (not
+    /// only those `--verdict` selects), without suppressed blocks.
+    pub totals: VerdictTotals,
+}
+
+/// Blocks one suppression (by name) left out of the report.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct SuppressedTotals {
+    /// The suppression's name.
+    pub name: String,
+    /// Bytes.
+    pub bytes: u64,
+    /// Allocations.
+    pub allocations: u64,
 }
 
 /// Outstanding bytes and allocations of one class.
@@ -164,6 +235,8 @@ pub struct Summary {
     pub eval_ts: u64,
     /// Whether `eval_ts` comes from `--at`.
     pub at_given: bool,
+    /// With `--at peak`: the peak the state is evaluated at.
+    pub at_peak: Option<AtPeak>,
     /// Events read, by kind name (before filters).
     pub events_by_kind: BTreeMap<String, u64>,
     /// Events read.
@@ -222,8 +295,26 @@ pub struct Summary {
     pub incomplete: Option<memleak_trace::Incomplete>,
     /// The filters in force, as `name=value`.
     pub filters: Vec<String>,
+    /// Verdicts of the trace's scans, when one applies to the report.
+    pub leak: Option<LeakSummary>,
+    /// Why the trace's scans do not apply (e.g. `--at` before them).
+    pub scan_note: Option<String>,
+    /// What suppressions left out, by name, most bytes first (names with
+    /// nothing suppressed are not listed).
+    pub suppressed: Vec<SuppressedTotals>,
     /// Sort order of the stacks.
     pub sort: SortKey,
+}
+
+/// The peak an `--at peak` report shows the state at.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct AtPeak {
+    /// The process whose peak it is; `None`: the live total's.
+    pub pid: Option<u32>,
+    /// Its bytes.
+    pub bytes: u64,
+    /// When it was first reached, in ns since `start_ts`.
+    pub ns: u64,
 }
 
 /// The peak of one process's outstanding bytes while it was alive: the
@@ -261,6 +352,8 @@ pub struct Report {
     pub stacks: Vec<StackReport>,
     /// How many stacks text and JSON show (0: all).
     pub top: usize,
+    /// Outstanding bytes in total over time (`None`: not computed).
+    pub timeline: Option<Timeline>,
     /// What the analysis built and the report no longer needs.
     pub(crate) spent: Spent,
 }
@@ -296,12 +389,8 @@ impl Report {
     /// The stacks text and JSON show: those with outstanding allocations,
     /// at most `top` of them.
     pub fn top_stacks(&self) -> &[StackReport] {
-        let temporary = self.summary.sort == SortKey::Temporary;
-        let leaking = self
-            .stacks
-            .iter()
-            .take_while(|s| s.count > 0 || (temporary && s.temporary > 0))
-            .count();
+        let sort = self.summary.sort;
+        let leaking = self.stacks.iter().take_while(|s| s.shown(sort)).count();
         let n = if self.top == 0 {
             leaking
         } else {
@@ -337,14 +426,22 @@ pub fn analyze_trace(
     replay_filter
         .pids
         .extend(ancestors(&opts.filter.pids, meta));
-    let at_ts = opts.at_ns.map(|a| start_ts.saturating_add(a));
+    let (at_ts, at_row, at_peak) = if opts.at_peak {
+        let (peak, row) = find_peak(trace, opts, replay_filter.resolve(start_ts), start_ts)?;
+        (Some(start_ts + peak.ns), row, Some(peak))
+    } else {
+        (opts.at_ns.map(|a| start_ts.saturating_add(a)), None, None)
+    };
+    let plan = growth_plan(trace, opts, at_ts, start_ts, &filter, meta)?;
     let ropts = ReplayOptions {
         filter: replay_filter.resolve(start_ts),
         at_ts,
+        at_row,
         partitions: opts.partitions,
         progress,
         // Unknown yet: per-stack arrays grow as ids show up.
         max_stack_id: Some(0),
+        growth: Some(plan.clone()),
         temporary_ns: temporary_ns(opts),
     };
     // The stacks and frames tables are read, and indexed, while the events
@@ -363,11 +460,15 @@ pub fn analyze_trace(
                 .into_iter()
                 .map(|f| ((f.pid, f.addr), f))
                 .collect();
-            Ok((stacks, frames))
+            let suppressed = crate::suppress::match_stacks(&opts.suppressions, &stacks, &frames);
+            // Every scan is at or before the end; only --at can precede one.
+            let scans = Scans::load(trace, at_ts.unwrap_or(u64::MAX))?;
+            Ok((stacks, frames, suppressed, scans))
         },
     );
-    let replayed = replayed?;
-    let (stacks_by_id, frames) = tables?;
+    let mut replayed = replayed?;
+    let (stacks_by_id, frames, suppressed_stacks, scans) = tables?;
+    let samples = replayed.take_growth().unwrap_or_default();
     let stats = replayed.stats();
     let eval_ts = match at_ts {
         Some(at) => at,
@@ -394,15 +495,64 @@ pub fn analyze_trace(
                 .is_none_or(|parent| !opts.filter.pids.contains(parent))
         })
         .collect();
-    let (stacks, by_class, outstanding_sizes) = build_stacks(
+    let (scan_index, scan_note) = match scans {
+        Scans::None => (None, None),
+        Scans::AfterEval(s) => {
+            let first = s.iter().map(|s| s.ts_ns).min().unwrap_or(0);
+            let note = format!(
+                "the scan{} at {} {} after the evaluation time: no verdicts",
+                if s.len() == 1 { "" } else { "s" },
+                crate::time::format_duration(first.saturating_sub(start_ts)),
+                if s.len() == 1 { "is" } else { "are" }
+            );
+            (None, Some(note))
+        }
+        Scans::Apply(index) => (Some(index), None),
+    };
+    let join = Join {
+        scan: scan_index.as_ref(),
+        verdicts: opts.verdicts,
+        suppressions: &opts.suppressions,
+        suppressed_stacks: &suppressed_stacks,
+    };
+    let (mut stacks, by_class, leak_totals, suppressed_totals, outstanding_sizes) = build_stacks(
         &stacks_by_id,
         &frames,
         &replayed,
         &filter,
         (&opts.filter.pids, &inherited_for),
         eval_ts,
-        opts.sort,
+        &join,
     );
+    let timeline = crate::growth::attach(&mut stacks, samples, &plan, start_ts);
+    if join.scan.is_some() {
+        sort_stacks_by_verdict(&mut stacks, opts.sort);
+    } else {
+        sort_stacks(&mut stacks, opts.sort);
+    }
+    let leak = scan_index.as_ref().map(|index| LeakSummary {
+        scans: index.scans.clone(),
+        totals: leak_totals,
+    });
+    let mut suppressed: Vec<SuppressedTotals> = Vec::new();
+    for (i, t) in suppressed_totals.iter().enumerate() {
+        if t.allocations == 0 && t.bytes == 0 {
+            continue;
+        }
+        let name = &opts.suppressions[i].name;
+        match suppressed.iter_mut().find(|s| &s.name == name) {
+            Some(s) => {
+                s.bytes += t.bytes;
+                s.allocations += t.allocations;
+            }
+            None => suppressed.push(SuppressedTotals {
+                name: name.clone(),
+                bytes: t.bytes,
+                allocations: t.allocations,
+            }),
+        }
+    }
+    suppressed.sort_by(|a, b| b.bytes.cmp(&a.bytes).then_with(|| a.name.cmp(&b.name)));
     let mut age_histogram = AgeHistogram::default();
     let (mut outstanding_bytes, mut outstanding_allocations, mut outstanding_stacks) = (0, 0, 0);
     for s in &stacks {
@@ -429,6 +579,7 @@ pub fn analyze_trace(
         start_ts,
         eval_ts,
         at_given: at_ts.is_some(),
+        at_peak,
         events_by_kind: stats
             .events_by_kind
             .iter()
@@ -457,14 +608,132 @@ pub fn analyze_trace(
         rate_interval_ns: crate::behaviour::rate_interval(start_ts, eval_ts, &opts.filter),
         complete: meta.complete,
         incomplete: trace.incomplete(),
-        filters: describe_filters(&opts.filter, opts.at_ns),
+        filters: {
+            let mut f = describe_filters(
+                &opts.filter,
+                opts.at_ns.filter(|_| !opts.at_peak),
+                opts.verdicts,
+            );
+            if opts.at_peak {
+                f.push("at=peak".into());
+            }
+            f
+        },
         sort: opts.sort,
+        leak,
+        scan_note,
+        suppressed,
     };
     Ok(Report {
         summary,
         stacks,
         top: opts.top,
-        spent: Spent(Some(std::sync::Arc::new((replayed, stacks_by_id, frames)))),
+        timeline: Some(timeline),
+        spent: Spent(Some(std::sync::Arc::new((
+            replayed,
+            stacks_by_id,
+            frames,
+            scan_index,
+        )))),
+    })
+}
+
+/// Replays the trace once to find the peak an `--at peak` report is
+/// evaluated at: the live total's, or with pids selected, the highest of
+/// the selected processes' peaks (the earliest of equal ones), and the
+/// row that reached it: events share timestamps, and a free stamped like
+/// the allocation that reached the peak must not count. A trace that
+/// never held anything peaks at its start.
+fn find_peak(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    filter: ResolvedFilter,
+    start_ts: u64,
+) -> memleak_trace::Result<(AtPeak, Option<u64>)> {
+    let ropts = ReplayOptions {
+        filter,
+        // Several partitions tell which row reached the peak.
+        partitions: opts.partitions.max(2),
+        ..Default::default()
+    };
+    let r = replay(trace, &ropts)?;
+    let st = r.stats();
+    let (pid, bytes, ts, row) = if opts.filter.pids.is_empty() {
+        (None, st.peak_bytes, st.peak_ts, st.peak_row)
+    } else {
+        st.process_peaks
+            .iter()
+            .filter(|p| opts.filter.pids.contains(&p.pid))
+            .max_by(|a, b| a.bytes.cmp(&b.bytes).then(b.ts.cmp(&a.ts)))
+            .map_or((None, 0, start_ts, None), |p| {
+                (Some(p.pid), p.bytes, p.ts, p.row)
+            })
+    };
+    let peak = AtPeak {
+        pid,
+        bytes,
+        ns: ts.max(start_ts) - start_ts,
+    };
+    Ok((peak, row))
+}
+
+/// What the growth samples count and when: the windows span the trace
+/// from its start to `--at`, else to the last event; the allocations are
+/// those the report's filters select (with `--older-than`, those old
+/// enough at the evaluation time).
+fn growth_plan(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    at_ts: Option<u64>,
+    start_ts: u64,
+    filter: &ResolvedFilter,
+    meta: &memleak_trace::Meta,
+) -> memleak_trace::Result<GrowthPlan> {
+    let last_ts = last_event_ts(trace)?;
+    // The windows end at the last event: after it nothing changes, and a
+    // recording that goes on after its program exited would otherwise
+    // show every stack flat at the end.
+    let end = at_ts.unwrap_or(last_ts).max(start_ts);
+    let windows = crate::growth::WINDOWS;
+    let window_ns = (end - start_ts).div_ceil(windows as u64).max(1);
+    // The report's evaluation time, which `--older-than` counts from.
+    let eval_ts = at_ts.unwrap_or(meta.end_ns.max(last_ts)).max(start_ts);
+    let (min_size, max_size, from_ts, to_ts) = filter.allocation_bounds(eval_ts);
+    let inherited_for = opts
+        .filter
+        .pids
+        .iter()
+        .copied()
+        .filter(|p| {
+            meta.parents
+                .get(p)
+                .is_none_or(|parent| !opts.filter.pids.contains(parent))
+        })
+        .collect();
+    Ok(GrowthPlan {
+        start_ts,
+        window_ns,
+        windows,
+        pids: opts.filter.pids.clone(),
+        inherited_for,
+        min_size,
+        max_size,
+        from_ts,
+        to_ts,
+    })
+}
+
+/// The timestamp of the trace's last event (0 if it has none).
+fn last_event_ts(trace: &Trace) -> memleak_trace::Result<u64> {
+    Ok(match trace.event_units().last() {
+        Some(u) => trace
+            .read_unit(u, EventColumns::TS)?
+            .ts_ns
+            .iter()
+            .copied()
+            .max()
+            .unwrap_or(0),
+        None => 0,
     })
 }
 
@@ -515,7 +784,7 @@ fn start_ts(trace: &Trace) -> memleak_trace::Result<u64> {
     })
 }
 
-fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
+fn describe_filters(f: &Filter, at: Option<u64>, verdicts: VerdictSet) -> Vec<String> {
     use crate::filter::KindScope;
     use crate::time::format_duration;
     let mut out = Vec::new();
@@ -548,6 +817,9 @@ fn describe_filters(f: &Filter, at: Option<u64>) -> Vec<String> {
     if let Some(v) = at {
         out.push(format!("at={}", format_duration(v)));
     }
+    if !verdicts.is_all() {
+        out.push(format!("verdict={}", verdicts.describe()));
+    }
     out
 }
 
@@ -560,8 +832,43 @@ struct OutstandingByStack {
     mapped_count: u64,
     oldest_ts: u64,
     histogram: AgeHistogram,
+    verdicts: VerdictTotals,
+    /// Lost blocks with contents: (verdict rank, address, scan row), the
+    /// first [`CONTENTS_PER_STACK`] in that order.
+    samples: Vec<(u8, u64, u32)>,
 }
 
+impl OutstandingByStack {
+    fn add_sample(&mut self, sample: (u8, u64, u32)) {
+        let at = self.samples.partition_point(|s| *s < sample);
+        if at < CONTENTS_PER_STACK {
+            self.samples.insert(at, sample);
+            self.samples.truncate(CONTENTS_PER_STACK);
+        }
+    }
+}
+
+/// How blocks meet the scan's verdicts and the suppressions while they
+/// are folded by stack.
+struct Join<'a> {
+    scan: Option<&'a ScanIndex>,
+    verdicts: VerdictSet,
+    suppressions: &'a [Suppression],
+    /// The first suppression matching each stack, by stack id.
+    suppressed_stacks: &'a HashMap<u64, u32>,
+}
+
+/// What [`build_stacks`] returns: the stacks, the totals by class, the
+/// totals by verdict before `--verdict`, and what each suppression hid.
+type Built = (
+    Vec<StackReport>,
+    OutstandingByClass,
+    VerdictTotals,
+    Vec<ClassTotals>,
+    SizeHistogram,
+);
+
+#[allow(clippy::too_many_arguments)]
 fn build_stacks(
     stacks: &HashMap<u64, StackRecord>,
     frames: &HashMap<(u32, u64), FrameRecord>,
@@ -569,8 +876,9 @@ fn build_stacks(
     filter: &ResolvedFilter,
     (pids, inherited_for): (&[u32], &HashSet<u32>),
     eval_ts: u64,
-    sort: SortKey,
-) -> (Vec<StackReport>, OutstandingByClass, SizeHistogram) {
+    join: &Join<'_>,
+) -> Built {
+    let n_supps = join.suppressions.len();
     // Aggregate per partition in parallel; a mapping split into pieces by
     // munmap counts once (its pieces all live in partition 0).
     let per_partition = replayed.fold_outstanding(
@@ -579,10 +887,14 @@ fn build_stacks(
                 int_map::<u64, OutstandingByStack>(),
                 HashSet::<u64>::new(),
                 OutstandingByClass::default(),
+                (
+                    VerdictTotals::default(),
+                    vec![ClassTotals::default(); n_supps],
+                ),
                 SizeHistogram::default(),
             )
         },
-        |(acc, mappings, class, sizes), b: &OutstandingBlock| {
+        |(acc, mappings, class, (leak, suppressed), sizes), b: &OutstandingBlock| {
             if !filter.outstanding_selected(b.size, b.ts, eval_ts) {
                 return;
             }
@@ -590,6 +902,28 @@ fn build_stacks(
                 return; // an ancestor, replayed only for what it passed on
             }
             if b.inherited && b.pid.is_none_or(|p| !inherited_for.contains(&p)) {
+                return;
+            }
+            // The scan's verdict (None: unscanned), only with a scan.
+            let found = join
+                .scan
+                .and_then(|s| s.lookup(b.pid, b.addr, b.size, b.ts));
+            let verdict = found.map(|(v, _)| v);
+            if let Some(&i) = join.suppressed_stacks.get(&b.stack) {
+                if join.suppressions[i as usize].applies_to(verdict, b.mapping.is_some()) {
+                    let first_piece = b.mapping.is_none_or(|m| mappings.insert(m));
+                    suppressed[i as usize].add(b.size, first_piece as u64);
+                    return;
+                }
+            }
+            if join.scan.is_some() {
+                let first_piece = b.mapping.is_none_or(|m| !mappings.contains(&m));
+                leak.add(verdict, b.size, first_piece as u64);
+            }
+            if !join.verdicts.contains(verdict) {
+                if let Some(m) = b.mapping {
+                    mappings.insert(m);
+                }
                 return;
             }
             let first_piece = match b.mapping {
@@ -602,6 +936,14 @@ fn build_stacks(
             });
             let count = first_piece as u64;
             sizes.add(b.size, count);
+            if join.scan.is_some() {
+                e.verdicts.add(verdict, b.size, count);
+                if let Some((v, row)) = found.filter(|(v, _)| v.is_lost()) {
+                    if join.scan.is_some_and(|s| s.has_contents) {
+                        e.add_sample((verdict_rank(Some(v)), b.addr, row));
+                    }
+                }
+            }
             e.bytes += b.size;
             e.count += count;
             if b.mapping.is_some() {
@@ -621,15 +963,21 @@ fn build_stacks(
     use rayon::prelude::*;
     let mut by_class = OutstandingByClass::default();
     let mut outstanding_sizes = SizeHistogram::default();
-    for (_, _, c, sizes) in &per_partition {
+    let mut leak_totals = VerdictTotals::default();
+    let mut suppressed_totals = vec![ClassTotals::default(); n_supps];
+    for (_, _, c, (leak, supp), sizes) in &per_partition {
         outstanding_sizes.merge(sizes);
         by_class.heap.add(c.heap.bytes, c.heap.allocations);
         by_class.mapped.add(c.mapped.bytes, c.mapped.allocations);
         by_class.kernel.add(c.kernel.bytes, c.kernel.allocations);
+        leak_totals.merge(leak);
+        for (t, s) in suppressed_totals.iter_mut().zip(supp) {
+            t.add(s.bytes, s.allocations);
+        }
     }
     let mut by_stack: IntMap<u64, OutstandingByStack> = per_partition
         .into_par_iter()
-        .map(|(part, _, _, _)| part)
+        .map(|(part, _, _, _, _)| part)
         .reduce(int_map, |mut a, mut b| {
             if a.len() < b.len() {
                 std::mem::swap(&mut a, &mut b);
@@ -643,6 +991,10 @@ fn build_stacks(
                         e.mapped_count += o.mapped_count;
                         e.oldest_ts = e.oldest_ts.min(o.oldest_ts);
                         e.histogram.merge(&o.histogram);
+                        e.verdicts.merge(&o.verdicts);
+                        for sample in o.samples {
+                            e.add_sample(sample);
+                        }
                     }
                     None => {
                         a.insert(stack, o);
@@ -654,8 +1006,20 @@ fn build_stacks(
     let allocated: IntMap<u64, AllocatedTotals> = replayed.allocated_by_stack();
     let mut sizes = replayed.allocation_sizes_by_stack();
 
-    let ids: std::collections::BTreeSet<u64> =
-        by_stack.keys().chain(allocated.keys()).copied().collect();
+    // A stack suppressed whatever the verdict is gone from the report;
+    // one suppressed for some verdicts only shows what is left.
+    let wholly_suppressed = |id: &u64| {
+        join.suppressed_stacks.get(id).is_some_and(|&i| {
+            let s = &join.suppressions[i as usize];
+            s.verdicts.is_all() && s.kind.is_none()
+        })
+    };
+    let ids: std::collections::BTreeSet<u64> = by_stack
+        .keys()
+        .chain(allocated.keys())
+        .filter(|id| !wholly_suppressed(id))
+        .copied()
+        .collect();
     let ids: Vec<(u64, Option<OutstandingByStack>, Vec<SizeCount>)> = ids
         .into_iter()
         .map(|id| {
@@ -664,7 +1028,7 @@ fn build_stacks(
         })
         .collect();
     // Resolving frames copies their names: in parallel.
-    let mut out: Vec<StackReport> = ids
+    let out: Vec<StackReport> = ids
         .into_par_iter()
         .map(|(id, o, allocation_sizes)| {
             let a = allocated.get(&id).copied().unwrap_or_default();
@@ -690,12 +1054,34 @@ fn build_stacks(
                 s.oldest_ts = Some(o.oldest_ts);
                 s.oldest_age_ns = eval_ts.saturating_sub(o.oldest_ts);
                 s.age_histogram = o.histogram;
+                s.contents = o
+                    .samples
+                    .iter()
+                    .filter_map(|&(_, _, row)| {
+                        let r = join.scan?.row(row);
+                        Some(BlockContents {
+                            addr: r.addr,
+                            size: r.size,
+                            verdict: Some(r.verdict),
+                            bytes: r.contents.clone()?,
+                        })
+                    })
+                    .collect();
+                s.verdicts = join.scan.map(|_| o.verdicts);
+            }
+            if join.scan.is_some() && s.verdicts.is_none() {
+                s.verdicts = Some(VerdictTotals::default());
             }
             s
         })
         .collect();
-    sort_stacks(&mut out, sort);
-    (out, by_class, outstanding_sizes)
+    (
+        out,
+        by_class,
+        leak_totals,
+        suppressed_totals,
+        outstanding_sizes,
+    )
 }
 
 fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {
@@ -713,6 +1099,7 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
                 column: f.column,
                 path: f.path.clone(),
                 file_offset: f.file_offset,
+                build_id: f.build_id.clone(),
                 inlined: f.inlined.clone(),
             },
             None => Frame {
@@ -723,15 +1110,57 @@ fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) 
         .collect()
 }
 
+/// Sorts the stacks of a report with verdicts: leaking stacks grouped by
+/// their worst verdict (definitely lost first, unscanned last), each group
+/// by `key` applied to the bytes and count of that verdict, then as
+/// [`sort_stacks`] does.
+pub fn sort_stacks_by_verdict(stacks: &mut [StackReport], key: SortKey) {
+    let worst = |s: &StackReport| {
+        let (v, t) = s
+            .verdicts
+            .and_then(|v| v.worst())
+            .unwrap_or((None, ClassTotals::default()));
+        (verdict_rank(v), t)
+    };
+    stacks.sort_unstable_by(|a, b| {
+        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let ((ra, ta), (rb, tb)) = (worst(a), worst(b));
+        let by_key = match key {
+            SortKey::Growth => crate::growth::order(a, b),
+            SortKey::Temporary => b
+                .temporary
+                .cmp(&a.temporary)
+                .then(b.allocations.cmp(&a.allocations)),
+            SortKey::Bytes => tb
+                .bytes
+                .cmp(&ta.bytes)
+                .then(tb.allocations.cmp(&ta.allocations)),
+            SortKey::Count => tb
+                .allocations
+                .cmp(&ta.allocations)
+                .then(tb.bytes.cmp(&ta.bytes)),
+            SortKey::Age => b
+                .oldest_age_ns
+                .cmp(&a.oldest_age_ns)
+                .then(b.bytes.cmp(&a.bytes)),
+        };
+        leak.then(ra.cmp(&rb))
+            .then(by_key)
+            .then(b.bytes.cmp(&a.bytes))
+            .then(b.allocated_bytes.cmp(&a.allocated_bytes))
+            .then(a.stack_id.cmp(&b.stack_id))
+    });
+}
+
 /// Sorts leaking stacks by `key` (ties by stack id, so output is stable),
 /// then stacks with nothing outstanding by bytes allocated. Stack ids are
 /// unique, so no two stacks compare equal and an unstable sort (which
 /// moves the large reports less) gives the same order.
 pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
     stacks.sort_unstable_by(|a, b| {
-        let shown = |s: &StackReport| s.count > 0 || (key == SortKey::Temporary && s.temporary > 0);
-        let leak = shown(b).cmp(&shown(a));
+        let leak = b.shown(key).cmp(&a.shown(key));
         let by_key = match key {
+            SortKey::Growth => crate::growth::order(a, b),
             SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
             SortKey::Count => b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)),
             SortKey::Age => b

@@ -42,7 +42,7 @@ fn escape(s: &str) -> String {
         .replace('"', "&quot;")
 }
 
-fn empty_svg(title: &str) -> String {
+pub(crate) fn empty_svg(title: &str) -> String {
     let t = escape(title);
     format!(
         "<?xml version=\"1.0\" standalone=\"no\"?>\n\

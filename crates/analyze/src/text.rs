@@ -3,8 +3,15 @@
 
 use std::fmt::Write as _;
 
-use crate::report::{Frame, Report, StackReport, Summary};
+use crate::growth::Growth;
+use crate::report::{Frame, LeakSummary, Report, SortKey, StackReport, Summary};
 use crate::time::{format_bytes, format_duration};
+use crate::verdicts::{hex_preview, verdict_name, VERDICTS_AND_UNSCANNED};
+
+/// Stacks whose lost blocks' contents the text report shows.
+const CONTENTS_STACKS: usize = 5;
+/// Bytes of a block's contents the text report shows.
+const CONTENTS_BYTES: usize = 32;
 
 /// Renders the text report.
 pub fn render(report: &Report) -> String {
@@ -14,6 +21,11 @@ pub fn render(report: &Report) -> String {
     if let Some(inc) = &s.incomplete {
         // First, where nobody can miss it: what follows is a partial view.
         let _ = writeln!(out, "WARNING: {inc}.\n");
+    }
+    if let Some(leak) = &s.leak {
+        // With a scan, the verdicts lead, as memcheck's LEAK SUMMARY does.
+        render_leak_summary(&mut out, leak, s);
+        out.push('\n');
     }
     if top.is_empty() {
         out.push_str("No outstanding allocations");
@@ -31,16 +43,26 @@ pub fn render(report: &Report) -> String {
             top.len()
         );
     } else {
-        let _ = writeln!(
-            out,
-            "Top {} of {} stacks with outstanding allocations, by {}:\n",
-            top.len(),
-            s.outstanding_stacks,
-            s.sort.name()
-        );
+        if s.sort == SortKey::Growth {
+            let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
+            let _ = writeln!(
+                out,
+                "Top {} of {} stacks with outstanding allocations or freed late, by growth:\n",
+                top.len(),
+                shown,
+            );
+        } else {
+            let _ = writeln!(
+                out,
+                "Top {} of {} stacks with outstanding allocations, by {}:\n",
+                top.len(),
+                s.outstanding_stacks,
+                s.sort.name()
+            );
+        }
     }
-    for st in top {
-        render_stack(&mut out, st, s.rate_interval_ns);
+    for (i, st) in top.iter().enumerate() {
+        render_stack(&mut out, st, i < CONTENTS_STACKS, s.rate_interval_ns);
         out.push('\n');
     }
     render_summary(&mut out, s);
@@ -55,11 +77,79 @@ fn bytes_phrase(b: u64) -> String {
     }
 }
 
+/// `growing, +1.5 MiB/s (fit 0.98)`: the verdict, the slope of the last
+/// third of the samples and how well a line fits them.
+fn growth_phrase(g: &Growth) -> String {
+    let sign = if g.slope_bytes_per_s < 0.0 { "-" } else { "+" };
+    let rate = g.slope_bytes_per_s.abs().round() as u64;
+    let rate = if rate < 1024 {
+        format!("{rate} bytes")
+    } else {
+        format_bytes(rate)
+    };
+    format!("{}, {sign}{rate}/s (fit {:.2})", g.verdict.name(), g.fit)
+}
+
 fn plural(n: u64, one: &str, many: &str) -> String {
     format!("{n} {}", if n == 1 { one } else { many })
 }
 
-fn render_stack(out: &mut String, st: &StackReport, interval_ns: u64) {
+/// memcheck's LEAK SUMMARY, from the scans: bytes and blocks per verdict,
+/// and what suppressions hid.
+fn render_leak_summary(out: &mut String, leak: &LeakSummary, s: &Summary) {
+    for scan in &leak.scans {
+        let _ = writeln!(
+            out,
+            "Scan of pid {} at {}: paused {:.3} ms for {} of roots and {} of heap ({} blocks, {})",
+            scan.pid,
+            format_duration(scan.ts_ns.saturating_sub(s.start_ts)),
+            scan.pause_ns as f64 / 1e6,
+            format_bytes(scan.roots_bytes),
+            format_bytes(scan.heap_bytes),
+            scan.blocks,
+            plural(scan.threads as u64, "thread", "threads"),
+        );
+    }
+    out.push_str("LEAK SUMMARY:\n");
+    let label = |v| match v {
+        Some(memleak_trace::ScanVerdict::DefinitelyLost) => "definitely lost",
+        Some(memleak_trace::ScanVerdict::IndirectlyLost) => "indirectly lost",
+        Some(memleak_trace::ScanVerdict::PossiblyLost) => "possibly lost",
+        Some(memleak_trace::ScanVerdict::Reachable) => "still reachable",
+        None => "unscanned",
+    };
+    for v in VERDICTS_AND_UNSCANNED {
+        let t = leak.totals.get(v);
+        if v.is_none() && t.allocations == 0 {
+            continue;
+        }
+        let _ = writeln!(
+            out,
+            "  {:>16}: {} in {}",
+            label(v),
+            bytes_phrase(t.bytes),
+            plural(t.allocations, "block", "blocks")
+        );
+    }
+    for sup in &s.suppressed {
+        let _ = writeln!(
+            out,
+            "  {:>16}: {} in {} ({})",
+            "suppressed",
+            bytes_phrase(sup.bytes),
+            plural(sup.allocations, "block", "blocks"),
+            sup.name
+        );
+    }
+    if leak.totals.unscanned.allocations > 0 {
+        out.push_str(
+            "  (unscanned: outstanding at the report's time but not in the scan: allocated after it, \
+             or of a process or kind it did not read)\n",
+        );
+    }
+}
+
+fn render_stack(out: &mut String, st: &StackReport, show_contents: bool, interval_ns: u64) {
     let mut who = if st.stack_id == 0 {
         "an unknown stack".to_string()
     } else {
@@ -70,15 +160,49 @@ fn render_stack(out: &mut String, st: &StackReport, interval_ns: u64) {
     } else if let Some(pid) = st.pid {
         let _ = write!(who, " (pid {pid})");
     }
-    let _ = writeln!(
-        out,
-        "{} in {} from {}, oldest {}",
-        bytes_phrase(st.bytes),
-        plural(st.count, "allocation", "allocations"),
-        who,
-        format_duration(st.oldest_age_ns)
-    );
+    if st.count == 0 {
+        // Listed for its growth verdict: it held memory and freed it.
+        let held = st
+            .growth
+            .as_ref()
+            .and_then(|g| g.samples.iter().copied().max())
+            .unwrap_or(0);
+        let _ = writeln!(
+            out,
+            "nothing outstanding from {who}, which held up to {} and freed it",
+            bytes_phrase(held)
+        );
+    } else {
+        let _ = writeln!(
+            out,
+            "{} in {} from {}, oldest {}",
+            bytes_phrase(st.bytes),
+            plural(st.count, "allocation", "allocations"),
+            who,
+            format_duration(st.oldest_age_ns)
+        );
+    }
     let _ = writeln!(out, "    {}", crate::behaviour::stack_line(st, interval_ns));
+    if let Some(g) = &st.growth {
+        let _ = writeln!(out, "    growth: {}", growth_phrase(g));
+    }
+    if let Some(v) = &st.verdicts {
+        let parts: Vec<String> = VERDICTS_AND_UNSCANNED
+            .into_iter()
+            .filter_map(|k| {
+                let t = v.get(k);
+                (t.allocations > 0 || t.bytes > 0).then(|| {
+                    format!(
+                        "{} {} in {}",
+                        verdict_name(k),
+                        bytes_phrase(t.bytes),
+                        t.allocations
+                    )
+                })
+            })
+            .collect();
+        let _ = writeln!(out, "    verdicts: {}", parts.join("; "));
+    }
     let lines = frame_lines(&st.frames);
     let width = lines
         .iter()
@@ -103,6 +227,18 @@ fn render_stack(out: &mut String, st: &StackReport, interval_ns: u64) {
         let _ = writeln!(out, "    [{what}]");
     } else if st.truncated {
         out.push_str("    [truncated: outer frames missing]\n");
+    }
+    if show_contents {
+        for c in &st.contents {
+            let _ = writeln!(
+                out,
+                "    contents of {} 0x{:x} ({} bytes): {}",
+                verdict_name(c.verdict),
+                c.addr,
+                c.size,
+                hex_preview(&c.bytes, CONTENTS_BYTES)
+            );
+        }
     }
     out.push_str(&st.age_histogram.render("    "));
 }
@@ -180,7 +316,9 @@ fn render_summary(out: &mut String, s: &Summary) {
             format!("incomplete (recorder killed or still running){missing}"),
         );
     }
-    let when = if s.at_given {
+    let when = if s.at_peak.is_some() {
+        "state and ages at the peak, --at peak"
+    } else if s.at_given {
         "state and ages at --at"
     } else {
         "ages at end of recording"
@@ -242,6 +380,20 @@ fn render_summary(out: &mut String, s: &Summary) {
             format_duration(s.peak_ns)
         ),
     );
+    if let Some(p) = &s.at_peak {
+        let whose = match p.pid {
+            Some(pid) => format!("of pid {pid}"),
+            None => "of the live total".to_string(),
+        };
+        row(
+            "peak view",
+            format!(
+                "the state at the peak {whose}, {} at {}",
+                bytes_phrase(p.bytes),
+                format_duration(p.ns)
+            ),
+        );
+    }
     // The processes that held the most, a few lines at most.
     for (i, p) in s.process_peaks.iter().take(PROCESS_PEAKS).enumerate() {
         row(
@@ -292,6 +444,23 @@ fn render_summary(out: &mut String, s: &Summary) {
                 plural(n, "stack", "stacks")
             ),
         );
+    }
+    if s.leak.is_none() {
+        // With a scan, the LEAK SUMMARY at the top lists them.
+        for (i, sup) in s.suppressed.iter().enumerate() {
+            row(
+                if i == 0 { "suppressed" } else { "" },
+                format!(
+                    "{} in {} ({})",
+                    bytes_phrase(sup.bytes),
+                    plural(sup.allocations, "allocation", "allocations"),
+                    sup.name
+                ),
+            );
+        }
+    }
+    if let Some(note) = &s.scan_note {
+        row("scan", note.clone());
     }
     let (behaviour, sizes) = crate::behaviour::summary_rows(s);
     for (k, v) in behaviour {

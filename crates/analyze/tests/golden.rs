@@ -8,8 +8,11 @@ mod common;
 use std::path::PathBuf;
 
 use common::{TraceBuilder, MS};
-use memleak_analyze::{analyze, folded, json, svg, text, AnalyzeOptions, Filter, Report, Weight};
-use memleak_trace::{EventKind, FrameRecord, StackRecord};
+use memleak_analyze::{
+    analyze, folded, json, suppress, svg, text, AnalyzeOptions, Filter, Report, SortKey,
+    VerdictSet, Weight,
+};
+use memleak_trace::{EventKind, FrameRecord, ScanVerdict, StackRecord};
 
 /// A small program's trace: two leaking user stacks (one through an
 /// inlined helper, one through an unsymbolized library frame), a kernel
@@ -78,9 +81,39 @@ fn fixture() -> TraceBuilder {
     tb
 }
 
+/// The fixture with a scan at 9.5 s: the two 4 KiB blocks of stack 1
+/// definitely lost (one with its first bytes kept), stack 2's three
+/// blocks indirectly lost, possibly lost and reachable, stack 3's block
+/// reachable; the 1 MB block of stack 1 has no row (unscanned), nor has
+/// the kernel's.
+fn scanned_fixture() -> TraceBuilder {
+    let mut tb = fixture();
+    tb.scan(
+        9_500,
+        &[
+            (
+                0x5000,
+                4096,
+                ScanVerdict::DefinitelyLost,
+                Some(b"GET /index.html HTTP/1.1\r\nHost: \x00\x01"),
+            ),
+            (0x6000, 4096, ScanVerdict::DefinitelyLost, None),
+            (0x7000, 100, ScanVerdict::IndirectlyLost, None),
+            (0x7100, 100, ScanVerdict::PossiblyLost, None),
+            (0x7200, 100, ScanVerdict::Reachable, None),
+            (0x8100, 24, ScanVerdict::Reachable, None),
+        ],
+    );
+    tb
+}
+
 fn report(opts: AnalyzeOptions) -> Report {
+    report_of(fixture(), opts)
+}
+
+fn report_of(tb: TraceBuilder, opts: AnalyzeOptions) -> Report {
     let dir = tempfile::tempdir().unwrap();
-    let path = fixture().write(dir.path());
+    let path = tb.write(dir.path());
     let mut r = analyze(&path, &opts).unwrap();
     // The temporary directory differs per run.
     r.summary.trace = "golden/trace.parquet".into();
@@ -144,6 +177,27 @@ fn text_report_filtered() {
 }
 
 #[test]
+fn text_report_by_growth() {
+    let opts = AnalyzeOptions {
+        sort: SortKey::Growth,
+        ..Default::default()
+    };
+    golden("report-growth.txt", &text::render(&report(opts)));
+}
+
+#[test]
+fn text_report_at_peak() {
+    let opts = AnalyzeOptions {
+        at_peak: true,
+        ..Default::default()
+    };
+    let r = report(opts);
+    let peak = r.summary.at_peak.expect("a peak view");
+    assert_eq!(peak.bytes, r.summary.outstanding_bytes);
+    golden("report-peak.txt", &text::render(&r));
+}
+
+#[test]
 fn json_report() {
     let text = json::render(&report(AnalyzeOptions {
         top: 10,
@@ -156,6 +210,99 @@ fn json_report() {
     );
     assert_eq!(v["stacks"][0]["frames"][0]["function"], "make_leak");
     golden("report.json", &text);
+}
+
+#[test]
+fn verdict_reports() {
+    let all = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        },
+    );
+    let leak = all.summary.leak.as_ref().expect("the scan applies");
+    assert_eq!(
+        (
+            leak.totals.definitely.bytes,
+            leak.totals.definitely.allocations
+        ),
+        (8192, 2)
+    );
+    assert_eq!(leak.totals.unscanned.bytes, 1_000_000 + 512);
+    // Definitely lost first, though the 1 MB unscanned block is larger.
+    assert_eq!(all.stacks[0].stack_id, 1);
+    golden("verdicts.txt", &text::render(&all));
+    golden("verdicts.json", &json::render(&all));
+
+    let lost = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            top: 10,
+            verdicts: VerdictSet::parse("definitely,possibly").unwrap(),
+            ..Default::default()
+        },
+    );
+    assert_eq!(lost.summary.outstanding_bytes, 8192 + 100);
+    golden("verdicts-lost.txt", &text::render(&lost));
+    golden(
+        "verdicts-lost.folded",
+        &folded::render(&lost, Weight::Bytes),
+    );
+
+    // --at before the scan: no verdicts, and the report says why.
+    let before = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            at_ns: Some(5_000 * MS),
+            ..Default::default()
+        },
+    );
+    assert!(before.summary.leak.is_none());
+    assert!(before.stacks.iter().all(|s| s.verdicts.is_none()));
+    let note = before.summary.scan_note.as_deref().unwrap();
+    assert!(note.contains("after the evaluation time"), "{note}");
+}
+
+#[test]
+fn suppressions_leave_stacks_out_and_count_them() {
+    let supps = suppress::parse(
+        "[caches]\nverdict: reachable,indirectly\nfun: cache_insert\n\n\
+         [parser]\n...\nsrc: parse.c:41\n",
+        "golden.supp",
+    )
+    .unwrap();
+    let r = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            top: 10,
+            suppressions: supps.clone(),
+            ..Default::default()
+        },
+    );
+    let s = &r.summary.suppressed;
+    assert_eq!(s.len(), 2, "{s:?}");
+    assert_eq!(
+        (s[0].name.as_str(), s[0].bytes, s[0].allocations),
+        ("caches", 200, 2)
+    );
+    assert_eq!(
+        (s[1].name.as_str(), s[1].bytes, s[1].allocations),
+        ("parser", 24, 1)
+    );
+    // Stack 2 keeps its possibly lost block; stack 3 is gone.
+    let st2 = r.stacks.iter().find(|s| s.stack_id == 2).unwrap();
+    assert_eq!((st2.bytes, st2.count), (100, 1));
+    assert!(r.stacks.iter().all(|s| s.stack_id != 3));
+    golden("suppressed.txt", &text::render(&r));
+
+    // Without a scan, a verdict-restricted entry has nothing to match.
+    let r = report(AnalyzeOptions {
+        suppressions: supps,
+        ..Default::default()
+    });
+    assert_eq!(r.summary.suppressed.len(), 1);
+    assert_eq!(r.summary.suppressed[0].name, "parser");
 }
 
 #[test]

@@ -21,12 +21,46 @@ fn run_with(tb: &TraceBuilder, opts: AnalyzeOptions) -> Report {
             },
         )
         .unwrap();
+        check_growth(&r);
         match &first {
             None => first = Some(r),
             Some(f) => assert_eq!(f, &r, "report differs with {parts} partitions"),
         }
     }
     first.unwrap()
+}
+
+/// The growth samples end with the state the report shows: each stack's
+/// last sample is its outstanding bytes, and the timeline's last total is
+/// the report's.
+fn check_growth(r: &Report) {
+    let timeline = r.timeline.as_ref().expect("a timeline");
+    assert_eq!(
+        timeline.total_bytes.last().copied(),
+        Some(r.summary.outstanding_bytes),
+        "timeline ends at the outstanding total"
+    );
+    for s in &r.stacks {
+        let g = s.growth.as_ref().expect("every stack has a verdict");
+        assert_eq!(g.samples.len(), timeline.total_bytes.len());
+        assert_eq!(
+            g.samples.last().copied(),
+            Some(s.bytes),
+            "stack {}: last sample",
+            s.stack_id
+        );
+    }
+    for (w, &t) in timeline.total_bytes.iter().enumerate() {
+        let sum: u64 = r
+            .stacks
+            .iter()
+            .map(|s| s.growth.as_ref().unwrap().samples[w])
+            .sum();
+        assert_eq!(
+            sum, t,
+            "window {w}: the stacks' samples add up to the total"
+        );
+    }
 }
 
 fn run(tb: &TraceBuilder) -> Report {

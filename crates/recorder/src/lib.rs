@@ -35,6 +35,7 @@ pub mod pipeline;
 pub mod placement;
 pub mod procmaps;
 pub mod providers;
+pub mod scan;
 pub mod stacks;
 pub mod symbolize;
 pub mod targets;

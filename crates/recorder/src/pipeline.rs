@@ -88,6 +88,9 @@ pub struct Recorder {
     stats: Stats,
     /// Time of the last row written (see [`Recorder::handle`]).
     last_ts: u64,
+    /// Time of each process's last exec: the blocks allocated before it
+    /// are not in its address space any more (a scan skips them).
+    exec_ts: HashMap<u32, u64>,
 }
 
 /// Ends the frames of a cut stack when it is interned (never an address:
@@ -133,6 +136,7 @@ impl Recorder {
             page_frames: None,
             stats: Stats::default(),
             last_ts: 0,
+            exec_ts: HashMap::new(),
         }
     }
 
@@ -229,6 +233,7 @@ impl Recorder {
         match kind {
             EventKind::Exec => {
                 // The old image is gone: its addresses mean nothing now.
+                self.exec_ts.insert(raw.pid, raw.ts_ns);
                 self.raw_stacks.forget_pid(raw.pid);
                 self.stacks.forget_pid(raw.pid);
                 self.maps.forget(raw.pid);
@@ -485,6 +490,33 @@ impl Recorder {
         }
         self.writer.meta_mut().cut_stacks = Some(self.stats.cut_stacks);
         Ok(())
+    }
+
+    /// A checkpoint now: every row handled so far is in a listed segment,
+    /// readable by `Trace::open` on [`trace_path`](Self::trace_path)
+    /// (the scan replays the trace so far to learn the outstanding blocks).
+    pub fn checkpoint(&mut self) -> memleak_trace::Result<()> {
+        self.flush_frames()?;
+        self.writer.rotate()
+    }
+
+    /// The trace directory being written.
+    pub fn trace_path(&self) -> &std::path::Path {
+        self.writer.path()
+    }
+
+    /// Writes a leak scan's rows and figures (`scan` table, `meta.json`).
+    pub fn write_scan(
+        &mut self,
+        info: memleak_trace::ScanInfo,
+        rows: &[memleak_trace::ScanRecord],
+    ) -> memleak_trace::Result<()> {
+        self.writer.write_scan(info, rows)
+    }
+
+    /// When `pid` last exec'd, if it did during the recording.
+    pub fn last_exec_ts(&self, pid: u32) -> Option<u64> {
+        self.exec_ts.get(&pid).copied()
     }
 
     /// Timer work: closes segments when they are due, with their frames.

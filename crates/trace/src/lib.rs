@@ -11,6 +11,7 @@
 //!   stacks/part-00000.parquet stack_id -> raw frame addresses
 //!   frames/part-00000.parquet (pid, addr) -> normalized + symbolized frame
 //!   maps/part-00000.parquet   /proc/PID/maps snapshots
+//!   scan/part-00000.parquet   reachability verdicts of outstanding blocks
 //! ```
 //!
 //! This crate owns the schema ([`schema`]), the metadata file ([`meta`]),
@@ -40,7 +41,10 @@ pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
-pub use meta::{Counters, KernelRecursion, Manifest, Meta, SegmentEntry, UnwindInfo};
+pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
-pub use schema::{Event, EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table};
+pub use schema::{
+    Event, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord,
+    Table,
+};
 pub use writer::{TraceWriter, WriterOptions};

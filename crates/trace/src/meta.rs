@@ -166,6 +166,11 @@ pub struct Meta {
     /// with user-space probes).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub unwind: Option<UnwindInfo>,
+    /// Reachability scans of the recorded processes, in the order they
+    /// ran (1.3); their blocks are the `scan` table's rows. Not written
+    /// when empty.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub scans: Vec<ScanInfo>,
     /// Fields this version does not know (a newer minor version added
     /// them); preserved on rewrite.
     #[serde(flatten)]
@@ -183,6 +188,36 @@ pub struct KernelRecursion {
     pub first_copy_skips: u64,
     /// Events the later copies recorded (each a skip of the first copy).
     pub recorded_by_later_copies: u64,
+}
+
+/// One entry of `scans` in `meta.json`: a reachability scan of one
+/// stopped process, what it cost, and why it failed if it did. The rows
+/// of the `scan` table with the same `pid` and `ts_ns` are its blocks.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScanInfo {
+    /// Process scanned.
+    pub pid: u32,
+    /// CLOCK_MONOTONIC ns when the scan stopped the process.
+    pub ts_ns: u64,
+    /// How long the process was stopped for the scan, in ns.
+    #[serde(default)]
+    pub pause_ns: u64,
+    /// Threads stopped (and whose registers and stacks were roots).
+    #[serde(default)]
+    pub threads: u32,
+    /// Bytes of roots read (writable segments, stacks, registers, TLS).
+    #[serde(default)]
+    pub roots_bytes: u64,
+    /// Bytes of outstanding blocks read.
+    #[serde(default)]
+    pub heap_bytes: u64,
+    /// Outstanding blocks scanned: the `scan` rows of this scan.
+    #[serde(default)]
+    pub blocks: u64,
+    /// Why the scan failed, for a scan that did (the recording is kept,
+    /// and a failed scan has no rows).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub error: Option<String>,
 }
 
 /// `unwind` in `meta.json`: the walks of user stacks by how they ended,
@@ -240,6 +275,7 @@ impl Default for Meta {
             recorder_cpu_ns: None,
             kernel_recursion: None,
             unwind: None,
+            scans: Vec::new(),
             extra: BTreeMap::new(),
         }
     }

@@ -23,7 +23,8 @@ use parquet::arrow::ProjectionMask;
 use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::schema::{
-    EventKind, FrameRecord, InlinedFrame, MapRecord, StackRecord, Table, TABLE_KEY,
+    EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord, Table,
+    TABLE_KEY,
 };
 
 /// A set of `events` columns to decode.
@@ -580,6 +581,65 @@ impl Trace {
             }
             Ok(())
         })?;
+        Ok(out)
+    }
+
+    /// Reads the whole `scan` table (empty for a trace without one, such
+    /// as every trace before format 1.3), checked against `meta.json`:
+    /// every row belongs to a scan `scans` lists (same `pid` and `ts_ns`)
+    /// and every scan has the number of rows it lists as `blocks`, so a
+    /// table and a `meta.json` that do not belong together are an error,
+    /// not verdicts for the wrong blocks.
+    pub fn scans(&self) -> Result<Vec<ScanRecord>> {
+        let mut out = Vec::new();
+        let mut per_scan: BTreeMap<(u32, u64), u64> = BTreeMap::new();
+        for s in &self.meta.scans {
+            per_scan.insert((s.pid, s.ts_ns), 0);
+        }
+        self.for_each_batch(Table::Scan, |b, path| {
+            let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>();
+            let pid = b.column(1).as_primitive::<UInt32Type>();
+            let verdict = b.column(4).as_string::<i32>();
+            let contents = b.column(5).as_binary::<i32>();
+            for i in 0..b.num_rows() {
+                let (ts_ns, pid) = (u64c(0).value(i), pid.value(i));
+                let name = verdict.value(i);
+                let verdict = ScanVerdict::from_name(name)
+                    .ok_or_else(|| corrupt(path, format!("unknown scan verdict {name:?}")))?;
+                match per_scan.get_mut(&(pid, ts_ns)) {
+                    Some(n) => *n += 1,
+                    None => {
+                        return Err(corrupt(
+                            path,
+                            format!(
+                            "scan rows of pid {pid} at {ts_ns} ns, a scan meta.json does not list"
+                        ),
+                        ))
+                    }
+                }
+                out.push(ScanRecord {
+                    ts_ns,
+                    pid,
+                    addr: u64c(2).value(i),
+                    size: u64c(3).value(i),
+                    verdict,
+                    contents: contents.is_valid(i).then(|| contents.value(i).to_vec()),
+                });
+            }
+            Ok(())
+        })?;
+        for s in &self.meta.scans {
+            let found = per_scan[&(s.pid, s.ts_ns)];
+            if found != s.blocks {
+                return Err(Error::Corrupt {
+                    path: self.root.join(Table::Scan.name()),
+                    reason: format!(
+                        "{found} rows for the scan of pid {} at {} ns, meta.json lists {} blocks",
+                        s.pid, s.ts_ns, s.blocks
+                    ),
+                });
+            }
+        }
         Ok(out)
     }
 

@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 /// Major version of the format. Readers refuse a newer major.
 pub const FORMAT_MAJOR: u32 = 1;
 /// Minor version of the format. Newer minors only add tables or columns.
-pub const FORMAT_MINOR: u32 = 2;
+pub const FORMAT_MINOR: u32 = 3;
 /// Value of the `format` field of `meta.json`.
 pub const FORMAT_NAME: &str = "memleak-trace";
 /// Parquet key-value metadata key naming the table a segment belongs to.
@@ -252,6 +252,80 @@ pub struct MapRecord {
     pub build_id: Option<String>,
 }
 
+/// What a reachability scan found for one outstanding block, as memcheck
+/// names its leak kinds. The on-disk form is the name string.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum ScanVerdict {
+    /// No pointer to the block (start or interior) anywhere: no root and no
+    /// other block holds one.
+    DefinitelyLost,
+    /// Pointed to only from lost blocks (the inner nodes of a lost tree or
+    /// the members of a lost cycle but one).
+    IndirectlyLost,
+    /// Reachable only through pointers into its interior, not to its start.
+    PossiblyLost,
+    /// A root, or a reachable block, holds a pointer to its start.
+    Reachable,
+}
+
+impl ScanVerdict {
+    /// Every verdict, worst first.
+    pub const ALL: [ScanVerdict; 4] = [
+        ScanVerdict::DefinitelyLost,
+        ScanVerdict::IndirectlyLost,
+        ScanVerdict::PossiblyLost,
+        ScanVerdict::Reachable,
+    ];
+
+    /// The name stored in the `verdict` column: `definitely`,
+    /// `indirectly`, `possibly`, `reachable`.
+    pub fn name(self) -> &'static str {
+        match self {
+            ScanVerdict::DefinitelyLost => "definitely",
+            ScanVerdict::IndirectlyLost => "indirectly",
+            ScanVerdict::PossiblyLost => "possibly",
+            ScanVerdict::Reachable => "reachable",
+        }
+    }
+
+    /// Parses a stored name.
+    pub fn from_name(name: &str) -> Option<Self> {
+        Self::ALL.into_iter().find(|v| v.name() == name)
+    }
+
+    /// Whether the block is lost in some way (all but `reachable`).
+    pub fn is_lost(self) -> bool {
+        self != ScanVerdict::Reachable
+    }
+}
+
+impl std::fmt::Display for ScanVerdict {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One row of the `scan` table: an outstanding block as a reachability
+/// scan of the stopped process found it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ScanRecord {
+    /// CLOCK_MONOTONIC ns when the scan stopped the process (the clock of
+    /// event `ts_ns`); the [`ScanInfo`](crate::meta::ScanInfo) of the scan
+    /// has the same `pid` and `ts_ns`.
+    pub ts_ns: u64,
+    /// Process scanned.
+    pub pid: u32,
+    /// Block start (a mapping's start for an `mmap` block).
+    pub addr: u64,
+    /// Block size in bytes.
+    pub size: u64,
+    /// What the scan found.
+    pub verdict: ScanVerdict,
+    /// The first bytes of the block, when the recorder was asked to keep
+    /// them (`--scan-contents N`); `None` otherwise.
+    pub contents: Option<Vec<u8>>,
+}
+
 /// The tables of a trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Table {
@@ -263,11 +337,19 @@ pub enum Table {
     Frames,
     /// Memory-map snapshots.
     Maps,
+    /// Reachability scans: one row per outstanding block scanned (1.3).
+    Scan,
 }
 
 impl Table {
     /// Every table.
-    pub const ALL: [Table; 4] = [Table::Events, Table::Stacks, Table::Frames, Table::Maps];
+    pub const ALL: [Table; 5] = [
+        Table::Events,
+        Table::Stacks,
+        Table::Frames,
+        Table::Maps,
+        Table::Scan,
+    ];
 
     /// Directory name (and `memleak.table` metadata value).
     pub fn name(self) -> &'static str {
@@ -276,6 +358,7 @@ impl Table {
             Table::Stacks => "stacks",
             Table::Frames => "frames",
             Table::Maps => "maps",
+            Table::Scan => "scan",
         }
     }
 
@@ -286,6 +369,7 @@ impl Table {
             Table::Stacks => stacks_schema(),
             Table::Frames => frames_schema(),
             Table::Maps => maps_schema(),
+            Table::Scan => scan_schema(),
         }
     }
 }
@@ -377,6 +461,18 @@ pub fn maps_schema() -> SchemaRef {
         u64f("inode", false),
         Field::new("path", DataType::Utf8, true),
         Field::new("build_id", DataType::Utf8, true),
+    ]))
+}
+
+/// Schema of `scan`.
+pub fn scan_schema() -> SchemaRef {
+    Arc::new(Schema::new(vec![
+        u64f("ts_ns", false),
+        Field::new("pid", DataType::UInt32, false),
+        u64f("addr", false),
+        u64f("size", false),
+        Field::new("verdict", DataType::Utf8, false),
+        Field::new("contents", DataType::Binary, true),
     ]))
 }
 

@@ -29,8 +29,8 @@ use arrow_array::builder::{
 };
 use arrow_array::types::{ArrowPrimitiveType, Int8Type, UInt32Type, UInt64Type};
 use arrow_array::{
-    ArrayRef, DictionaryArray, Int8Array, PrimitiveArray, RecordBatch, StringArray, UInt32Array,
-    UInt64Array,
+    ArrayRef, BinaryArray, DictionaryArray, Int8Array, PrimitiveArray, RecordBatch, StringArray,
+    UInt32Array, UInt64Array,
 };
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
@@ -46,9 +46,10 @@ use parquet::schema::types::ColumnPath;
 use crate::error::{Error, Result};
 use crate::events::encode::EventsFile;
 use crate::fsio::create_private;
-use crate::meta::{Meta, SegmentEntry};
+use crate::meta::{Meta, ScanInfo, SegmentEntry};
 use crate::schema::{
-    inlined_fields, Event, EventKind, FrameRecord, MapRecord, StackRecord, Table, TABLE_KEY,
+    inlined_fields, Event, EventKind, FrameRecord, MapRecord, ScanRecord, StackRecord, Table,
+    TABLE_KEY,
 };
 
 /// Tuning of the writer. The defaults are what `memleak record` uses.
@@ -299,6 +300,7 @@ pub struct TraceWriter {
     stacks: TableSegments<StackRows>,
     frames: TableSegments<FrameRows>,
     maps: TableSegments<MapRows>,
+    scan: TableSegments<ScanRows>,
     segment_started: Instant,
     events_written: u64,
     /// Events pushed since the counters in `meta` were last brought up to
@@ -359,6 +361,13 @@ impl TraceWriter {
                 Table::Maps,
                 MapRows::default(),
                 plain_props(Table::Maps, &opts),
+                8192,
+            ),
+            scan: TableSegments::new(
+                &root,
+                Table::Scan,
+                ScanRows::default(),
+                plain_props(Table::Scan, &opts),
                 8192,
             ),
             root,
@@ -463,6 +472,27 @@ impl TraceWriter {
         self.maps.maybe_drain()
     }
 
+    /// Adds a reachability scan: its entry in `meta.json` `scans` and its
+    /// rows in the `scan` table, both written at the next checkpoint
+    /// ([`rotate`](Self::rotate)) or at [`finish`](Self::finish), together.
+    /// `info.blocks` is set to the number of rows; every row must carry
+    /// the scan's `pid` and `ts_ns` (readers match them). A failed scan
+    /// has an `error` and usually no rows. Several scans may be added.
+    pub fn write_scan(&mut self, mut info: ScanInfo, rows: &[ScanRecord]) -> Result<()> {
+        debug_assert!(
+            rows.iter()
+                .all(|r| r.pid == info.pid && r.ts_ns == info.ts_ns),
+            "scan rows of another scan"
+        );
+        info.blocks = rows.len() as u64;
+        for r in rows {
+            self.scan.rows.push(r);
+            self.scan.maybe_drain()?;
+        }
+        self.meta.scans.push(info);
+        Ok(())
+    }
+
     /// Rows written to `events` so far.
     pub fn events_written(&self) -> u64 {
         self.events_written
@@ -493,6 +523,7 @@ impl TraceWriter {
             (Table::Stacks, self.stacks.close_segment()?),
             (Table::Frames, self.frames.close_segment()?),
             (Table::Maps, self.maps.close_segment()?),
+            (Table::Scan, self.scan.close_segment()?),
             (Table::Events, self.events.close_segment()?),
         ];
         self.update_drain_at();
@@ -533,6 +564,7 @@ impl TraceWriter {
             (Table::Stacks, &mut self.stacks.unmerged),
             (Table::Frames, &mut self.frames.unmerged),
             (Table::Maps, &mut self.maps.unmerged),
+            (Table::Scan, &mut self.scan.unmerged),
             (Table::Events, &mut self.events.unmerged),
         ] {
             let large_last = unmerged.last().is_some_and(|&(_, rows)| rows >= full / 2);
@@ -1197,5 +1229,41 @@ impl Rows for MapRows {
             )),
         ];
         RecordBatch::try_new(Table::Maps.schema(), cols).expect("maps batch matches schema")
+    }
+}
+
+#[derive(Default)]
+struct ScanRows {
+    rows: Vec<ScanRecord>,
+}
+
+impl ScanRows {
+    fn push(&mut self, r: &ScanRecord) {
+        self.rows.push(r.clone());
+    }
+}
+
+impl Rows for ScanRows {
+    fn len(&self) -> usize {
+        self.rows.len()
+    }
+    fn take_batch(&mut self) -> RecordBatch {
+        let rows = std::mem::take(&mut self.rows);
+        let u64col = |f: fn(&ScanRecord) -> u64| -> ArrayRef {
+            Arc::new(UInt64Array::from_iter_values(rows.iter().map(f)))
+        };
+        let cols: Vec<ArrayRef> = vec![
+            u64col(|r| r.ts_ns),
+            Arc::new(UInt32Array::from_iter_values(rows.iter().map(|r| r.pid))),
+            u64col(|r| r.addr),
+            u64col(|r| r.size),
+            Arc::new(StringArray::from_iter_values(
+                rows.iter().map(|r| r.verdict.name()),
+            )),
+            Arc::new(BinaryArray::from_iter(
+                rows.iter().map(|r| r.contents.as_deref()),
+            )),
+        ];
+        RecordBatch::try_new(Table::Scan.schema(), cols).expect("scan batch matches schema")
     }
 }

@@ -311,7 +311,7 @@ fn force_never_deletes_what_memleak_did_not_write() {
 #[test]
 fn deleted_listed_segment_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
-    for table in ["events", "stacks", "frames", "maps"] {
+    for table in ["events", "stacks", "frames", "maps", "scan"] {
         let root = full_trace(dir.path(), &format!("{table}.parquet"));
         let seg = segments(&root, table)[0].clone();
         std::fs::remove_file(&seg).unwrap();
@@ -397,4 +397,93 @@ fn altered_meta_json_is_an_error() {
     let v: serde_json::Value = serde_json::from_str(&good).unwrap();
     std::fs::write(&path, serde_json::to_string(&v).unwrap()).unwrap();
     Trace::open(&root).expect("the same values, written compactly");
+}
+
+#[test]
+fn altered_scan_segment_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    let seg = segments(&root, "scan")[0].clone();
+    let good = std::fs::read(&seg).unwrap();
+    let mut bad = good.clone();
+    bad[good.len() / 2] ^= 0x04;
+    std::fs::write(&seg, &bad).unwrap();
+    open_err(&root, &seg, "checksum mismatch");
+    std::fs::write(&seg, &good).unwrap();
+    assert_eq!(Trace::open(&root).unwrap().scans().unwrap().len(), 4);
+}
+
+#[test]
+fn scan_rows_that_meta_json_does_not_account_for_are_corrupt() {
+    let dir = tempfile::tempdir().unwrap();
+    // A scan entry dropped from meta.json: its rows belong to no scan.
+    let root = full_trace(dir.path(), "unlisted.parquet");
+    edit_meta(&root, |m| {
+        m["scans"].as_array_mut().unwrap().remove(0);
+    });
+    let trace = Trace::open(&root).unwrap();
+    let e = trace.scans().expect_err("rows of an unlisted scan");
+    let msg = e.to_string();
+    assert!(msg.contains("a scan meta.json does not list"), "{msg}");
+    assert!(!msg.contains('\n'), "{msg}");
+    assert!(matches!(e, Error::Corrupt { .. }), "{e:?}");
+
+    // The block count of a scan changed: rows are missing or extra.
+    let root = full_trace(dir.path(), "count.parquet");
+    edit_meta(&root, |m| {
+        m["scans"][0]["blocks"] = 5.into();
+    });
+    let msg = Trace::open(&root).unwrap().scans().unwrap_err().to_string();
+    assert!(msg.contains("4 rows for the scan of pid 4242"), "{msg}");
+    assert!(msg.contains("meta.json lists 5 blocks"), "{msg}");
+
+    // The table and its listing gone: the scans in meta.json have no rows.
+    let root = full_trace(dir.path(), "gone.parquet");
+    std::fs::remove_dir_all(root.join("scan")).unwrap();
+    edit_meta(&root, |m| {
+        m["segments"].as_object_mut().unwrap().remove("scan");
+    });
+    let msg = Trace::open(&root).unwrap().scans().unwrap_err().to_string();
+    assert!(msg.contains("0 rows for the scan of pid 4242"), "{msg}");
+}
+
+#[test]
+fn scan_segment_with_an_unknown_verdict_is_corrupt() {
+    use std::sync::Arc;
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    // A scan segment another writer made, with a verdict we do not know.
+    let schema = memleak_trace::schema::scan_schema();
+    let cols: Vec<arrow_array::ArrayRef> = vec![
+        Arc::new(arrow_array::UInt64Array::from(vec![3_000_000_000u64])),
+        Arc::new(arrow_array::UInt32Array::from(vec![4242u32])),
+        Arc::new(arrow_array::UInt64Array::from(vec![0x9000u64])),
+        Arc::new(arrow_array::UInt64Array::from(vec![8u64])),
+        Arc::new(arrow_array::StringArray::from(vec!["leaked"])),
+        Arc::new(arrow_array::BinaryArray::from(vec![None::<&[u8]>])),
+    ];
+    let batch = arrow_array::RecordBatch::try_new(schema.clone(), cols).unwrap();
+    let path = root.join("scan/part-00009.parquet");
+    let kv = vec![parquet::file::metadata::KeyValue::new(
+        memleak_trace::schema::TABLE_KEY.to_string(),
+        "scan".to_string(),
+    )];
+    let props = parquet::file::properties::WriterProperties::builder()
+        .set_key_value_metadata(Some(kv))
+        .build();
+    let mut w = parquet::arrow::ArrowWriter::try_new(
+        std::fs::File::create(&path).unwrap(),
+        schema,
+        Some(props),
+    )
+    .unwrap();
+    w.write(&batch).unwrap();
+    w.close().unwrap();
+    list_segment(&root, "scan", "part-00009.parquet", 1);
+    edit_meta(&root, |m| {
+        m["scans"][0]["blocks"] = 5.into();
+    });
+    let msg = Trace::open(&root).unwrap().scans().unwrap_err().to_string();
+    assert!(msg.contains("part-00009.parquet: corrupt"), "{msg}");
+    assert!(msg.contains("unknown scan verdict \"leaked\""), "{msg}");
 }

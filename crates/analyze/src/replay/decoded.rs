@@ -51,13 +51,14 @@ pub(super) type RowsPool = Mutex<Vec<Vec<Vec<u32>>>>;
 pub(super) type PackedPool = Mutex<Vec<Packed>>;
 
 impl Decoded {
-    /// Decodes `unit`, up to the `at` cutoff, in the form the replay of
+    /// Decodes `unit`, up to the `at` cutoff and the first `limit` rows,
+    /// in the form the replay of
     /// `ctx.nparts` partitions reads; counts its rows by kind, and its
     /// allocations in one of the accumulators of `allocated`.
     pub(super) fn read(
         decoder: &Decoder<'_>,
         unit: &RowGroupUnit,
-        at: Option<u64>,
+        (at, limit): (Option<u64>, usize),
         ctx: &Ctx<'_>,
         pool: &RowsPool,
         packed_pool: &PackedPool,
@@ -79,7 +80,8 @@ impl Decoded {
                 let n = match at {
                     Some(at) => b.ts.partition_point(|&t| t <= at),
                     None => all,
-                };
+                }
+                .min(limit.saturating_sub(rows));
                 if n > 0 {
                     first_ts.get_or_insert(b.ts[0]);
                     last_ts = b.ts[n - 1];
@@ -120,7 +122,8 @@ impl Decoded {
             let rows = match at {
                 Some(at) => all.ts.partition_point(|&t| t <= at),
                 None => cols.len(),
-            };
+            }
+            .min(limit);
             let b = cols.slices(rows);
             count_allocations(b, ctx, &mut kinds, &mut acc, &mut temps);
             let mut rows_len = vec![0; ctx.nparts];

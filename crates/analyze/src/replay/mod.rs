@@ -68,6 +68,7 @@ mod partition;
 mod peak;
 mod pipeline;
 mod process;
+mod samples;
 mod temporary;
 mod types;
 
@@ -78,6 +79,9 @@ use partition::Partition;
 use peak::LiveTotal;
 use pipeline::{decode_in_order, timed, Timing};
 use process::ProcessIndex;
+pub use samples::GrowthPlan;
+use samples::Sampler;
+pub(crate) use types::GrowthSamples;
 pub use types::{
     AllocatedTotals, Anomalies, OutstandingBlock, ProcessPeak, Replay, ReplayOptions, ReplayStats,
 };
@@ -93,15 +97,27 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let ctx = Ctx::new(nparts, &opts.filter, temporary_ns);
     let mut carry = temporary::Carry::default();
     let processes = ProcessIndex::default();
-    let mut partitions: Vec<Partition> =
-        (0..nparts).map(|i| Partition::new(i, &processes)).collect();
+    let plan = opts.growth.clone().map(std::sync::Arc::new);
+    let mut partitions: Vec<Partition> = (0..nparts)
+        .map(|i| Partition::new(i, &processes, Sampler::new(plan.clone())))
+        .collect();
     let timing = Timing::default();
     let mut live = LiveTotal::default();
     let mut stats = ReplayStats::default();
     let mut kinds = [0u64; 256];
-    let counted = decode_in_order(trace, opts.at_ts, &ctx, &timing, |d| {
+    let mut base = 0u64;
+    let at = (opts.at_ts, opts.at_row);
+    let counted = decode_in_order(trace, at, &ctx, &timing, |d| {
         if d.rows > 0 {
-            replay_row_group(d, &mut partitions, &ctx, &processes, &mut live, &timing);
+            replay_row_group(
+                d,
+                &mut partitions,
+                &ctx,
+                &processes,
+                &mut live,
+                &timing,
+                base,
+            );
             stats.first_ts.get_or_insert(d.first_ts);
             stats.last_ts = Some(d.last_ts);
             carry.next(&d.temps, temporary_ns, d.last_ts);
@@ -112,6 +128,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         for (k, c) in kinds.iter_mut().zip(d.kinds.iter()) {
             *k += c;
         }
+        base += d.total as u64;
     })?;
     timing.report(nparts);
     let mut allocated = Allocated::new(max_stack);
@@ -123,11 +140,37 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     }
     add_totals(&mut stats, &kinds, &partitions, &allocated, &live);
     stats.process_peaks = live.process_peaks(&partitions, &processes);
+    let growth = plan.map(|_| merge_samples(&mut partitions));
     Ok(Replay {
         partitions,
         allocated,
         stats,
+        growth,
     })
+}
+
+/// Ends every partition's sampling and sums the partitions' samples.
+fn merge_samples(partitions: &mut [Partition]) -> GrowthSamples {
+    let mut out = GrowthSamples::default();
+    for p in partitions {
+        let (rows, totals) = std::mem::replace(&mut p.sampler, Sampler::new(None)).finish();
+        if out.totals.is_empty() {
+            (out.rows, out.totals) = (rows, totals);
+            continue;
+        }
+        for (a, b) in out.totals.iter_mut().zip(&totals) {
+            *a += b;
+        }
+        for (stack, row) in rows {
+            match out.rows.get_mut(&stack) {
+                Some(r) => r.iter_mut().zip(row.iter()).for_each(|(a, b)| *a += b),
+                None => {
+                    out.rows.insert(stack, row);
+                }
+            }
+        }
+    }
+    out
 }
 
 /// The number of partitions to replay with.
@@ -162,6 +205,7 @@ fn replay_row_group(
     processes: &ProcessIndex,
     live: &mut LiveTotal,
     timing: &Timing,
+    base: u64,
 ) {
     match (&d.mode, partitions) {
         (Mode::Packed(packed), [p]) => {
@@ -187,7 +231,7 @@ fn replay_row_group(
                 timed(&timing.replay, t);
             });
             let t = Instant::now();
-            live.sum(partitions, cols.ts, processes.len());
+            live.sum(partitions, cols.ts, processes.len(), base);
             timed(&timing.peak, t);
         }
         (Mode::Packed(_), _) => unreachable!("operations are packed for a single partition only"),
@@ -219,6 +263,7 @@ fn add_totals(
     stats.temporary = allocated.temporary;
     stats.peak_bytes = live.peak.max(0) as u64;
     stats.peak_ts = live.peak_ts;
+    stats.peak_row = live.peak_row;
     stats.live_bytes = live.outstanding.max(0) as u64;
 }
 

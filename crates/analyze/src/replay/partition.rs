@@ -14,6 +14,7 @@ use super::process::{
     free_gone, replace_gone, PidState, ProcessIndex, KERNEL_PID, KERNEL_SLOT, NO_PID, NO_PROCESS,
     PAGE_PID, PAGE_SLOT, UNKNOWN_SLOT,
 };
+use super::samples::Sampler;
 use super::Anomalies;
 use super::Slices;
 use crate::hash::{int_map, mix, IntMap};
@@ -65,11 +66,13 @@ pub(super) struct Partition {
     pub(super) peak: i64,
     pub(super) peak_ts: u64,
     next_mapping: u64,
+    /// Outstanding bytes by stack, sampled for the growth verdicts.
+    pub(super) sampler: Sampler,
 }
 
 impl Partition {
-    pub(super) fn new(index: usize, processes: &ProcessIndex) -> Self {
-        Partition {
+    pub(super) fn new(index: usize, processes: &ProcessIndex, sampler: Sampler) -> Self {
+        let mut p = Partition {
             index,
             processes: processes.clone(),
             pids: vec![
@@ -85,7 +88,12 @@ impl Partition {
             peak: 0,
             peak_ts: 0,
             next_mapping: 1,
+            sampler,
+        };
+        for st in &mut p.pids {
+            st.sampled = p.sampler.counts_pid(None);
         }
+        p
     }
 
     #[inline(always)]
@@ -108,7 +116,9 @@ impl Partition {
             Some(&s) => s,
             None => {
                 let process = self.processes.of(pid);
-                self.pids.push(PidState::new(pid, process));
+                let mut st = PidState::new(pid, process);
+                st.sampled = self.sampler.counts_pid(Some(pid));
+                self.pids.push(st);
                 self.slot_of.insert(pid, self.pids.len() - 1);
                 self.pids.len() - 1
             }
@@ -138,15 +148,20 @@ impl Partition {
     fn alloc_hashed<const ALONE: bool>(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
         let (size, ts) = (b.size, b.ts);
         let st = &mut self.pids[slot];
+        let sampler = &mut self.sampler;
+        sampler.count(&b, st.sampled, st.born_ts, 1);
         let d = match st.blocks.insert_hashed(addr, h, b) {
             None => {
                 if st.gone.is_some() {
-                    replace_gone(st, &mut self.counts, addr);
+                    if let Some(old) = replace_gone(st, &mut self.counts, addr) {
+                        sampler.count(&old, st.sampled, st.born_ts, -1);
+                    }
                 }
                 size as i64
             }
             Some(old) => {
                 self.counts.anomalies.missed_frees += 1;
+                sampler.count(&old, st.sampled, st.born_ts, -1);
                 size as i64 - old.size as i64
             }
         };
@@ -177,10 +192,16 @@ impl Partition {
             Some(b) => {
                 self.counts.frees += 1;
                 self.counts.freed_bytes += b.size;
+                self.sampler.count(&b, st.sampled, st.born_ts, -1);
                 -(b.size as i64)
             }
-            None if st.gone.is_some() && free_gone(st, &mut self.counts, addr) => 0,
             None => {
+                if st.gone.is_some() {
+                    if let Some(b) = free_gone(st, &mut self.counts, addr) {
+                        self.sampler.count(&b, st.sampled, st.born_ts, -1);
+                        return 0;
+                    }
+                }
                 if hit {
                     self.counts.anomalies.double_frees += 1;
                 } else {
@@ -300,6 +321,7 @@ impl Partition {
                 hashes[(i + AHEAD) % HASHES] = prefetch(self, &ops[i + AHEAD]);
             }
             let o = ops[i];
+            self.sampler.tick(o.ts);
             let (h, known) = hashes[i % HASHES];
             // The kernel's and the pages' slots are fixed: only a user
             // operation can find its slot unknown.
@@ -360,6 +382,7 @@ impl Partition {
         let (kinds, addrs, sizes) = (b.kind, b.addr, b.size);
         let (ts, pids, stacks, olds) = (b.ts, b.pid, b.stack_id, b.old_addr);
         let kind = kinds[i];
+        self.sampler.tick(ts[i]);
         match ctx.ops[kind as usize] {
             // `split_rows` gave this partition only the allocations and
             // frees of addresses it owns.
@@ -424,6 +447,7 @@ impl Partition {
                 // Everything the old program image allocated is gone: no
                 // longer outstanding, nor held.
                 let slot = self.slot(pids[i]);
+                self.unsample_all(slot);
                 let st = &mut self.pids[slot];
                 let d = -st.held;
                 st.blocks = BlockTable::default();
@@ -461,12 +485,20 @@ impl Partition {
                 let parent = self.slot(pids[i]);
                 let copy = self.pids[parent].copy_all();
                 let slot = self.slot(child);
+                self.unsample_all(slot);
                 let st = &mut self.pids[slot];
                 let d = -st.held;
                 st.blocks = BlockTable::default();
                 st.ranges = RangeSet::default();
-                st.gone = (!copy.is_empty()).then(|| Box::new(copy));
                 st.born_ts = ts[i];
+                if st.sampled.0 {
+                    // The copies count when the child is selected without
+                    // its parent, or when made at the instant of the fork.
+                    for b in blocks_of(&copy.blocks, &copy.ranges) {
+                        self.sampler.count(&b, st.sampled, st.born_ts, 1);
+                    }
+                }
+                st.gone = (!copy.is_empty()).then(|| Box::new(copy));
                 self.hold(slot, d, ts[i]);
                 self.emit::<ALONE>(i, slot, d, ts[i]);
             }
@@ -485,15 +517,15 @@ impl Partition {
                 let origin = self.next_mapping;
                 self.next_mapping += 1;
                 let end = addr.saturating_add(size);
-                let replaced = self.pids[slot].ranges.insert(
-                    addr,
-                    Region {
-                        end,
-                        ts,
-                        stack,
-                        origin,
-                    },
-                );
+                let region = Region {
+                    end,
+                    ts,
+                    stack,
+                    origin,
+                };
+                let replaced = self.pids[slot].ranges.insert_pieces(addr, region);
+                self.sample_range(slot, addr, &region, 1);
+                let replaced = self.unsample_ranges(slot, &replaced);
                 // What it replaced among the ranges the process no longer
                 // held counted in no total.
                 self.remove_gone_ranges(slot, addr, end);
@@ -501,12 +533,8 @@ impl Partition {
             }
             Op::Unmap => {
                 let end = addr.saturating_add(size);
-                let removed: u64 = self.pids[slot]
-                    .ranges
-                    .remove(addr, end)
-                    .iter()
-                    .map(|(s, r)| r.end - s)
-                    .sum();
+                let removed = self.pids[slot].ranges.remove(addr, end);
+                let removed = self.unsample_ranges(slot, &removed);
                 let unheld = self.remove_gone_ranges(slot, addr, end);
                 if removed + unheld > 0 {
                     self.counts.frees += 1;
@@ -531,7 +559,13 @@ impl Partition {
                 // is a mapping made by this mremap call.
                 let removed = self.pids[slot]
                     .ranges
-                    .remap(old, old_size, addr, size, made_by);
+                    .remap_pieces(old, old_size, addr, size, made_by);
+                let removed = self.unsample_ranges(slot, &removed);
+                let made = Region {
+                    end: addr.saturating_add(size),
+                    ..made_by
+                };
+                self.sample_range(slot, addr, &made, 1);
                 let unheld = self.remove_gone_ranges(slot, old, old.saturating_add(old_size))
                     + self.remove_gone_ranges(slot, addr, addr.saturating_add(size));
                 if removed + unheld > 0 {
@@ -550,8 +584,61 @@ impl Partition {
         let Some(g) = &mut st.gone else {
             return 0;
         };
-        let removed = g.ranges.remove(lo, hi).iter().map(|(s, r)| r.end - s).sum();
+        let removed = g.ranges.remove(lo, hi);
         st.drop_empty_gone();
-        removed
+        self.unsample_ranges(slot, &removed)
     }
+
+    /// Adds (`sign` 1) or takes off (-1) the piece of a mapping at
+    /// `start` in the growth samples.
+    fn sample_range(&mut self, slot: usize, start: u64, r: &Region, sign: i64) {
+        if r.end > start {
+            let st = &self.pids[slot];
+            let b = Block {
+                size: r.end - start,
+                ts: r.ts,
+                stack: r.stack,
+            };
+            self.sampler.count(&b, st.sampled, st.born_ts, sign);
+        }
+    }
+
+    /// Takes removed pieces of mappings off the growth samples; returns
+    /// their bytes.
+    fn unsample_ranges(&mut self, slot: usize, pieces: &[(u64, Region)]) -> u64 {
+        for (start, r) in pieces {
+            self.sample_range(slot, *start, r, -1);
+        }
+        crate::ranges::bytes(pieces)
+    }
+
+    /// Takes everything outstanding in `slot`, held or not, off the
+    /// growth samples: exec and fork drop it.
+    #[cold]
+    fn unsample_all(&mut self, slot: usize) {
+        let st = &self.pids[slot];
+        if !st.sampled.0 {
+            return;
+        }
+        let gone = st.gone.as_deref();
+        let all = blocks_of(&st.blocks, &st.ranges).chain(
+            gone.into_iter()
+                .flat_map(|g| blocks_of(&g.blocks, &g.ranges)),
+        );
+        for b in all {
+            self.sampler.count(&b, st.sampled, st.born_ts, -1);
+        }
+    }
+}
+
+/// The blocks of a table and the pieces of a set of mappings, as blocks.
+fn blocks_of<'a>(blocks: &'a BlockTable, ranges: &'a RangeSet) -> impl Iterator<Item = Block> + 'a {
+    blocks
+        .iter()
+        .map(|(_, b)| b)
+        .chain(ranges.iter().map(|(start, r)| Block {
+            size: r.end - start,
+            ts: r.ts,
+            stack: r.stack,
+        }))
 }

@@ -22,6 +22,7 @@ pub(super) struct Share {
     pub(super) held: i64,
     pub(super) peak: i64,
     pub(super) peak_ts: u64,
+    pub(super) peak_row: Option<u64>,
 }
 
 /// The live total as replay follows it, its peak and when it was reached,
@@ -31,6 +32,9 @@ pub(super) struct LiveTotal {
     pub(super) outstanding: i64,
     pub(super) peak: i64,
     pub(super) peak_ts: u64,
+    /// With several partitions, the row that reached the peak (counted
+    /// over the whole trace).
+    pub(super) peak_row: Option<u64>,
     /// With several partitions: the change of each row of a row group,
     /// the process (its index in the [`ProcessIndex`]) each row's change
     /// belongs to, and each process's share of the live total.
@@ -48,13 +52,20 @@ impl LiveTotal {
     /// Sums the changes several partitions made in a row group whose
     /// rows were made at `ts` per row, then walks the rows in time order
     /// for the peaks. The changes of a row all belong to one process (or
-    /// the kernel).
-    pub(super) fn sum(&mut self, partitions: &mut [Partition], ts: &[u64], processes: usize) {
+    /// the kernel). The row group's first row is row `base` of the trace.
+    pub(super) fn sum(
+        &mut self,
+        partitions: &mut [Partition],
+        ts: &[u64],
+        processes: usize,
+        base: u64,
+    ) {
         let n = ts.len();
         let LiveTotal {
             outstanding,
             peak,
             peak_ts,
+            peak_row,
             totals,
             whose,
             shares,
@@ -79,11 +90,13 @@ impl LiveTotal {
             *outstanding += x;
             if *outstanding > *peak {
                 raise(peak, peak_ts, *outstanding, ts[i]);
+                *peak_row = Some(base + i as u64);
             }
             let e = &mut shares[whose[i] as usize];
             e.held += x;
             if e.held > e.peak {
                 raise(&mut e.peak, &mut e.peak_ts, e.held, ts[i]);
+                e.peak_row = Some(base + i as u64);
             }
         }
     }
@@ -95,11 +108,11 @@ impl LiveTotal {
         partitions: &[Partition],
         processes: &ProcessIndex,
     ) -> Vec<ProcessPeak> {
-        let peaks: Vec<(u32, i64, u64)> = match partitions {
+        let peaks: Vec<(u32, i64, u64, Option<u64>)> = match partitions {
             // One partition followed each process's peak as it replayed.
             [p] => p.pids[2..]
                 .iter()
-                .map(|st| (st.pid, st.peak, st.peak_ts))
+                .map(|st| (st.pid, st.peak, st.peak_ts, None))
                 .collect(),
             _ => {
                 let pids = processes.pids();
@@ -107,17 +120,18 @@ impl LiveTotal {
                     .iter()
                     .enumerate()
                     .skip(1)
-                    .map(|(k, e)| (pids[k - 1], e.peak, e.peak_ts))
+                    .map(|(k, e)| (pids[k - 1], e.peak, e.peak_ts, e.peak_row))
                     .collect()
             }
         };
         let mut peaks: Vec<ProcessPeak> = peaks
             .into_iter()
-            .filter(|&(pid, peak, _)| pid < NO_PID && peak > 0)
-            .map(|(pid, peak, ts)| ProcessPeak {
+            .filter(|&(pid, peak, _, _)| pid < NO_PID && peak > 0)
+            .map(|(pid, peak, ts, row)| ProcessPeak {
                 pid,
                 bytes: peak as u64,
                 ts,
+                row,
             })
             .collect();
         peaks.sort_unstable_by_key(|p| p.pid);

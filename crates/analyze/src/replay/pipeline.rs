@@ -60,12 +60,25 @@ impl Timing {
 /// idle whenever the window's decoding and replay took unequal times.
 pub(super) fn decode_in_order(
     trace: &Trace,
-    at: Option<u64>,
+    (at, at_row): (Option<u64>, Option<u64>),
     ctx: &Ctx<'_>,
     timing: &Timing,
     mut replay: impl FnMut(&Decoded),
 ) -> memleak_trace::Result<Vec<Allocated>> {
     let units = trace.event_units();
+    // The rows of each row group before the `at_row` cutoff.
+    let mut first_row = 0u64;
+    let limits: Vec<usize> = units
+        .iter()
+        .map(|u| {
+            let limit = match at_row {
+                Some(r) => (r + 1).saturating_sub(first_row).min(u.rows) as usize,
+                None => usize::MAX,
+            };
+            first_row += u.rows;
+            limit
+        })
+        .collect();
     // Row groups decoded ahead of the one being replayed: enough for the
     // decoding threads never to wait for replay to take one, and few
     // enough to keep memory small (a decoded row group is about 8 MB).
@@ -96,7 +109,7 @@ pub(super) fn decode_in_order(
             Decoded::read(
                 &decoder,
                 &units[i],
-                at,
+                (at, limits[i]),
                 ctx,
                 &rows_pool,
                 &packed_pool,

@@ -8,7 +8,7 @@ use std::sync::Mutex;
 use super::partition::Counts;
 use crate::hash::IntMap;
 use crate::ranges::RangeSet;
-use crate::table::BlockTable;
+use crate::table::{Block, BlockTable};
 
 /// Kernel slab and per-CPU allocations share one address space, keyed by
 /// address alone. Pages are keyed by page frame number, which is not an
@@ -57,6 +57,9 @@ pub(super) struct PidState {
     /// Its blocks from before then are the copies of its parent's that it
     /// inherited ([`OutstandingBlock::inherited`](super::OutstandingBlock::inherited)).
     pub(super) born_ts: u64,
+    /// Whether its allocations count in the growth samples, and whether
+    /// its inherited copies do ([`Sampler::counts_pid`](super::samples::Sampler::counts_pid)).
+    pub(super) sampled: (bool, bool),
 }
 
 /// Outstanding blocks and mappings of a process that no longer count in
@@ -102,6 +105,7 @@ impl PidState {
             peak: 0,
             peak_ts: 0,
             born_ts: 0,
+            sampled: (false, false),
         }
     }
 
@@ -186,32 +190,31 @@ impl ProcessIndex {
 
 /// An allocation at `addr` in a process with blocks it no longer holds:
 /// one of them at that address was never freed (a missed free). It did
-/// not count in the live total: nothing to take off.
+/// not count in the live total: nothing to take off. Returns the block
+/// it replaced.
 #[cold]
 #[inline(never)]
-pub(super) fn replace_gone(st: &mut PidState, counts: &mut Counts, addr: u64) {
+pub(super) fn replace_gone(st: &mut PidState, counts: &mut Counts, addr: u64) -> Option<Block> {
+    let mut old = None;
     if let Some(g) = &mut st.gone {
-        if g.blocks.remove(addr).is_some() {
+        old = g.blocks.remove(addr);
+        if old.is_some() {
             counts.anomalies.missed_frees += 1;
         }
     }
     st.drop_empty_gone();
+    old
 }
 
 /// Frees the block at `addr` among those the process no longer holds, if
 /// it is there: it leaves the report, but the live total did not count
-/// it.
+/// it. Returns the block.
 #[cold]
 #[inline(never)]
-pub(super) fn free_gone(st: &mut PidState, counts: &mut Counts, addr: u64) -> bool {
-    let Some(g) = &mut st.gone else {
-        return false;
-    };
-    let Some(b) = g.blocks.remove(addr) else {
-        return false;
-    };
+pub(super) fn free_gone(st: &mut PidState, counts: &mut Counts, addr: u64) -> Option<Block> {
+    let b = st.gone.as_mut()?.blocks.remove(addr)?;
     counts.frees += 1;
     counts.freed_bytes += b.size;
     st.drop_empty_gone();
-    true
+    Some(b)
 }

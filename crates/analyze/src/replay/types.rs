@@ -11,6 +11,7 @@ use serde::Serialize;
 use super::allocated::Allocated;
 use super::partition::Partition;
 use super::process::{PidState, PAGE_PID};
+use super::samples::{GrowthPlan, Row};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, IntMap};
 use crate::table::BlockTable;
@@ -22,6 +23,10 @@ pub struct ReplayOptions<'a> {
     pub filter: ResolvedFilter,
     /// Stop at this timestamp (inclusive); `None` replays everything.
     pub at_ts: Option<u64>,
+    /// Stop after this row of the events table (counted from 0 over the
+    /// whole trace), as well: events that share a timestamp are told
+    /// apart by their order.
+    pub at_row: Option<u64>,
     /// Number of partitions; 0 means one per two rayon threads (at least
     /// one): see [`default_partitions`](super::default_partitions).
     pub partitions: usize,
@@ -30,6 +35,9 @@ pub struct ReplayOptions<'a> {
     /// Highest stack id of the trace, if the caller read the stacks
     /// already (replay sizes per-stack arrays by it).
     pub max_stack_id: Option<u64>,
+    /// Sample outstanding bytes by stack over time, for the growth
+    /// verdicts; `None` samples nothing.
+    pub growth: Option<GrowthPlan>,
     /// An allocation freed no later than this (ns) after it was made may
     /// be temporary (`replay/temporary.rs`); 0 means the default
     /// ([`DEFAULT_TEMPORARY_NS`](crate::behaviour::DEFAULT_TEMPORARY_NS)).
@@ -113,6 +121,10 @@ pub struct ReplayStats {
     pub peak_bytes: u64,
     /// When it was reached (0 if never).
     pub peak_ts: u64,
+    /// The row of the events table that reached it, counted from 0 over
+    /// the whole trace: known with several partitions only (`None` with
+    /// one, or if never reached).
+    pub peak_row: Option<u64>,
     /// The live total at the end of replay.
     pub live_bytes: u64,
     /// The peak of each process's share of the live total, by pid, for
@@ -131,6 +143,8 @@ pub struct ProcessPeak {
     pub bytes: u64,
     /// When they were first reached.
     pub ts: u64,
+    /// The row that reached them, as [`ReplayStats::peak_row`].
+    pub row: Option<u64>,
 }
 
 impl ReplayStats {
@@ -157,12 +171,26 @@ pub struct Replay {
     /// Allocations counted while decoding.
     pub(super) allocated: Allocated,
     pub(super) stats: ReplayStats,
+    pub(super) growth: Option<GrowthSamples>,
+}
+
+/// Outstanding bytes at the end of each window of a [`GrowthPlan`]: by
+/// stack (the stacks that held any at some window's end), and in all.
+#[derive(Debug, Default)]
+pub(crate) struct GrowthSamples {
+    pub(crate) rows: IntMap<u64, Row>,
+    pub(crate) totals: Vec<u64>,
 }
 
 impl Replay {
     /// Totals of the replay.
     pub fn stats(&self) -> &ReplayStats {
         &self.stats
+    }
+
+    /// The growth samples, if the options asked for them; once.
+    pub(crate) fn take_growth(&mut self) -> Option<GrowthSamples> {
+        self.growth.take()
     }
 
     /// Folds every outstanding allocation, in parallel: the blocks of

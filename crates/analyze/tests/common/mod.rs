@@ -4,7 +4,8 @@
 use std::path::{Path, PathBuf};
 
 use memleak_trace::{
-    Event, EventKind, FrameRecord, InlinedFrame, Meta, StackRecord, TraceWriter, WriterOptions,
+    Event, EventKind, FrameRecord, InlinedFrame, Meta, ScanInfo, ScanRecord, ScanVerdict,
+    StackRecord, TraceWriter, WriterOptions,
 };
 
 /// Recording start of every synthetic trace (ns, CLOCK_MONOTONIC).
@@ -20,6 +21,8 @@ pub struct TraceBuilder {
     pub stacks: Vec<StackRecord>,
     pub frames: Vec<FrameRecord>,
     pub meta: Meta,
+    /// Reachability scans, written after the events.
+    pub scans: Vec<(ScanInfo, Vec<ScanRecord>)>,
     pub row_group_rows: usize,
     pub segment_rows: usize,
     /// Writer settings of the events table (`WriterOptions::events_tuning`).
@@ -51,6 +54,7 @@ impl TraceBuilder {
             stacks: Vec::new(),
             frames: Vec::new(),
             meta,
+            scans: Vec::new(),
             row_group_rows: 3,
             segment_rows: 7,
             events_tuning: None,
@@ -181,7 +185,43 @@ impl TraceBuilder {
         for e in &self.events {
             w.push_event(e).unwrap();
         }
+        for (info, rows) in &self.scans {
+            w.write_scan(info.clone(), rows).unwrap();
+        }
         w.finish().unwrap();
         path
+    }
+
+    /// Adds a scan of pid 100 at `ms` after T0 with these blocks:
+    /// `(addr, size, verdict, contents)`.
+    pub fn scan(
+        &mut self,
+        ms: u64,
+        blocks: &[(u64, u64, ScanVerdict, Option<&[u8]>)],
+    ) -> &mut Self {
+        let ts_ns = T0 + ms * MS;
+        let rows: Vec<ScanRecord> = blocks
+            .iter()
+            .map(|&(addr, size, verdict, contents)| ScanRecord {
+                ts_ns,
+                pid: 100,
+                addr,
+                size,
+                verdict,
+                contents: contents.map(<[u8]>::to_vec),
+            })
+            .collect();
+        let info = ScanInfo {
+            pid: 100,
+            ts_ns,
+            pause_ns: 2_500_000,
+            threads: 2,
+            roots_bytes: 3 << 20,
+            heap_bytes: blocks.iter().map(|b| b.1).sum(),
+            blocks: rows.len() as u64,
+            error: None,
+        };
+        self.scans.push((info, rows));
+        self
     }
 }

@@ -10,8 +10,8 @@ use arrow_array::{ArrayRef, RecordBatch, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field, Schema};
 use memleak_trace::schema::TABLE_KEY;
 use memleak_trace::{
-    Event, EventColumns, EventKind, FrameRecord, InlinedFrame, MapRecord, Meta, StackRecord, Trace,
-    TraceWriter, WriterOptions,
+    Event, EventColumns, EventKind, FrameRecord, InlinedFrame, MapRecord, Meta, ScanInfo,
+    ScanRecord, ScanVerdict, StackRecord, Trace, TraceWriter, WriterOptions,
 };
 use parquet::arrow::ArrowWriter;
 use parquet::file::metadata::KeyValue;
@@ -210,6 +210,48 @@ pub fn maps() -> Vec<MapRecord> {
     ]
 }
 
+/// Two scans of pid 4242: one with a row of every verdict and the edge
+/// values (empty and null contents, the largest address), and one that
+/// failed, without rows.
+pub fn scans() -> Vec<(ScanInfo, Vec<ScanRecord>)> {
+    let info = ScanInfo {
+        pid: 4242,
+        ts_ns: 3_000_000_000,
+        pause_ns: 1_234_567,
+        threads: 3,
+        roots_bytes: 1 << 20,
+        heap_bytes: 4096,
+        blocks: 4,
+        error: None,
+    };
+    let row = |addr: u64, size: u64, verdict, contents: Option<&[u8]>| ScanRecord {
+        ts_ns: info.ts_ns,
+        pid: 4242,
+        addr,
+        size,
+        verdict,
+        contents: contents.map(|c| c.to_vec()),
+    };
+    let rows = vec![
+        row(
+            0x5000,
+            16,
+            ScanVerdict::DefinitelyLost,
+            Some(b"leak\0\xff\x01"),
+        ),
+        row(0x6000, 32, ScanVerdict::IndirectlyLost, Some(b"")),
+        row(0x7000, 48, ScanVerdict::PossiblyLost, None),
+        row(u64::MAX - 15, u64::MAX, ScanVerdict::Reachable, None),
+    ];
+    let failed = ScanInfo {
+        pid: 4242,
+        ts_ns: 3_400_000_000,
+        error: Some("the process exited during the scan".into()),
+        ..ScanInfo::default()
+    };
+    vec![(info, rows), (failed, Vec::new())]
+}
+
 /// Writes a finished trace with the given rows.
 pub fn write_trace(
     root: &Path,
@@ -238,14 +280,23 @@ pub fn write_trace(
 /// A finished trace with every table filled, under `dir/name`.
 pub fn full_trace(dir: &Path, name: &str) -> PathBuf {
     let root = dir.join(name);
-    write_trace(
-        &root,
-        WriterOptions::default(),
-        &every_kind_events(),
-        &stacks(),
-        &frames(),
-        &maps(),
-    );
+    let mut w = TraceWriter::create(&root, meta(), WriterOptions::default()).expect("create");
+    for m in maps() {
+        w.push_map(&m).unwrap();
+    }
+    for s in stacks() {
+        w.push_stack(&s).unwrap();
+    }
+    for f in frames() {
+        w.push_frame(&f).unwrap();
+    }
+    for e in every_kind_events() {
+        w.push_event(&e).unwrap();
+    }
+    for (info, rows) in scans() {
+        w.write_scan(info, &rows).unwrap();
+    }
+    w.finish().expect("finish trace");
     root
 }
 

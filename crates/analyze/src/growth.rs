@@ -1,0 +1,291 @@
+//! Growth over time: outstanding bytes sampled over a fixed number of
+//! windows, per stack and in total, and a verdict per stack telling a
+//! steady leak from a cache that stopped growing and from memory that was
+//! freed late.
+//!
+//! The samples are taken during replay (`replay/samples.rs`): each
+//! partition keeps every stack's outstanding bytes, among the allocations
+//! the filters select, and copies them at each window's end. The windows
+//! ([`WINDOWS`] of them) span the trace from its start to `--at`, else to
+//! the last event; the last sample is the state the report shows.
+//!
+//! The verdict ([`Growth::classify`]), with `max` the highest sample and
+//! `end` the last:
+//! * [`Verdict::Transient`]: `end` ≤ [`TRANSIENT_END`] × `max`;
+//! * [`Verdict::Unknown`]: all samples 0, or fewer than [`MIN_SAMPLES`]
+//!   from the first nonzero one to the end;
+//! * [`Verdict::Growing`]: the least-squares line through the last third
+//!   of those samples rises across it by at least [`GROWING_RISE`] ×
+//!   `max`, or by at least [`STEADY_RISE`] × `max` while at least
+//!   [`STEADY_SLOPE`] times as steep as the line through all of them (a
+//!   steady leak on top of a large base);
+//! * [`Verdict::Plateau`]: the rest.
+//!
+//! The slope is that line's (bytes per second: the current rate), and the
+//! fit 1 − RMS residual / `max`, so a flat plateau fits perfectly. The
+//! rise of the last third against `max` catches leaks that started late;
+//! its slope against the whole span's tells a cache that filled (steep,
+//! then flat) from a slow leak on a large base. docs/json.md has the same
+//! rules.
+
+use std::cmp::Ordering;
+
+use rayon::prelude::*;
+use serde::Serialize;
+
+use crate::replay::{GrowthPlan, GrowthSamples};
+use crate::report::StackReport;
+
+/// How a stack's outstanding bytes evolved over the trace.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Verdict {
+    /// Kept rising to the end: a leak.
+    Growing,
+    /// Rose, then stayed flat: a cache or a pool.
+    Plateau,
+    /// Returned to about zero: held for a while, then freed.
+    Transient,
+    /// Too little to tell: nothing outstanding at any window's end, or
+    /// only in the last few windows.
+    Unknown,
+}
+
+impl Verdict {
+    /// Name in text and JSON.
+    pub fn name(self) -> &'static str {
+        match self {
+            Verdict::Growing => "growing",
+            Verdict::Plateau => "plateau",
+            Verdict::Transient => "transient",
+            Verdict::Unknown => "unknown",
+        }
+    }
+}
+
+/// The growth of one stack's outstanding bytes.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Growth {
+    /// The class.
+    pub verdict: Verdict,
+    /// Slope of the outstanding bytes, in bytes per second.
+    pub slope_bytes_per_s: f64,
+    /// Fit quality, 0..=1.
+    pub fit: f64,
+    /// Outstanding bytes of the stack at the end of each window.
+    pub samples: Vec<u64>,
+}
+
+// The floats are computed, never NaN: equality is reflexive.
+impl Eq for Growth {}
+
+/// Outstanding bytes in total over the trace, at the end of each window.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize)]
+pub struct Timeline {
+    /// Trace-relative start of window 0, in ns.
+    pub start_ns: u64,
+    /// Length of a window, in ns.
+    pub window_ns: u64,
+    /// Outstanding bytes (after filters) at the end of each window.
+    pub total_bytes: Vec<u64>,
+}
+
+/// Windows the time from the start of the trace to the evaluation time is
+/// cut into.
+pub const WINDOWS: usize = 64;
+
+/// A verdict says "returned to about zero" when the last sample is at
+/// most this fraction of the highest.
+pub const TRANSIENT_END: f64 = 0.10;
+
+/// A stack is still growing when the line fitted to the last third of
+/// its samples rises by at least this fraction of its highest sample
+/// across that third.
+pub const GROWING_RISE: f64 = 0.10;
+
+/// A stack is still growing, too, when that line rises by at least this
+/// fraction of its highest sample and at least [`STEADY_SLOPE`] times as
+/// steeply as the line through all its samples: a steady leak on top of
+/// a large base.
+pub const STEADY_RISE: f64 = 0.02;
+
+/// See [`STEADY_RISE`].
+pub const STEADY_SLOPE: f64 = 0.5;
+
+/// Fewer samples than this from the first nonzero one to the end say too
+/// little for a trend: [`Verdict::Unknown`].
+pub const MIN_SAMPLES: usize = 4;
+
+impl Growth {
+    /// Classifies `samples`, taken at the end of windows of `window_ns`.
+    pub fn classify(samples: Vec<u64>, window_ns: u64) -> Growth {
+        let n = samples.len();
+        let max = samples.iter().copied().max().unwrap_or(0);
+        let Some(first) = samples.iter().position(|&v| v > 0) else {
+            return Growth {
+                verdict: Verdict::Unknown,
+                slope_bytes_per_s: 0.0,
+                fit: 0.0,
+                samples,
+            };
+        };
+        let span = n - first;
+        // The last third of the span, at least two samples.
+        let tail = (span / 3).max(2).min(span);
+        let (slope, fit) = fit_line(&samples[n - tail..], window_ns, max);
+        let (span_slope, _) = fit_line(&samples[first..], window_ns, max);
+        let end = samples[n - 1] as f64;
+        let max_f = max as f64;
+        let rise = slope * (tail - 1) as f64 * window_ns as f64 / 1e9;
+        let verdict = if end <= TRANSIENT_END * max_f {
+            Verdict::Transient
+        } else if span < MIN_SAMPLES {
+            Verdict::Unknown
+        } else if rise >= GROWING_RISE * max_f
+            || (rise >= STEADY_RISE * max_f && slope >= STEADY_SLOPE * span_slope)
+        {
+            Verdict::Growing
+        } else {
+            Verdict::Plateau
+        };
+        Growth {
+            verdict,
+            slope_bytes_per_s: slope,
+            fit,
+            samples,
+        }
+    }
+}
+
+/// The least-squares line through `ys` taken `window_ns` apart: its slope
+/// in bytes per second, and how well it fits (1 − the RMS residual over
+/// `max`, in 0..=1).
+fn fit_line(ys: &[u64], window_ns: u64, max: u64) -> (f64, f64) {
+    let n = ys.len() as f64;
+    let dt = window_ns as f64 / 1e9;
+    let xs = || (0..ys.len()).map(|i| i as f64 * dt);
+    let mx = xs().sum::<f64>() / n;
+    let my = ys.iter().map(|&y| y as f64).sum::<f64>() / n;
+    let (mut sxy, mut sxx) = (0.0, 0.0);
+    for (x, &y) in xs().zip(ys) {
+        sxy += (x - mx) * (y as f64 - my);
+        sxx += (x - mx) * (x - mx);
+    }
+    let slope = if sxx > 0.0 { sxy / sxx } else { 0.0 };
+    let intercept = my - slope * mx;
+    let sse: f64 = xs()
+        .zip(ys)
+        .map(|(x, &y)| {
+            let r = y as f64 - (intercept + slope * x);
+            r * r
+        })
+        .sum();
+    let fit = if max == 0 {
+        0.0
+    } else {
+        (1.0 - (sse / n).sqrt() / max as f64).clamp(0.0, 1.0)
+    };
+    (slope, fit)
+}
+
+/// Gives every stack its verdict from the replay's `samples` and returns
+/// the timeline of the total.
+pub(crate) fn attach(
+    stacks: &mut [StackReport],
+    mut samples: GrowthSamples,
+    plan: &GrowthPlan,
+    start_ts: u64,
+) -> Timeline {
+    let rows: Vec<Option<Box<[u64]>>> = stacks
+        .iter()
+        .map(|s| samples.rows.remove(&s.stack_id))
+        .collect();
+    stacks.par_iter_mut().zip(rows).for_each(|(s, row)| {
+        let row = match row {
+            Some(r) => r.into_vec(),
+            None => vec![0; plan.windows],
+        };
+        s.growth = Some(Growth::classify(row, plan.window_ns));
+    });
+    Timeline {
+        start_ns: plan.start_ts - start_ts,
+        window_ns: plan.window_ns,
+        total_bytes: samples.totals,
+    }
+}
+
+/// The order of [`SortKey::Growth`](crate::SortKey::Growth): growing
+/// stacks by slope (steepest first), then plateaus and unknown by
+/// outstanding bytes, then transient ones by their highest sample, then
+/// stacks without a verdict; `Equal` between stacks it does not tell
+/// apart.
+pub(crate) fn order(a: &StackReport, b: &StackReport) -> Ordering {
+    let rank = |s: &StackReport| match s.growth.as_ref().map(|g| g.verdict) {
+        Some(Verdict::Growing) => 0,
+        Some(Verdict::Plateau) => 1,
+        Some(Verdict::Unknown) => 2,
+        Some(Verdict::Transient) => 3,
+        None => 4,
+    };
+    let slope = |s: &StackReport| s.growth.as_ref().map_or(0.0, |g| g.slope_bytes_per_s);
+    let high = |s: &StackReport| {
+        s.growth
+            .as_ref()
+            .and_then(|g| g.samples.iter().copied().max())
+            .unwrap_or(0)
+    };
+    rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
+        0 => slope(b).total_cmp(&slope(a)).then(b.bytes.cmp(&a.bytes)),
+        3 => high(b).cmp(&high(a)),
+        _ => b.bytes.cmp(&a.bytes),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn verdict(samples: Vec<u64>) -> Growth {
+        Growth::classify(samples, 10_000_000)
+    }
+
+    #[test]
+    fn verdicts_follow_the_documented_rules() {
+        let n = WINDOWS as u64;
+        // A steady leak: 1000 bytes per 10 ms window, 100 kB/s.
+        let g = verdict((1..=n).map(|i| i * 1000).collect());
+        assert_eq!(g.verdict, Verdict::Growing);
+        assert!((g.slope_bytes_per_s - 100_000.0).abs() < 1e-6, "{g:?}");
+        assert!((g.fit - 1.0).abs() < 1e-9, "{g:?}");
+        // A cache filled in the first quarter, then flat.
+        let g = verdict((1..=n).map(|i| i.min(n / 4) * 1000).collect());
+        assert_eq!(g.verdict, Verdict::Plateau);
+        assert_eq!(g.slope_bytes_per_s, 0.0);
+        // Held, then all freed: transient, and with a 5 % remainder too.
+        let g = verdict((1..=n).map(|i| if i < n / 2 { 1000 } else { 0 }).collect());
+        assert_eq!(g.verdict, Verdict::Transient);
+        let g = verdict((1..=n).map(|i| if i < n / 2 { 1000 } else { 50 }).collect());
+        assert_eq!(g.verdict, Verdict::Transient);
+        // Still growing in the last third, slower: 10 % of the top rises
+        // across it.
+        let g = verdict((1..=n).map(|i| 10_000 + i * 60).collect());
+        assert_eq!(g.verdict, Verdict::Growing, "{g:?}");
+        // A slow steady leak on top of a large base: 2.5 % of the top
+        // across the last third, as steep as ever.
+        let g = verdict((1..=n).map(|i| 100_000 + i * 130).collect());
+        assert_eq!(g.verdict, Verdict::Growing, "{g:?}");
+        // A pool that filled, then moves by 1 % around its size.
+        let g = verdict(
+            (1..=n)
+                .map(|i| i.min(8) * 1000 + if i > 8 { (i % 3) * 80 } else { 0 })
+                .collect(),
+        );
+        assert_eq!(g.verdict, Verdict::Plateau, "{g:?}");
+        // Too little to tell.
+        assert_eq!(verdict(vec![0; WINDOWS]).verdict, Verdict::Unknown);
+        let mut late = vec![0; WINDOWS];
+        late[WINDOWS - 2] = 10;
+        late[WINDOWS - 1] = 20;
+        assert_eq!(verdict(late).verdict, Verdict::Unknown);
+    }
+}

@@ -1,0 +1,160 @@
+//! `memleak diff BASE NEW`: replay two traces with the same options and
+//! compare their outstanding allocations stack by stack (matching and
+//! rendering live in `memleak_analyze::diff`).
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use anyhow::Context;
+use clap::ValueEnum;
+use memleak_analyze::diff::{self, DiffWeight, Keyed, MatchOptions};
+use memleak_analyze::progress::Progress;
+use memleak_analyze::{analyze_trace, SortKey};
+
+use crate::analyze_cmd::emit;
+use crate::select_args::SelectArgs;
+
+/// Output formats of the diff.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffFormat {
+    /// Grown and shrunk stacks and a summary.
+    Text,
+    /// The diff as JSON (docs/json.md).
+    Json,
+    /// Two-column folded stacks (`path base new`) for differential
+    /// flamegraphs.
+    Folded,
+    /// A differential flamegraph SVG.
+    Svg,
+}
+
+/// Differential flamegraph weights.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum DiffWeightArg {
+    /// Outstanding bytes.
+    Bytes,
+    /// Outstanding allocations.
+    Count,
+}
+
+/// Arguments of `memleak diff`.
+#[derive(clap::Args)]
+pub struct DiffArgs {
+    /// The trace before (e.g. without the fix).
+    pub base: PathBuf,
+    /// The trace after.
+    pub new: PathBuf,
+    /// Output format.
+    #[arg(long, value_enum, default_value = "text")]
+    pub format: DiffFormat,
+    /// Write to this file instead of stdout.
+    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    pub output: Option<PathBuf>,
+    /// Stacks shown in text and JSON of each change: grown, shrunk,
+    /// unchanged (0: all).
+    #[arg(short = 'T', long, default_value_t = 10, value_name = "N")]
+    pub top: usize,
+    /// What flamegraph widths measure (folded and svg).
+    #[arg(long, value_enum, default_value = "bytes")]
+    pub weight: DiffWeightArg,
+    /// Draw the flamegraph with BASE's widths rather than NEW's, so that
+    /// what NEW no longer holds shows (colors still say NEW - BASE).
+    #[arg(long)]
+    pub base_widths: bool,
+    /// Match frames by function and source file only, not line: for
+    /// builds whose code moved.
+    #[arg(long)]
+    pub ignore_lines: bool,
+    /// Only these processes of BASE (repeat or separate with commas);
+    /// replaces --pid for BASE.
+    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    pub base_pid: Vec<u32>,
+    /// Only these processes of NEW; replaces --pid for NEW.
+    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    pub new_pid: Vec<u32>,
+    /// Filters (applied to both traces), `--at`, workers.
+    #[command(flatten)]
+    pub select: SelectArgs,
+}
+
+pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
+    args.select.check()?;
+    let open = |which: &str, path: &Path| -> anyhow::Result<memleak_trace::Trace> {
+        let trace = memleak_trace::Trace::open(path).with_context(|| format!("{which} trace"))?;
+        args.select
+            .check_trace(&trace)
+            .with_context(|| format!("{which} trace {}", path.display()))?;
+        for w in trace.warnings() {
+            say!("memleak: warning: {which} trace: {w}");
+        }
+        Ok(trace)
+    };
+    let base = open("base", &args.base)?;
+    let new = open("new", &args.new)?;
+    // A process id names a process of one recording only: --pid applies
+    // to both traces unless a side has its own.
+    let pids = |own: &[u32]| {
+        if own.is_empty() {
+            args.select.pids.clone()
+        } else {
+            own.to_vec()
+        }
+    };
+    let progress = Progress::new(base.event_count() + new.event_count(), args.select.quiet);
+    let advance = |rows: u64| progress.advance(rows);
+    let opts = MatchOptions {
+        ignore_lines: args.ignore_lines,
+    };
+    let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Keyed> {
+        // Every stack: the diff shows its own top.
+        let aopts = args.select.options(pids, 0, SortKey::Bytes)?;
+        let report = analyze_trace(trace, &aopts, Some(&advance))?;
+        let keyed = Keyed::new(&report, opts);
+        // The replay's tables go before the next replay builds its own.
+        drop(report);
+        Ok(keyed)
+    };
+    let keyed = analyze(&base, pids(&args.base_pid)).and_then(|b| {
+        let n = analyze(&new, pids(&args.new_pid))?;
+        Ok((b, n))
+    });
+    progress.finish();
+    let (base_keyed, new_keyed) = keyed?;
+    let mut d = diff::diff_keyed(base_keyed, new_keyed, args.top);
+    let side_filters = |name: &str, own: &[u32]| {
+        (!own.is_empty()).then(|| {
+            let p: Vec<String> = own.iter().map(|p| p.to_string()).collect();
+            format!("{name}={}", p.join(","))
+        })
+    };
+    // The reports name the pids each side was analyzed with; the diff
+    // says which option selected them.
+    d.summary.filters.retain(|f| !f.starts_with("pid="));
+    d.summary
+        .filters
+        .extend(side_filters("pid", &args.select.pids));
+    d.summary
+        .filters
+        .extend(side_filters("base-pid", &args.base_pid));
+    d.summary
+        .filters
+        .extend(side_filters("new-pid", &args.new_pid));
+    let weight = match args.weight {
+        DiffWeightArg::Bytes => DiffWeight::Bytes,
+        DiffWeightArg::Count => DiffWeight::Count,
+    };
+    let out = args.output.as_deref();
+    match args.format {
+        DiffFormat::Text => emit(out, diff::render_text(&d).as_bytes())?,
+        DiffFormat::Json => emit(out, diff::render_json(&d).as_bytes())?,
+        DiffFormat::Folded => emit(out, diff::render_folded(&d, weight).as_bytes())?,
+        DiffFormat::Svg => {
+            let svg =
+                diff::render_svg(&d, weight, args.base_widths).context("drawing the flamegraph")?;
+            emit(out, &svg)?
+        }
+    }
+    // As for analyze: the process ends here, no need to free the reports.
+    std::mem::forget(d);
+    Ok(ExitCode::SUCCESS)
+}

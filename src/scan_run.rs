@@ -1,0 +1,200 @@
+//! The leak scan of a recording: which blocks a stopped target still
+//! outstands (the trace so far, replayed), the scan itself
+//! (`memleak_recorder::scan`), and its rows and figures written into the
+//! trace (`scan` table, `meta.json` `scans`). A scan that fails is
+//! recorded with its reason; the recording is kept either way.
+
+use std::path::Path;
+
+use anyhow::Result;
+use memleak_analyze::replay::{replay, ReplayOptions};
+use memleak_analyze::Filter;
+use memleak_recorder::scan::{self, Block, ScanOptions, Stopped, Totals, Verdict};
+use memleak_recorder::Recorder;
+use memleak_trace::{ScanInfo, ScanRecord, ScanVerdict, Trace};
+
+use crate::units::format_size;
+
+/// The outstanding blocks of `pid` in the trace at `path` (heap blocks,
+/// and the pieces of its mappings), without those its exec at
+/// `exec_ts` left behind, with when each was allocated.
+pub fn outstanding_blocks(path: &Path, pid: u32, exec_ts: Option<u64>) -> Result<Vec<Block>> {
+    let trace = Trace::open(path)?;
+    // Every process: a forked child's heap starts as its parent's.
+    let opts = ReplayOptions {
+        filter: Filter::default().resolve(0),
+        ..ReplayOptions::default()
+    };
+    let replayed = replay(&trace, &opts)?;
+    let parts = replayed.fold_outstanding(Vec::new, |v: &mut Vec<Block>, o| {
+        if o.pid == Some(pid) && exec_ts.is_none_or(|e| o.ts >= e) {
+            v.push(Block {
+                addr: o.addr,
+                size: o.size,
+                is_mapping: o.mapping.is_some(),
+            });
+        }
+    });
+    Ok(parts.into_iter().flatten().collect())
+}
+
+fn trace_verdict(v: Verdict) -> ScanVerdict {
+    match v {
+        Verdict::DefinitelyLost => ScanVerdict::DefinitelyLost,
+        Verdict::IndirectlyLost => ScanVerdict::IndirectlyLost,
+        Verdict::PossiblyLost => ScanVerdict::PossiblyLost,
+        Verdict::Reachable => ScanVerdict::Reachable,
+    }
+}
+
+/// The summary line of a scan.
+pub fn summary(
+    pid: u32,
+    blocks: &[Block],
+    verdicts: &[Verdict],
+    info: &ScanInfo,
+    scan_ns: u64,
+) -> String {
+    let t = Totals::of(blocks, verdicts);
+    let kinds: Vec<String> = Verdict::ALL
+        .iter()
+        .enumerate()
+        .map(|(k, v)| {
+            let name = match v {
+                Verdict::Reachable => "still reachable".to_string(),
+                v => format!("{} lost", v.name()),
+            };
+            format!(
+                "{name} {} in {} blocks",
+                format_size(t.bytes[k]),
+                t.blocks[k]
+            )
+        })
+        .collect();
+    let mib = (info.roots_bytes + info.heap_bytes) as f64 / (1 << 20) as f64;
+    let ms = info.pause_ns as f64 / 1e6;
+    format!(
+        "memleak: scan of pid {pid}: {}; paused {ms:.1} ms (marking {:.1} ms) for {} roots + {} heap ({:.2} ms/MiB)",
+        kinds.join(", "),
+        scan_ns as f64 / 1e6,
+        format_size(info.roots_bytes),
+        format_size(info.heap_bytes),
+        if mib > 0.0 { ms / mib } else { 0.0 }
+    )
+}
+
+/// Scans a stopped process and writes the result into the recording
+/// (checkpointed first, so that the replay sees every event so far); lets
+/// the process go on before writing. Returns the summary line, or the
+/// error (also recorded in the trace).
+pub fn scan_into(
+    rec: &mut Recorder,
+    stopped: Stopped,
+    contents: usize,
+) -> Result<std::result::Result<String, String>> {
+    let pid = stopped.pid;
+    let ts_ns = stopped.ts_ns;
+    let threads = stopped.threads.len() as u32;
+    let found = (|| -> Result<(Vec<Block>, scan::Outcome)> {
+        rec.checkpoint()?;
+        let blocks = outstanding_blocks(rec.trace_path(), pid, rec.last_exec_ts(pid))?;
+        let opts = ScanOptions {
+            contents,
+            ..ScanOptions::default()
+        };
+        let out = scan::scan(&stopped, &blocks, &opts)?;
+        Ok((blocks, out))
+    })();
+    let pause = stopped.resume();
+    let mut info = ScanInfo {
+        pid,
+        ts_ns,
+        pause_ns: pause.as_nanos() as u64,
+        threads,
+        roots_bytes: 0,
+        heap_bytes: 0,
+        blocks: 0,
+        error: None,
+    };
+    match found {
+        Ok((blocks, out)) => {
+            info.roots_bytes = out.stats.roots_bytes;
+            info.heap_bytes = out.stats.heap_bytes;
+            info.blocks = blocks.len() as u64;
+            let rows: Vec<ScanRecord> = blocks
+                .iter()
+                .enumerate()
+                .map(|(i, b)| ScanRecord {
+                    ts_ns,
+                    pid,
+                    addr: b.addr,
+                    size: b.size,
+                    verdict: trace_verdict(out.verdicts[i]),
+                    contents: out.contents.get(i).cloned().flatten(),
+                })
+                .collect();
+            let line = summary(pid, &blocks, &out.verdicts, &info, out.stats.scan_ns);
+            let mut line = line;
+            if out.stats.unreadable_pages > 0 {
+                line += &format!("; {} unreadable pages skipped", out.stats.unreadable_pages);
+            }
+            rec.write_scan(info, &rows)?;
+            Ok(Ok(line))
+        }
+        Err(e) => {
+            let why = format!("{e:#}");
+            info.error = Some(why.clone());
+            rec.write_scan(info, &[])?;
+            Ok(Err(why))
+        }
+    }
+}
+
+/// Records a scan that could not even stop the process.
+pub fn record_failure(rec: &mut Recorder, pid: u32, why: String) -> Result<()> {
+    let info = ScanInfo {
+        pid,
+        ts_ns: scan::monotonic_ns(),
+        pause_ns: 0,
+        threads: 0,
+        roots_bytes: 0,
+        heap_bytes: 0,
+        blocks: 0,
+        error: Some(why),
+    };
+    rec.write_scan(info, &[])?;
+    Ok(())
+}
+
+/// Whether a process whose main thread is at its exit stop is exiting
+/// as a whole: every other thread is gone, stopped by us, or has the
+/// SIGKILL of `exit_group` pending. A main thread that calls
+/// `pthread_exit` leaves the others running: no scan then.
+pub fn whole_process_exiting(pid: u32) -> bool {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task"))
+        .into_iter()
+        .flatten()
+        .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<u32>().ok());
+    tasks.filter(|&t| t != pid).all(|tid| {
+        let Ok(status) = std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/status")) else {
+            return true;
+        };
+        let field = |name: &str| {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .map(str::trim)
+                .unwrap_or_default()
+                .to_string()
+        };
+        let state = field("State:");
+        let kill = |v: String| {
+            u64::from_str_radix(&v, 16).is_ok_and(|m| m & (1 << (libc::SIGKILL - 1)) != 0)
+        };
+        state.starts_with('t')
+            || state.starts_with('Z')
+            || state.starts_with('X')
+            || kill(field("SigPnd:"))
+            || kill(field("ShdPnd:"))
+    })
+}

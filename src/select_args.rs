@@ -1,0 +1,258 @@
+//! The options that say what a replay considers (filters, `--at`) and how
+//! it runs (`-j`, `-q`), shared by `analyze` and `diff` so that both read
+//! a trace the same way, and the checks of their values.
+
+use std::time::Duration;
+
+use std::path::PathBuf;
+
+use anyhow::{bail, Context};
+use clap::ValueEnum;
+use memleak_analyze::{
+    suppress, AnalyzeOptions, Filter, KindScope, SortKey, Suppression, VerdictSet,
+};
+
+use crate::units::{format_duration, parse_duration_ns, parse_size};
+
+/// Event scopes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum KindArg {
+    /// User-space allocators.
+    User,
+    /// Kernel allocators.
+    Kernel,
+    /// Heap allocator calls of processes, without mmap: what valgrind
+    /// counts.
+    Heap,
+    /// Memory mappings of processes (mmap, munmap, mremap).
+    Mmap,
+    /// Both.
+    All,
+}
+
+/// Filters, evaluation time and workers of a replay.
+#[derive(clap::Args, Clone, Debug)]
+pub struct SelectArgs {
+    /// Evaluate the state and ages at this time since the recording
+    /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
+    /// its end; at most the recording's length. `peak`: at the peak of
+    /// the live total (with --pid, of the selected process).
+    #[arg(long, value_name = "TIME|peak", value_parser = parse_at)]
+    pub at: Option<AtArg>,
+    /// Only these processes (repeat or separate with commas).
+    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    pub pids: Vec<u32>,
+    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
+    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
+    pub older_than: Option<u64>,
+    /// Only allocations of at least this size (bytes; k, M, G suffixes,
+    /// binary: 1k = 1024).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub min_size: Option<u64>,
+    /// Only allocations of at most this size (bytes; k, M, G suffixes;
+    /// at least --min-size).
+    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    pub max_size: Option<u64>,
+    /// Only allocations made at or after this time since the start.
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    pub from: Option<u64>,
+    /// Only allocations made before this time since the start (after
+    /// --from).
+    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    pub to: Option<u64>,
+    /// User-space allocations, kernel ones, or both.
+    #[arg(long, value_enum, default_value = "all")]
+    pub kind: KindArg,
+    /// Only blocks of these scan verdicts, comma-separated: definitely,
+    /// indirectly, possibly, reachable, unscanned, or lost (the first
+    /// three). Needs a trace with a scan.
+    #[arg(long, value_name = "LIST", value_parser = parse_verdicts)]
+    pub verdict: Option<VerdictSet>,
+    /// Leave out the stacks a suppression file matches and count them
+    /// apart (repeatable; syntax in docs/analyzer.md).
+    #[arg(long, value_name = "FILE")]
+    pub suppress: Vec<PathBuf>,
+    /// Do not apply the built-in suppressions of runtime holders (the
+    /// libstdc++ emergency pool, glibc's thread stacks, ld.so).
+    #[arg(long)]
+    pub no_default_suppressions: bool,
+    /// Worker threads, at least 1 (default: one per core).
+    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
+    pub jobs: Option<usize>,
+    /// No progress bar.
+    #[arg(short = 'q', long)]
+    pub quiet: bool,
+}
+
+/// `--at`: a time, or the peak.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AtArg {
+    /// Nanoseconds since the recording started.
+    Time(u64),
+    /// When the live total (or the selected process's share) peaked.
+    Peak,
+}
+
+fn parse_at(text: &str) -> Result<AtArg, String> {
+    if text == "peak" {
+        return Ok(AtArg::Peak);
+    }
+    parse_duration_ns(text).map(AtArg::Time)
+}
+
+fn parse_verdicts(text: &str) -> Result<VerdictSet, String> {
+    VerdictSet::parse(text)
+}
+
+fn parse_jobs(text: &str) -> Result<usize, String> {
+    match text.trim().parse::<usize>() {
+        Ok(0) => Err("at least 1 worker thread is needed".into()),
+        Ok(n) => Ok(n),
+        Err(e) => Err(e.to_string()),
+    }
+}
+
+impl SelectArgs {
+    /// Sizes the worker pool and rejects filters no allocation can match.
+    /// Call once, before opening a trace.
+    pub fn check(&self) -> anyhow::Result<()> {
+        crate::keep_freed_memory();
+        if let Some(j) = self.jobs {
+            // Only fails if the pool was already built, which cannot happen here.
+            let _ = memleak_analyze::replay::set_threads(j);
+        }
+        if let (Some(a), Some(b)) = (self.min_size, self.max_size) {
+            if a > b {
+                bail!("--min-size ({a}) is larger than --max-size ({b})");
+            }
+        }
+        if let (Some(from), Some(to)) = (self.from, self.to) {
+            if from >= to {
+                bail!(
+                    "--from ({}) is not before --to ({}): no allocation can match",
+                    format_duration(Duration::from_nanos(from)),
+                    format_duration(Duration::from_nanos(to))
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// Rejects an `--at` past the end of `trace`'s recording, and
+    /// `--verdict` on a trace without a scan before the evaluation time.
+    pub fn check_trace(&self, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
+        if let Some(v) = self.verdict {
+            let scans = &trace.meta().scans;
+            let ok: Vec<_> = scans.iter().filter(|s| s.error.is_none()).collect();
+            if ok.is_empty() {
+                bail!(
+                    "--verdict {}: {} has no scan to take verdicts from (record with a scan: \
+                     at exit in -- CMD mode, or --scan with -p)",
+                    v.describe(),
+                    trace.path().display()
+                );
+            }
+            if let Some(AtArg::Time(at)) = self.at {
+                let start = trace.meta().start_ns;
+                let first = ok.iter().map(|s| s.ts_ns).min().unwrap_or(0);
+                if start.saturating_add(at) < first {
+                    bail!(
+                        "--verdict with --at {}: the first scan is at {}, after it; verdicts apply \
+                         from the time of a scan",
+                        format_duration(Duration::from_nanos(at)),
+                        format_duration(Duration::from_nanos(first.saturating_sub(start)))
+                    );
+                }
+            }
+        }
+        if let (Some(AtArg::Time(at)), Some(length)) = (self.at, recording_length(trace)?) {
+            if at > length {
+                bail!(
+                    "--at {} is past the end of the recording, which is {:.3}s long",
+                    format_duration(Duration::from_nanos(at)),
+                    length as f64 / 1e9
+                );
+            }
+        }
+        Ok(())
+    }
+
+    /// The analysis options these arguments give, for the processes
+    /// `pids` (empty: all).
+    pub fn options(
+        &self,
+        pids: Vec<u32>,
+        top: usize,
+        sort: SortKey,
+    ) -> anyhow::Result<AnalyzeOptions> {
+        Ok(AnalyzeOptions {
+            filter: Filter {
+                pids,
+                kind: match self.kind {
+                    KindArg::User => KindScope::User,
+                    KindArg::Kernel => KindScope::Kernel,
+                    KindArg::Heap => KindScope::Heap,
+                    KindArg::Mmap => KindScope::Mmap,
+                    KindArg::All => KindScope::All,
+                },
+                min_size: self.min_size,
+                max_size: self.max_size,
+                from_ns: self.from,
+                to_ns: self.to,
+                older_than_ns: self.older_than,
+            },
+            at_ns: match self.at {
+                Some(AtArg::Time(t)) => Some(t),
+                _ => None,
+            },
+            at_peak: self.at == Some(AtArg::Peak),
+            top,
+            sort,
+            partitions: 0,
+            verdicts: self.verdict.unwrap_or_default(),
+            temporary_threshold_ns: None,
+            suppressions: self.suppressions()?,
+        })
+    }
+
+    /// The default suppressions (unless turned off), then each file's.
+    fn suppressions(&self) -> anyhow::Result<Vec<Suppression>> {
+        let mut out = Vec::new();
+        if !self.no_default_suppressions {
+            out.extend(
+                suppress::parse(suppress::DEFAULT_SUPPRESSIONS, "default suppressions")
+                    .map_err(anyhow::Error::msg)?,
+            );
+        }
+        for path in &self.suppress {
+            let text =
+                std::fs::read_to_string(path).with_context(|| format!("{}", path.display()))?;
+            let origin = path.display().to_string();
+            out.extend(suppress::parse(&text, &origin).map_err(anyhow::Error::msg)?);
+        }
+        Ok(out)
+    }
+}
+
+/// How long the recording ran, in nanoseconds: from the meta's start to
+/// its end, or to the last event of a trace that was never finished (its
+/// end is 0). None if that is unknown.
+fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>> {
+    let meta = trace.meta();
+    if meta.start_ns == 0 {
+        return Ok(None);
+    }
+    let end = if meta.end_ns != 0 {
+        meta.end_ns
+    } else {
+        // Rows are in time order: the last row group ends the recording.
+        match trace.event_units().last() {
+            Some(unit) => {
+                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
+                batch.ts_ns.iter().copied().max().unwrap_or(0)
+            }
+            None => return Ok(None),
+        }
+    };
+    Ok((end > meta.start_ns).then(|| end - meta.start_ns))
+}
