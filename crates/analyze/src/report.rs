@@ -484,17 +484,7 @@ pub fn analyze_trace(
     // report (or gone with the parent's exec): they are the child's only
     // when it is looked at without its parent, as valgrind run on the
     // child alone would see them.
-    let inherited_for: HashSet<u32> = opts
-        .filter
-        .pids
-        .iter()
-        .copied()
-        .filter(|p| {
-            meta.parents
-                .get(p)
-                .is_none_or(|parent| !opts.filter.pids.contains(parent))
-        })
-        .collect();
+    let inherited_for: HashSet<u32> = inherited_for(&opts.filter.pids, meta);
     let (scan_index, scan_note) = match scans {
         Scans::None => (None, None),
         Scans::AfterEval(s) => {
@@ -638,6 +628,20 @@ pub fn analyze_trace(
     })
 }
 
+/// The selected processes whose copies of their parent's blocks (made at
+/// fork) count as theirs: those looked at without their parent, as
+/// valgrind run on the child alone would see them.
+fn inherited_for<C: FromIterator<u32>>(pids: &[u32], meta: &memleak_trace::Meta) -> C {
+    pids.iter()
+        .copied()
+        .filter(|p| {
+            meta.parents
+                .get(p)
+                .is_none_or(|parent| !pids.contains(parent))
+        })
+        .collect()
+}
+
 /// Replays the trace once to find the peak an `--at peak` report is
 /// evaluated at: the live total's, or with pids selected, the highest of
 /// the selected processes' peaks (the earliest of equal ones), and the
@@ -699,17 +703,7 @@ fn growth_plan(
     // The report's evaluation time, which `--older-than` counts from.
     let eval_ts = at_ts.unwrap_or(meta.end_ns.max(last_ts)).max(start_ts);
     let (min_size, max_size, from_ts, to_ts) = filter.allocation_bounds(eval_ts);
-    let inherited_for = opts
-        .filter
-        .pids
-        .iter()
-        .copied()
-        .filter(|p| {
-            meta.parents
-                .get(p)
-                .is_none_or(|parent| !opts.filter.pids.contains(parent))
-        })
-        .collect();
+    let inherited_for = inherited_for(&opts.filter.pids, meta);
     Ok(GrowthPlan {
         start_ts,
         window_ns,
