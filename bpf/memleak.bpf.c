@@ -173,6 +173,7 @@ extern __u64 *bpf_session_cookie(void) __ksym __weak;
 #define CK_WRAPPER (1ULL << 54) /* a libc wrapper: nested sizes are wanted */
 #define CK_INNER (1ULL << 53)   /* an allocation nested in a wrapper */
 #define CK_DONE (1ULL << 52)    /* nothing to record at return */
+#define CK_UNSAFE (1ULL << 51)  /* pending_walk(): no call of ours, but asking is unsafe */
 #define CK_KIND_SHIFT 48        /* the kind of a size-only call (< 16) */
 #define CK_SIZE_MASK ((1ULL << 48) - 1)
 
@@ -983,21 +984,29 @@ __noinline __u64 pending_walk(struct pt_regs *ctx)
 	if (!ctx)
 		return 0;
 	ri = walkable(task)->utask->return_instances;
-	__u64 sp = PT_REGS_SP(ctx), c;
+	__u64 sp = PT_REGS_SP(ctx), c, unsafe = 0;
 
 	for (int i = 0; i < PENDING_LOOKUP; i++) {
 		if (!ri)
-			return 0;
+			break;
 		c = tagged_cookie(ri);
 		if (c && ri->stack >= sp) {
 			if (!(c & CK_WRAPPER) || return_pending(task, ri))
 				return c;
-		} else if (c && !same_stack(task, sp, ri->stack) && return_pending(task, ri)) {
-			return c & ~CK_WRAPPER;
+		} else if (ri->stack < sp && !same_stack(task, sp, ri->stack) &&
+			   return_pending(task, ri)) {
+			/* Ours: the handler's calls are nested in it. */
+			if (c)
+				return c & ~CK_WRAPPER;
+			/* Another tool's: asking would drop its return, and
+			 * the thread would die the same way. Unless a call of
+			 * ours further down encloses this one, it is not
+			 * traced. */
+			unsafe = CK_TAG | CK_UNSAFE;
 		}
 		ri = ri->next;
 	}
-	return 0;
+	return unsafe;
 }
 
 /* The common case, no pending return, stays inline; the walk is a global
@@ -1077,6 +1086,37 @@ static __always_inline int nested_entry(struct pt_regs *ctx, struct task_struct 
 	return 0;
 }
 
+/* Whether a signal handler could run above this call's stack pointer: the
+ * thread has a signal stack registered and it lies above the stack the
+ * thread runs on. A pending return asked for here would then be at the
+ * mercy of every other uprobe user: a handler's call on the signal stack
+ * that any of them watches (another memleak recording of any process,
+ * whose pid filter still asks for the return; bcc; bpftrace; a tracefs
+ * uretprobe) makes the kernel drop every pending return below the
+ * handler's stack pointer as abandoned, and the thread dies of SIGILL when
+ * the interrupted call returns. memleak cannot stop another tool from
+ * asking, so it asks for nothing on such a thread (a signal stack below
+ * the thread's stack, the usual case, is harmless: a handler there runs
+ * below every pending return). Two loads from the task. */
+static __always_inline bool signal_stack_above(struct task_struct *task, __u64 sp)
+{
+	struct task_struct *t = walkable(task);
+
+	return t->sas_ss_size && t->sas_ss_sp > sp;
+}
+
+/* An outermost call whose return memleak must not ask for: not traced,
+ * and counted, so that reports say their figures are uncertain. operator
+ * delete is simply not recorded at its entry: the free() inside it, which
+ * then finds no enclosing call, records the block's release; a housekeeping
+ * call (the thread-exit tcache flush) stays uncounted. */
+static __always_inline int decline(__u8 kind)
+{
+	if (kind != MK_DELETE && kind != MK_DELETE_ARRAY && kind != MW_SILENT)
+		count_lost(ML_UNSAFE_RETURN);
+	return 1;
+}
+
 /* Entry half; `known` is the kind, or -1 to take it from the attach
  * cookie. Returns 1 to skip the return half. */
 static __always_inline int alloc_entry(struct pt_regs *ctx, __u64 *cookie, int known)
@@ -1088,8 +1128,12 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, __u64 *cookie, int k
 	__u8 kind = known >= 0 ? known : bpf_get_attach_cookie(ctx) & 0xff;
 	__u64 outer = enclosing_call(ctx, task);
 
+	if (outer & CK_UNSAFE)
+		return decline(kind);
 	if (outer)
 		return nested_entry(ctx, task, kind, outer, cookie);
+	if (signal_stack_above(task, PT_REGS_SP(ctx)))
+		return decline(kind);
 	switch (kind) {
 	case MK_MALLOC:
 	case MK_NEW:
@@ -1313,7 +1357,15 @@ static __always_inline int free_probe(struct pt_regs *ctx, __u8 kind, __u64 size
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 addr = PT_REGS_PARM1(ctx);
 
-	if (!addr || enclosing_call(ctx, task))
+	__u64 outer;
+
+	if (!addr)
+		return 0;
+	/* Inside a call of ours: not the program's own free. Beside another
+	 * tool's interrupted call (CK_UNSAFE) a free asks for nothing and is
+	 * recorded. */
+	outer = enclosing_call(ctx, task);
+	if (outer && !(outer & CK_UNSAFE))
 		return 0;
 	record_free(task, kind, addr, size);
 	return 0;

@@ -58,7 +58,8 @@ enum memleak_lost {
 	ML_STACK_FAILED = 1, /* event kept, stack could not be captured */
 	ML_INFLIGHT_FULL = 2,/* no per-thread state or event buffer: call not traced */
 	ML_FAILED_ALLOC = 3, /* not a loss: allocations that returned NULL */
-	ML_NR = 4,
+	ML_UNSAFE_RETURN = 4,/* call not traced: asking for its return could crash the program */
+	ML_NR = 5,
 };
 
 /* Flags of memleak_event.flags. */

@@ -125,6 +125,10 @@ struct task_struct {
 	pid_t tgid;
 	struct mm_struct *mm;
 	struct uprobe_task *utask;
+	/* The registered signal stack (sigaltstack); size 0 when none, and
+	 * while an SS_AUTODISARM handler runs on it. */
+	unsigned long sas_ss_sp;
+	size_t sas_ss_size;
 } __attribute__((preserve_access_index));
 
 struct kmem_cache {

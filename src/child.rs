@@ -11,6 +11,8 @@ use anyhow::{bail, Context, Result};
 /// [`release`](Child::release)d, then [`poll`](Child::poll)ed until it ends.
 pub struct Child {
     pub pid: u32,
+    /// Whether the command runs with private copies of its libraries.
+    pub private_libs: PrivateLibs,
     go_tx: libc::c_int,
     err_rx: libc::c_int,
     /// The command's exit status (128+signal if a signal ended it),
@@ -20,6 +22,17 @@ pub struct Child {
     detached: bool,
     /// Processes the command forked, traced with --follow-forks.
     adopted: std::collections::HashSet<u32>,
+}
+
+/// What became of the private library copies ([`crate::private_libs`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum PrivateLibs {
+    /// Not asked for (`--shared-libraries`, or not root).
+    Off,
+    /// The command runs with its own copies.
+    Done,
+    /// Asked for, but a step failed (why): the system's files are used.
+    Failed(String),
 }
 
 impl Drop for Child {
@@ -98,7 +111,15 @@ impl Child {
     /// main thread, which lives until memleak ends. With `detach` the
     /// child gets a process group of its own instead, so that Ctrl-C in
     /// a terminal stops only the recording.
-    pub fn spawn(argv: &[String], detach: bool) -> Result<Child> {
+    ///
+    /// With a `private` plan, the child gets its own copies of those
+    /// libraries before anything is probed ([`crate::private_libs`]);
+    /// [`Child::private_libs`] says whether that worked.
+    pub fn spawn(
+        argv: &[String],
+        detach: bool,
+        mut private: Option<&mut crate::private_libs::Plan>,
+    ) -> Result<Child> {
         let cargs: Vec<CString> = argv
             .iter()
             .map(|a| CString::new(a.as_str()))
@@ -108,10 +129,12 @@ impl Child {
         ptrs.push(std::ptr::null());
         let mut go = [0; 2];
         let mut err = [0; 2];
+        let mut ready = [0; 2];
         // SAFETY: pipe2 writes two fds into the arrays.
         unsafe {
             if libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) != 0
                 || libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) != 0
+                || libc::pipe2(ready.as_mut_ptr(), libc::O_CLOEXEC) != 0
             {
                 bail!("pipe: {}", std::io::Error::last_os_error());
             }
@@ -137,6 +160,15 @@ impl Child {
                         libc::_exit(126);
                     }
                 }
+                // Before the parent attaches anything: its probes must
+                // go on the private copies.
+                let code = match private.as_deref_mut() {
+                    Some(plan) => plan.apply_in_child(),
+                    None => 0,
+                };
+                libc::close(ready[0]);
+                libc::write(ready[1], (&code as *const i32).cast(), 4);
+                libc::close(ready[1]);
                 let mut b = [0u8; 1];
                 libc::close(go[1]);
                 libc::close(err[0]);
@@ -151,12 +183,31 @@ impl Child {
                 libc::_exit(127);
             }
         }
-        // SAFETY: closing our copies of the child's pipe ends.
-        unsafe {
+        // SAFETY: closing our copies of the child's pipe ends, reading
+        // the child's one report into a local.
+        let private_libs = unsafe {
             libc::close(go[0]);
             libc::close(err[1]);
-        }
+            libc::close(ready[1]);
+            let mut code = 0i32;
+            let n = loop {
+                let n = libc::read(ready[0], (&mut code as *mut i32).cast(), 4);
+                if n >= 0 || *libc::__errno_location() != libc::EINTR {
+                    break n;
+                }
+            };
+            libc::close(ready[0]);
+            match (private.is_some(), n == 4, code) {
+                (false, _, _) => PrivateLibs::Off,
+                (true, true, 0) => PrivateLibs::Done,
+                (true, true, c) => {
+                    PrivateLibs::Failed(crate::private_libs::describe_failure(c))
+                }
+                (true, false, _) => PrivateLibs::Failed("the command ended early".into()),
+            }
+        };
         Ok(Child {
+            private_libs,
             pid: pid as u32,
             go_tx: go[1],
             err_rx: err[0],

@@ -37,6 +37,8 @@ mod diff_cmd;
 mod info_cmd;
 mod output;
 #[cfg(feature = "bpf")]
+mod private_libs;
+#[cfg(feature = "bpf")]
 mod probes;
 #[cfg(feature = "bpf")]
 mod record_cmd;

@@ -18,7 +18,7 @@ use memleak_recorder::unwind::WalkMode;
 use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
-use crate::child::Child;
+use crate::child::{Child, PrivateLibs};
 use crate::probes::{self, ProbeConfig, Probes};
 use crate::record_targets::{add_providers, libraries_for, placement_policy, show_probes};
 use crate::scan_run;
@@ -46,6 +46,13 @@ pub struct RecordArgs {
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,
+    /// With a command: probe the system's libc and libstdc++ files
+    /// themselves, shared with every other tool's probes, instead of
+    /// private copies that only the command maps (see docs/accuracy.md:
+    /// another recording's probes on the same file can crash a program
+    /// that handles signals on a signal stack above its stack).
+    #[arg(long)]
+    pub shared_libraries: bool,
     /// Stop after this long (e.g. 10s, 500ms, 2m, 1.5h; a bare number is
     /// seconds). A command is sent SIGTERM then, and recorded until it exits
     /// (see --kill-after, --detach).
@@ -446,9 +453,26 @@ fn record(
         u.set_sink(probes.unwind_maps()?);
     }
 
+    let mut notes: Vec<String> = Vec::new();
     let mut target = if !argv.is_empty() {
         // On the main thread: see Child::spawn.
-        Target::Child(Child::spawn(&argv, args.detach)?)
+        let mut plan = private_plan(args);
+        let child = Child::spawn(&argv, args.detach, plan.as_mut())?;
+        match &child.private_libs {
+            PrivateLibs::Failed(why) => notes.push(format!(
+                "private copies of libc and libstdc++ could not be made ({why}); \
+                 the system's files are probed, shared with other recordings"
+            )),
+            PrivateLibs::Done if args.verbose => {
+                if let Some(plan) = &plan {
+                    for p in plan.paths() {
+                        say!("memleak: {} is a private copy for the command", p.display());
+                    }
+                }
+            }
+            _ => {}
+        }
+        Target::Child(child)
     } else if !args.pid.is_empty() {
         Target::Pids(args.pid.clone())
     } else {
@@ -461,7 +485,6 @@ fn record(
     };
 
     let mut libs = Vec::new();
-    let mut notes: Vec<String> = Vec::new();
     let user_heap = object.is_some() || !args.symbols_prefix.is_empty();
     let search = RefCell::new(Allocators::new(placement_policy(args), user_heap));
     for &pid in &pids {
@@ -827,6 +850,30 @@ fn record(
         Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// The libraries a command gets private copies of (crate::private_libs):
+/// libc and libstdc++, where the allocators are, unless
+/// `--shared-libraries`. Bind mounts need root.
+fn private_plan(args: &RecordArgs) -> Option<crate::private_libs::Plan> {
+    // SAFETY: geteuid has no preconditions.
+    if args.shared_libraries || unsafe { libc::geteuid() } != 0 {
+        return None;
+    }
+    let mut libs: Vec<PathBuf> = targets::find_library(std::process::id(), "libc.so")
+        .into_iter()
+        .collect();
+    libs.extend(
+        [
+            "/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+            "/usr/lib64/libstdc++.so.6",
+        ]
+        .iter()
+        .map(PathBuf::from)
+        .find(|p| p.exists()),
+    );
+    Some(crate::private_libs::Plan::new(&libs))
 }
 
 /// Objects whose unwind rows a recording will need first: for a command,

@@ -62,8 +62,14 @@ pub fn libraries_for(
         false => providers_of_running(pid, search, args, notes)?,
     };
     let mut out = Vec::new();
-    // In -c mode the child will run our libc (same system).
-    let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so");
+    // In -c mode the child will run our libc (same system), seen through
+    // its root: the private copy when it has one (crate::private_libs).
+    let in_child = |p: PathBuf| match launched {
+        true => crate::private_libs::as_seen_by(pid, &std::fs::canonicalize(&p).unwrap_or(p)),
+        false => p,
+    };
+    let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so")
+        .map(in_child);
     if found.is_none() || user_heap {
         let heap_lib = object.cloned().or_else(|| libc.clone()).with_context(|| {
             format!("process {pid} has no libc mapped; use -O to name its allocator library")
@@ -98,6 +104,7 @@ pub fn libraries_for(
         .iter()
         .map(PathBuf::from)
         .find(|p| p.exists())
+        .map(in_child)
     } else {
         targets::find_library(pid, "libstdc++.so")
             .or_else(|| targets::find_library(pid, "libc++.so"))

@@ -143,7 +143,13 @@ impl UnwindEnd {
 }
 
 /// Indexes of the BPF `lost` counters, with their names in `meta.json`.
-pub const LOST_REASONS: [&str; 4] = ["ring_full", "stack_failed", "inflight_full", "failed_alloc"];
+pub const LOST_REASONS: [&str; 5] = [
+    "ring_full",
+    "stack_failed",
+    "inflight_full",
+    "failed_alloc",
+    "unsafe_return",
+];
 
 /// One record from the ring buffer, borrowed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

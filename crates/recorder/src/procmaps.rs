@@ -55,10 +55,29 @@ fn parse_line(line: &str) -> Option<Mapping> {
 }
 
 /// Reads `/proc/PID/maps`.
+///
+/// A file the kernel calls deleted but that the process still reaches
+/// under the same name, as the same inode, is named without the
+/// ` (deleted)` suffix: the private library copies of a recorded command
+/// (`src/private_libs.rs`) are bind mounts of unnamed files, which the
+/// kernel shows with the suffix although the path opens them. A deleted
+/// file replaced by another one (an upgraded library) keeps its suffix.
 pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {
-    Ok(parse_maps(&std::fs::read_to_string(format!(
-        "/proc/{pid}/maps"
-    ))?))
+    let mut maps = parse_maps(&std::fs::read_to_string(format!("/proc/{pid}/maps"))?);
+    let mut reachable: HashMap<String, bool> = HashMap::new();
+    for m in &mut maps {
+        let Some(name) = m.path.as_deref().and_then(|p| p.strip_suffix(" (deleted)")) else {
+            continue;
+        };
+        let same = *reachable.entry(name.to_string()).or_insert_with(|| {
+            use std::os::unix::fs::MetadataExt;
+            std::fs::metadata(format!("/proc/{pid}/root{name}")).is_ok_and(|md| md.ino() == m.inode)
+        });
+        if same {
+            m.path = Some(name.to_string());
+        }
+    }
+    Ok(maps)
 }
 
 /// Where an address lives, as the analyzer needs it offline.
