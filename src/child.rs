@@ -200,9 +200,7 @@ impl Child {
             match (private.is_some(), n == 4, code) {
                 (false, _, _) => PrivateLibs::Off,
                 (true, true, 0) => PrivateLibs::Done,
-                (true, true, c) => {
-                    PrivateLibs::Failed(crate::private_libs::describe_failure(c))
-                }
+                (true, true, c) => PrivateLibs::Failed(crate::private_libs::describe_failure(c)),
                 (true, false, _) => PrivateLibs::Failed("the command ended early".into()),
             }
         };

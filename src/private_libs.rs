@@ -159,7 +159,10 @@ impl Plan {
             // system calls it takes (`.memleak-PID-libc.so.6`, so that a
             // copy left by a kill in between says what it is).
             let len = self.write_fd_path(copy);
-            fill_digits(&mut self.names[i][self.pid_at[i]..self.pid_at[i] + 10], libc::getpid());
+            fill_digits(
+                &mut self.names[i][self.pid_at[i]..self.pid_at[i] + 10],
+                libc::getpid(),
+            );
             let named = libc::linkat(
                 libc::AT_FDCWD,
                 self.fd_path[..len].as_ptr().cast(),

@@ -101,6 +101,14 @@ impl ElfSyms {
             .map(|&(off, vaddr, _, exec)| (file_offset - off + vaddr, exec))
     }
 
+    /// The file offset of a virtual address.
+    pub fn file_offset(&self, vaddr: u64) -> Option<u64> {
+        self.loads
+            .iter()
+            .find(|&&(_, va, size, _)| vaddr >= va && vaddr - va < size)
+            .map(|&(off, va, _, _)| vaddr - va + off)
+    }
+
     /// Function symbols (`FUNC`, `IFUNC`) with a size that contain `vaddr`.
     pub fn functions_at(&self, vaddr: u64) -> Vec<&ElfSym> {
         self.syms

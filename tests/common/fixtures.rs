@@ -420,7 +420,21 @@ fn check_times(fx: &Fixture, trace: &Path) {
 pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
     check_times(fx, trace);
     let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
-    assert_eq!(report.summary.lost_total(), 0, "{}: lost events", fx.name);
+    // Losses: none, unless the expected file lists them (exactly).
+    let lost: BTreeMap<String, u64> = report
+        .summary
+        .lost_by_reason
+        .iter()
+        .filter(|(_, &n)| n > 0)
+        .map(|(k, &n)| (k.clone(), n))
+        .collect();
+    let expected_lost: BTreeMap<String, u64> = fx.expected["lost"]
+        .as_object()
+        .into_iter()
+        .flatten()
+        .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
+        .collect();
+    assert_eq!(lost, expected_lost, "{}: lost events", fx.name);
     let (user, runtime) = fx.actual_groups(&report);
     let expected = fx.expected_groups(keys);
     assert_eq!(
