@@ -173,7 +173,6 @@ extern __u64 *bpf_session_cookie(void) __ksym __weak;
 #define CK_WRAPPER (1ULL << 54) /* a libc wrapper: nested sizes are wanted */
 #define CK_INNER (1ULL << 53)   /* an allocation nested in a wrapper */
 #define CK_DONE (1ULL << 52)    /* nothing to record at return */
-#define CK_UNSAFE (1ULL << 51)  /* pending_walk(): no call of ours, but asking is unsafe */
 #define CK_KIND_SHIFT 48        /* the kind of a size-only call (< 16) */
 #define CK_SIZE_MASK ((1ULL << 48) - 1)
 
@@ -984,29 +983,21 @@ __noinline __u64 pending_walk(struct pt_regs *ctx)
 	if (!ctx)
 		return 0;
 	ri = walkable(task)->utask->return_instances;
-	__u64 sp = PT_REGS_SP(ctx), c, unsafe = 0;
+	__u64 sp = PT_REGS_SP(ctx), c;
 
 	for (int i = 0; i < PENDING_LOOKUP; i++) {
 		if (!ri)
-			break;
+			return 0;
 		c = tagged_cookie(ri);
 		if (c && ri->stack >= sp) {
 			if (!(c & CK_WRAPPER) || return_pending(task, ri))
 				return c;
-		} else if (ri->stack < sp && !same_stack(task, sp, ri->stack) &&
-			   return_pending(task, ri)) {
-			/* Ours: the handler's calls are nested in it. */
-			if (c)
-				return c & ~CK_WRAPPER;
-			/* Another tool's: asking would drop its return, and
-			 * the thread would die the same way. Unless a call of
-			 * ours further down encloses this one, it is not
-			 * traced. */
-			unsafe = CK_TAG | CK_UNSAFE;
+		} else if (c && !same_stack(task, sp, ri->stack) && return_pending(task, ri)) {
+			return c & ~CK_WRAPPER;
 		}
 		ri = ri->next;
 	}
-	return unsafe;
+	return 0;
 }
 
 /* The common case, no pending return, stays inline; the walk is a global
@@ -1128,8 +1119,6 @@ static __always_inline int alloc_entry(struct pt_regs *ctx, __u64 *cookie, int k
 	__u8 kind = known >= 0 ? known : bpf_get_attach_cookie(ctx) & 0xff;
 	__u64 outer = enclosing_call(ctx, task);
 
-	if (outer & CK_UNSAFE)
-		return decline(kind);
 	if (outer)
 		return nested_entry(ctx, task, kind, outer, cookie);
 	if (signal_stack_above(task, PT_REGS_SP(ctx)))
@@ -1357,15 +1346,7 @@ static __always_inline int free_probe(struct pt_regs *ctx, __u8 kind, __u64 size
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 addr = PT_REGS_PARM1(ctx);
 
-	__u64 outer;
-
-	if (!addr)
-		return 0;
-	/* Inside a call of ours: not the program's own free. Beside another
-	 * tool's interrupted call (CK_UNSAFE) a free asks for nothing and is
-	 * recorded. */
-	outer = enclosing_call(ctx, task);
-	if (outer && !(outer & CK_UNSAFE))
+	if (!addr || enclosing_call(ctx, task))
 		return 0;
 	record_free(task, kind, addr, size);
 	return 0;
