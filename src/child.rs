@@ -110,6 +110,23 @@ fn sigstop_pending(tid: u32) -> bool {
         .is_some_and(|mask| mask & (1 << (libc::SIGSTOP - 1)) != 0)
 }
 
+/// The threads of a process that have not exited (a main thread that
+/// exited before the others stays listed, a zombie).
+fn live_threads(pid: u32) -> Vec<u32> {
+    threads(pid)
+        .into_iter()
+        .filter(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let state = s.rsplit_once(')')?.1.trim_start().chars().next()?;
+                    Some(!matches!(state, 'Z' | 'X'))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
+}
+
 /// The threads of a process.
 fn threads(pid: u32) -> Vec<u32> {
     std::fs::read_dir(format!("/proc/{pid}/task"))
@@ -452,6 +469,16 @@ impl Child {
             // SAFETY: the thread is in a ptrace stop.
             unsafe { libc::ptrace(request, tid, 0, inject) };
         }
+    }
+
+    /// Whether every thread of the command and of the processes it forked
+    /// that we follow is in a group-stop: nothing of the job runs.
+    pub fn all_stopped(&self) -> bool {
+        let pids = (!self.exited).then_some(self.pid);
+        pids.into_iter()
+            .chain(self.adopted.iter().copied())
+            .flat_map(live_threads)
+            .all(|tid| self.listening.contains(&tid))
     }
 
     fn adopt(&mut self, pid: u32, on_fork: &mut dyn FnMut(u32) -> Result<()>) -> Result<()> {

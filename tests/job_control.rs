@@ -1,7 +1,9 @@
 //! Job control of a command memleak records (issue 25): SIGSTOP and
 //! SIGTSTP stop it as they would without memleak, every thread of it, and
 //! SIGCONT lets it go on; memleak keeps recording meanwhile, and the
-//! recording ends as usual, with a valid trace.
+//! recording ends as usual, with a valid trace. Ctrl-Z (SIGTSTP to the
+//! whole process group) stops memleak and the command, `fg` (SIGCONT to
+//! the group) resumes both.
 //!
 //! The command is `fixtures/ticker`: threads that each write a tick count
 //! to their own slot of a file every 20 ms. A stopped command is one
@@ -365,6 +367,110 @@ fn sigttin_and_sigttou_and_sigcont() {
 #[test]
 fn sigstop_of_a_command_stopping_in_ld_so() {
     stop_and_continue(&[libc::SIGSTOP], 3, true);
+}
+
+/// Ctrl-Z: the terminal sends SIGTSTP to the foreground process group,
+/// memleak and its command. Both stop, so the shell gets its prompt back;
+/// `fg` sends SIGCONT to the group, both go on and the recording
+/// completes.
+#[test]
+fn ctrl_z_stops_memleak_and_the_command_fg_resumes_both() {
+    if !common::can_record() {
+        return;
+    }
+    let threads = 3;
+    let (mut rec, ticker) = Recording::ticker(&[], threads, false);
+    let group = rec.rec.id() as i32;
+    ticker.wait_progress(&vec![2; threads], "before Ctrl-Z");
+    kill(-group, libc::SIGTSTP);
+    let memleak_stopped = wait_for(DEADLINE, || {
+        (proc_state(group as u32) == Some('T')).then_some(())
+    });
+    assert!(
+        memleak_stopped.is_some(),
+        "memleak is not stopped: {:?}",
+        proc_state(group as u32)
+    );
+    ticker.assert_stays_stopped("after Ctrl-Z");
+    assert_eq!(
+        proc_state(group as u32),
+        Some('T'),
+        "memleak did not stay stopped"
+    );
+    let at_stop = ticker.counts();
+    kill(-group, libc::SIGCONT);
+    ticker.wait_progress(&at_stop, "after fg");
+    let t = rec.finish(0);
+    assert_eq!(ticker.counts(), vec![TICKS; threads]);
+    assert!(ticker.mallocs(&t) >= threads as u64 * TICKS);
+    let stderr = rec.stderr();
+    assert!(stderr.contains("memleak: recorded "), "{stderr}");
+}
+
+/// Ctrl-Z on a command that ignores SIGTSTP: without memleak nothing
+/// would stop; with it, nothing stops either (memleak does not stop
+/// before its command).
+#[test]
+fn ctrl_z_on_a_command_that_ignores_it_stops_nothing() {
+    if !common::can_record() {
+        return;
+    }
+    let threads = 2;
+    let counts = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let exe = fixtures_dir().join("ticker");
+    // An ignored signal stays ignored across exec.
+    let script = format!(
+        "trap '' TSTP; exec '{}' '{}' {threads} {TICKS}",
+        exe.display(),
+        counts.display()
+    );
+    let mut rec = Recording::start(&["-q"], &["sh", "-c", &script]);
+    let group = rec.rec.id() as i32;
+    let pid = rec.child_running("ticker");
+    let ticker = Ticker {
+        pid,
+        threads,
+        counts: counts.to_path_buf(),
+        _file: counts,
+    };
+    ticker.wait_progress(&vec![2; threads], "before Ctrl-Z");
+    let before = ticker.counts();
+    kill(-group, libc::SIGTSTP);
+    // Watched for twice as long as memleak waits for its command.
+    let since = Instant::now();
+    while since.elapsed() < Duration::from_secs(2) {
+        std::thread::sleep(Duration::from_millis(50));
+        assert_ne!(proc_state(group as u32), Some('T'), "memleak stopped");
+    }
+    assert_ne!(ticker.counts(), before, "the command stopped");
+    rec.finish(0);
+    assert_eq!(ticker.counts(), vec![TICKS; threads]);
+}
+
+/// `kill -TSTP` of memleak alone: it passes the signal on, stops once the
+/// command has, and `kill -CONT` of memleak resumes both.
+#[test]
+fn sigtstp_to_memleak_is_passed_on_and_so_is_sigcont() {
+    if !common::can_record() {
+        return;
+    }
+    let threads = 2;
+    let (mut rec, ticker) = Recording::ticker(&["-q"], threads, false);
+    let me = rec.rec.id();
+    ticker.wait_progress(&vec![2; threads], "before the stop");
+    kill(me as i32, libc::SIGTSTP);
+    let memleak_stopped = wait_for(DEADLINE, || (proc_state(me) == Some('T')).then_some(()));
+    assert!(
+        memleak_stopped.is_some(),
+        "memleak is not stopped: {:?}",
+        proc_state(me)
+    );
+    ticker.assert_stays_stopped("after SIGTSTP to memleak");
+    let at_stop = ticker.counts();
+    kill(me as i32, libc::SIGCONT);
+    ticker.wait_progress(&at_stop, "after SIGCONT to memleak");
+    rec.finish(0);
+    assert_eq!(ticker.counts(), vec![TICKS; threads]);
 }
 
 /// SIGKILL ends a stopped command, and with it the recording: memleak
