@@ -471,6 +471,12 @@ impl Child {
         }
     }
 
+    /// Whether the command, or a process it forked that we follow, is
+    /// stopped by a stop signal (a thread of it is in a group-stop).
+    pub fn stopped(&self) -> bool {
+        !self.listening.is_empty()
+    }
+
     /// Whether every thread of the command and of the processes it forked
     /// that we follow is in a group-stop: nothing of the job runs.
     pub fn all_stopped(&self) -> bool {

@@ -335,6 +335,11 @@ impl Stopping {
         if !from_terminal {
             c.signal(signal);
         }
+        // A stopped command would not act on it before --kill-after's
+        // SIGKILL: as timeout(1) does, it is continued.
+        if c.stopped() {
+            c.signal(libc::SIGCONT);
+        }
         Stopping {
             signal,
             duration,

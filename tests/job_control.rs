@@ -490,6 +490,24 @@ fn sigkill_of_a_stopped_command_ends_the_recording() {
     assert_eq!(proc_state(ticker.pid), None, "the command was not reaped");
 }
 
+/// --duration on a stopped command: like timeout(1), memleak follows its
+/// SIGTERM with SIGCONT, so the command gets the SIGTERM (exit 143)
+/// instead of waiting, stopped, for --kill-after's SIGKILL.
+#[test]
+fn duration_ends_a_stopped_command_with_sigterm() {
+    if !common::can_record() {
+        return;
+    }
+    let threads = 2;
+    let (mut rec, ticker) = Recording::ticker(&["-d", "4s", "--kill-after", "10m"], threads, false);
+    ticker.wait_progress(&vec![2; threads], "before the stop");
+    kill(ticker.pid as i32, libc::SIGSTOP);
+    ticker.assert_stays_stopped("after SIGSTOP");
+    rec.finish(128 + libc::SIGTERM);
+    let stderr = rec.stderr();
+    assert!(stderr.contains("sent SIGTERM to the command"), "{stderr}");
+}
+
 /// --follow-forks: a process the command forked stops and continues the
 /// same way (the followed processes share the command's ptrace loop).
 #[test]
