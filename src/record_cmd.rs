@@ -58,8 +58,8 @@ pub struct RecordArgs {
     pub kill_after: Option<Duration>,
     /// With a command: when recording stops early (--duration, SIGINT,
     /// SIGTERM), detach and leave the command running untraced instead of
-    /// stopping it. It runs in its own process group, so Ctrl-C in the
-    /// terminal stops only memleak.
+    /// stopping it. It runs in its own process group, so Ctrl-C (and
+    /// Ctrl-Z) in the terminal reach only memleak.
     #[arg(long)]
     pub detach: bool,
     /// Record only allocations of at least this size (bytes; k, M, G
