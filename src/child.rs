@@ -1,6 +1,8 @@
 //! A child process started suspended, released once the probes are in
-//! place, and traced with ptrace only to stop it at exit while its
-//! address space can still be read.
+//! place, and traced with ptrace to hold it where its address space must
+//! be read (exec, exit, forks, ld.so's `_dl_debug_state`). Job control
+//! goes through untouched: a stop signal stops it as it would without
+//! memleak, SIGCONT resumes it.
 
 use std::ffi::CString;
 use std::time::{Duration, Instant};
@@ -22,6 +24,9 @@ pub struct Child {
     detached: bool,
     /// Processes the command forked, traced with --follow-forks.
     adopted: std::collections::HashSet<u32>,
+    /// Threads in a group-stop (SIGSTOP, SIGTSTP...), left there with
+    /// PTRACE_LISTEN until SIGCONT or SIGKILL.
+    listening: std::collections::HashSet<u32>,
 }
 
 /// What became of the private library copies ([`crate::private_libs`]).
@@ -78,6 +83,33 @@ fn tgid_of(tid: u32) -> u32 {
         .unwrap_or(tid)
 }
 
+/// Whether a signal is one of the four that stop a process.
+fn is_stop_signal(sig: libc::c_int) -> bool {
+    matches!(
+        sig,
+        libc::SIGSTOP | libc::SIGTSTP | libc::SIGTTIN | libc::SIGTTOU
+    )
+}
+
+/// Whether the SIGSTOP a thread is in a signal-delivery stop for is one
+/// our `_dl_debug_state` probe sent (`bpf_send_signal_thread`: si_code
+/// SI_KERNEL), not a user's `kill` or `tgkill` (SI_USER, SI_TKILL). A
+/// thread that cannot be asked is dying: its stop is as good as ours.
+fn probe_sigstop(tid: u32) -> bool {
+    // SAFETY: siginfo_t is plain data; zeroed is a valid value.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    // SAFETY: the thread is in a ptrace stop; info is writable.
+    let rc = unsafe {
+        libc::ptrace(
+            libc::PTRACE_GETSIGINFO,
+            tid as libc::pid_t,
+            0,
+            &mut info as *mut libc::siginfo_t,
+        )
+    };
+    rc != 0 || info.si_code == libc::SI_KERNEL
+}
+
 /// Whether a SIGSTOP is queued for a thread (stable while it is in a
 /// ptrace stop: only it dequeues its signals).
 fn sigstop_pending(tid: u32) -> bool {
@@ -89,6 +121,23 @@ fn sigstop_pending(tid: u32) -> bool {
                 .and_then(|v| u64::from_str_radix(v.trim(), 16).ok())
         })
         .is_some_and(|mask| mask & (1 << (libc::SIGSTOP - 1)) != 0)
+}
+
+/// The threads of a process that have not exited (a main thread that
+/// exited before the others stays listed, a zombie).
+fn live_threads(pid: u32) -> Vec<u32> {
+    threads(pid)
+        .into_iter()
+        .filter(|tid| {
+            std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+                .ok()
+                .and_then(|s| {
+                    let state = s.rsplit_once(')')?.1.trim_start().chars().next()?;
+                    Some(!matches!(state, 'Z' | 'X'))
+                })
+                .unwrap_or(false)
+        })
+        .collect()
 }
 
 /// The threads of a process.
@@ -176,7 +225,6 @@ impl Child {
                 if b[0] != b'g' {
                     libc::_exit(126);
                 }
-                libc::ptrace(libc::PTRACE_TRACEME, 0, 0, 0);
                 libc::execvp(ptrs[0], ptrs.as_ptr());
                 let e = *libc::__errno_location();
                 libc::write(err[1], (&e as *const i32).cast(), 4);
@@ -213,6 +261,7 @@ impl Child {
             exited: false,
             detached: false,
             adopted: Default::default(),
+            listening: Default::default(),
         })
     }
 
@@ -220,55 +269,101 @@ impl Child {
     /// stop right after the exec, before the program's first instruction
     /// (a statically linked program is mapped then); the child is killed
     /// if it fails.
+    ///
+    /// The child is attached with PTRACE_SEIZE, not PTRACE_TRACEME: only
+    /// a seized tracee can be left in a group-stop (PTRACE_LISTEN), which
+    /// job control needs (see [`poll`](Self::poll)). Until the exec only
+    /// the exec stop is asked for, so that a failed exec ends the child
+    /// with a plain exit.
     pub fn release(
         &mut self,
         follow_forks: bool,
         on_exec: &mut dyn FnMut() -> Result<()>,
     ) -> Result<()> {
-        let mut e = 0i32;
-        // SAFETY: fds are ours; buffers are valid.
-        let n = unsafe {
-            libc::write(self.go_tx, b"g".as_ptr().cast(), 1);
-            libc::close(self.go_tx);
-            let n = libc::read(self.err_rx, (&mut e as *mut i32).cast(), 4);
-            libc::close(self.err_rx);
-            n
-        };
-        if n == 4 {
-            self.reap_blocking();
-            bail!(
-                "cannot execute command: {}",
-                std::io::Error::from_raw_os_error(e)
-            );
-        }
-        // The exec stop (SIGTRAP) of PTRACE_TRACEME: ask for a stop at
-        // exit too, then let it run.
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
+        let pid = self.pid as libc::pid_t;
+        // SAFETY: our own child, blocked on the pipe until we write "g".
+        let seized = unsafe {
+            libc::ptrace(
+                libc::PTRACE_SEIZE,
+                pid,
+                0,
+                libc::PTRACE_O_TRACEEXEC as libc::c_long,
+            )
+        } == 0;
+        let seize_error = (!seized).then(std::io::Error::last_os_error);
+        // SAFETY: the fd is ours. Without the "g" (not traced: it must not
+        // run untraced) the child exits without exec.
         unsafe {
-            while libc::waitpid(self.pid as i32, &mut status, 0) < 0
-                && *libc::__errno_location() == libc::EINTR
-            {}
-            if libc::WIFSTOPPED(status) {
-                on_exec()?;
-                libc::ptrace(
-                    libc::PTRACE_SETOPTIONS,
-                    self.pid as i32,
-                    0,
-                    libc::PTRACE_O_TRACEEXIT
-                        | libc::PTRACE_O_TRACECLONE
-                        | libc::PTRACE_O_TRACEEXEC
-                        | if follow_forks {
-                            libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK
-                        } else {
-                            0
-                        },
-                );
-                libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
-            } else if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
-                self.exited = true;
-                self.exit_code = Some(exit_status(status));
+            if seized {
+                libc::write(self.go_tx, b"g".as_ptr().cast(), 1);
             }
+            libc::close(self.go_tx);
+        }
+        // The exec stop, or the end of a child that did not exec.
+        let mut status = 0;
+        loop {
+            // SAFETY: waiting for our own child.
+            if unsafe { libc::waitpid(pid, &mut status, libc::__WALL) } < 0 {
+                let e = std::io::Error::last_os_error();
+                if e.kind() == std::io::ErrorKind::Interrupted {
+                    continue;
+                }
+                self.exited = true;
+                bail!("waiting for the command: {e}");
+            }
+            let event = (status >> 16) & 0xff;
+            if !libc::WIFSTOPPED(status) || event == libc::PTRACE_EVENT_EXEC {
+                break;
+            }
+            // A signal before the exec is delivered; any other stop (a
+            // group-stop) ends at once: the exec comes first.
+            let inject = if event == 0 {
+                libc::WSTOPSIG(status)
+            } else {
+                0
+            };
+            // SAFETY: the child is in a ptrace stop.
+            unsafe { libc::ptrace(libc::PTRACE_CONT, pid, 0, inject as libc::c_long) };
+        }
+        if !libc::WIFSTOPPED(status) {
+            self.exited = true;
+            self.exit_code = Some(exit_status(status));
+            let mut e = 0i32;
+            // SAFETY: the fd is ours; e is writable. The child is gone, so
+            // this does not block.
+            let n = unsafe {
+                let n = libc::read(self.err_rx, (&mut e as *mut i32).cast(), 4);
+                libc::close(self.err_rx);
+                n
+            };
+            if let Some(err) = seize_error {
+                bail!("cannot trace the command: ptrace(PTRACE_SEIZE): {err}");
+            }
+            if n == 4 {
+                bail!(
+                    "cannot execute command: {}",
+                    std::io::Error::from_raw_os_error(e)
+                );
+            }
+            return Ok(());
+        }
+        // SAFETY: our fd; the exec closed the child's end.
+        unsafe { libc::close(self.err_rx) };
+        on_exec()?;
+        // Stops at exit, at new threads and processes and at later execs
+        // from now on; then let it run.
+        let options = libc::PTRACE_O_TRACEEXIT
+            | libc::PTRACE_O_TRACECLONE
+            | libc::PTRACE_O_TRACEEXEC
+            | if follow_forks {
+                libc::PTRACE_O_TRACEFORK | libc::PTRACE_O_TRACEVFORK
+            } else {
+                0
+            };
+        // SAFETY: the child is in its exec stop.
+        unsafe {
+            libc::ptrace(libc::PTRACE_SETOPTIONS, pid, 0, options as libc::c_long);
+            libc::ptrace(libc::PTRACE_CONT, pid, 0, 0);
         }
         Ok(())
     }
@@ -310,6 +405,13 @@ impl Child {
     /// `on_exit` runs at the command's exit stop, after `on_stop`: the
     /// leak scan's moment (the other threads are being killed and stop
     /// at their own exit, or are gone).
+    ///
+    /// Job control is the kernel's, as without memleak (ptrace(2),
+    /// "Group-stop"): a stop signal (SIGSTOP but the probe's, SIGTSTP,
+    /// SIGTTIN, SIGTTOU) is delivered, the kernel stops every thread, and
+    /// each thread's group-stop (PTRACE_EVENT_STOP with the signal) is
+    /// left in place with PTRACE_LISTEN; SIGCONT wakes it (another
+    /// PTRACE_EVENT_STOP, with SIGTRAP), and it is let go.
     pub fn poll(
         &mut self,
         on_stop: &mut dyn FnMut() -> Result<()>,
@@ -330,15 +432,15 @@ impl Child {
                 self.exited = true;
                 self.exit_code.get_or_insert(0);
                 self.adopted.clear();
+                self.listening.clear();
                 return Ok(());
             }
             let main = tid as u32 == self.pid;
-            if (libc::WIFEXITED(status) || libc::WIFSIGNALED(status))
-                && self.adopted.remove(&(tid as u32))
-            {
-                continue; // a followed child process ended
-            }
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
+                self.listening.remove(&(tid as u32));
+                if self.adopted.remove(&(tid as u32)) {
+                    continue; // a followed child process ended
+                }
                 if main {
                     self.exited = true;
                     self.exit_code = Some(exit_status(status));
@@ -350,9 +452,10 @@ impl Child {
             }
             let sig = libc::WSTOPSIG(status);
             let event = (status >> 16) & 0xff;
-            let inject = match (sig, event) {
+            let mut request = libc::PTRACE_CONT;
+            let inject = match event {
                 // --follow-forks: a new process, stopped until we let it go.
-                (libc::SIGTRAP, libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK) => {
+                libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                     let mut child: libc::c_ulong = 0;
                     // SAFETY: the thread is in a ptrace stop; child is writable.
                     unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut child) };
@@ -360,7 +463,7 @@ impl Child {
                     0
                 }
                 // Exit of the process: its address space is still there.
-                (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
+                libc::PTRACE_EVENT_EXIT => {
                     if main {
                         on_stop()?;
                         on_exit()?;
@@ -369,17 +472,26 @@ impl Child {
                 }
                 // A new program (`env LD_PRELOAD=... prog`): mapped, not
                 // run yet.
-                (libc::SIGTRAP, libc::PTRACE_EVENT_EXEC) => {
+                libc::PTRACE_EVENT_EXEC => {
                     if main {
                         on_stop()?;
                     }
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }
-                (libc::SIGTRAP, _) => 0,
-                // Our probe on ld.so's _dl_debug_state (or a new
-                // thread's first stop): the maps are about to change.
-                (libc::SIGSTOP, _) => {
+                // A group-stop: the thread stays stopped, as it would
+                // untraced, until SIGCONT (or SIGKILL).
+                libc::PTRACE_EVENT_STOP if is_stop_signal(sig) => {
+                    self.listening.insert(tid as u32);
+                    request = libc::PTRACE_LISTEN;
+                    0
+                }
+                // SIGCONT woke a stopped thread: it runs on.
+                libc::PTRACE_EVENT_STOP if self.listening.remove(&(tid as u32)) => 0,
+                // A new thread's or process's first stop (or SIGCONT's
+                // notice to a thread that was not stopped): the maps are
+                // about to change.
+                libc::PTRACE_EVENT_STOP => {
                     // A forked child's first stop can come before its
                     // parent's fork event.
                     if !main && is_process(tid as u32) {
@@ -389,11 +501,39 @@ impl Child {
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }
-                (other, _) => other,
+                // Signal-delivery stops. Our probe on ld.so's
+                // _dl_debug_state: the maps are about to change.
+                0 if sig == libc::SIGSTOP && probe_sigstop(tid as u32) => {
+                    on_stop()?;
+                    on_maps(tgid_of(tid as u32))?;
+                    0
+                }
+                0 if sig == libc::SIGTRAP => 0,
+                // Any other signal is delivered: a stop signal makes the
+                // kernel stop the whole process (a group-stop, above).
+                0 => sig,
+                // PTRACE_EVENT_CLONE, PTRACE_EVENT_VFORK_DONE.
+                _ => 0,
             };
             // SAFETY: the thread is in a ptrace stop.
-            unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0, inject) };
+            unsafe { libc::ptrace(request, tid, 0, inject) };
         }
+    }
+
+    /// Whether the command, or a process it forked that we follow, is
+    /// stopped by a stop signal (a thread of it is in a group-stop).
+    pub fn stopped(&self) -> bool {
+        !self.listening.is_empty()
+    }
+
+    /// Whether every thread of the command and of the processes it forked
+    /// that we follow is in a group-stop: nothing of the job runs.
+    pub fn all_stopped(&self) -> bool {
+        let pids = (!self.exited).then_some(self.pid);
+        pids.into_iter()
+            .chain(self.adopted.iter().copied())
+            .flat_map(live_threads)
+            .all(|tid| self.listening.contains(&tid))
     }
 
     fn adopt(&mut self, pid: u32, on_fork: &mut dyn FnMut(u32) -> Result<()>) -> Result<()> {
@@ -404,18 +544,18 @@ impl Child {
     }
 
     /// Stops tracing and lets the command (and the processes it forked
-    /// that we follow) run on, untraced and not stopped.
+    /// that we follow) run on, untraced; a stopped one (SIGSTOP, SIGTSTP)
+    /// stays stopped, as it would untraced, until SIGCONT.
     ///
-    /// A thread can only be detached in a ptrace stop, and with
-    /// PTRACE_TRACEME there is no PTRACE_INTERRUPT: each thread is sent
-    /// SIGSTOP and detached at that stop with the signal suppressed.
-    /// The `_dl_debug_state` probe sends SIGSTOP too (the caller removes
-    /// it first): one it sent just before ours is either still queued,
-    /// and ours merges with it, or already dequeued, and its stop comes
-    /// first, with ours queued; that stop is suppressed, and the thread
-    /// detached at the next. A thread left untraced with a SIGSTOP
-    /// queued would stop for real. Whatever does not stop within two
-    /// seconds is detached by the kernel when memleak exits.
+    /// A thread can only be detached in a ptrace stop: each is sent
+    /// PTRACE_INTERRUPT and detached at its next stop, whatever its kind,
+    /// with the signal of a signal-delivery stop passed on (the kernel
+    /// turns a group-stop into a plain stop). The `_dl_debug_state` probe
+    /// sends SIGSTOP (the caller removes it first): a thread with one of
+    /// its SIGSTOPs still queued is let run to that signal's stop, where
+    /// the signal is suppressed, since untraced it would stop for real.
+    /// Whatever does not stop within two seconds is detached by the
+    /// kernel when memleak exits.
     pub fn detach(&mut self) {
         self.detached = true;
         if self.exited {
@@ -424,8 +564,8 @@ impl Child {
         let mut pending: std::collections::HashSet<u32> = Default::default();
         for pid in std::iter::once(self.pid).chain(self.adopted.iter().copied()) {
             for tid in threads(pid) {
-                // SAFETY: a thread of a process we trace.
-                if unsafe { libc::syscall(libc::SYS_tgkill, pid, tid, libc::SIGSTOP) } == 0 {
+                // SAFETY: a thread we trace (seized).
+                if unsafe { libc::ptrace(libc::PTRACE_INTERRUPT, tid as libc::pid_t, 0, 0) } == 0 {
                     pending.insert(tid);
                 }
             }
@@ -449,35 +589,42 @@ impl Child {
             }
             let sig = libc::WSTOPSIG(status);
             let event = (status >> 16) & 0xff;
-            let (request, inject) = match (sig, event) {
-                // A SIGSTOP stop, with ours still to come: the probe's,
-                // dequeued before ours was sent. Suppressed.
-                (libc::SIGSTOP, 0) if sigstop_pending(tid) => (libc::PTRACE_CONT, 0),
-                // Ours, or one it merged with: nothing is left to stop
-                // the thread once it is detached.
-                (libc::SIGSTOP, 0) => {
-                    pending.remove(&tid);
-                    (libc::PTRACE_DETACH, 0)
-                }
-                // A new thread or process starts with a SIGSTOP of its own.
-                (
-                    libc::SIGTRAP,
-                    libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK,
-                ) => {
+            let inject = match event {
+                // A new thread or process: detached at its own first stop.
+                libc::PTRACE_EVENT_CLONE | libc::PTRACE_EVENT_FORK | libc::PTRACE_EVENT_VFORK => {
                     let mut new: libc::c_ulong = 0;
                     // SAFETY: the thread is in a ptrace stop; new is writable.
                     unsafe { libc::ptrace(libc::PTRACE_GETEVENTMSG, tid, 0, &mut new) };
                     pending.insert(new as u32);
-                    (libc::PTRACE_CONT, 0)
+                    0
                 }
                 // On its way out: it will not stop again.
-                (libc::SIGTRAP, libc::PTRACE_EVENT_EXIT) => {
+                libc::PTRACE_EVENT_EXIT => {
                     pending.remove(&tid);
-                    (libc::PTRACE_CONT, 0)
+                    // SAFETY: the thread is in a ptrace stop.
+                    unsafe { libc::ptrace(libc::PTRACE_CONT, tid, 0, 0) };
+                    continue;
                 }
-                (libc::SIGTRAP, _) => (libc::PTRACE_CONT, 0),
-                // Someone else's signal: delivered; our SIGSTOP follows.
-                (other, _) => (libc::PTRACE_CONT, other),
+                // A group-stop stays one once detached (a SIGSTOP of the
+                // probe's still queued goes with the next SIGCONT).
+                libc::PTRACE_EVENT_STOP if is_stop_signal(sig) => {
+                    pending.remove(&tid);
+                    // SAFETY: the thread is in a ptrace stop.
+                    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+                    continue;
+                }
+                0 if sig == libc::SIGSTOP && probe_sigstop(tid) => 0,
+                0 if sig == libc::SIGTRAP => 0,
+                // Someone else's signal: delivered.
+                0 => sig,
+                _ => 0,
+            };
+            // A probe's SIGSTOP still to come: taken first, at its stop.
+            let request = if sigstop_pending(tid) {
+                libc::PTRACE_CONT
+            } else {
+                pending.remove(&tid);
+                libc::PTRACE_DETACH
             };
             // SAFETY: the thread is in a ptrace stop.
             unsafe { libc::ptrace(request, tid, 0, inject) };
@@ -488,14 +635,6 @@ impl Child {
     /// again nor waited for when this is dropped.
     pub fn abandon(&mut self) {
         self.detached = true;
-    }
-
-    fn reap_blocking(&mut self) {
-        let mut status = 0;
-        // SAFETY: waiting for our own child.
-        unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
-        self.exited = true;
-        self.exit_code = Some(exit_status(status));
     }
 }
 

@@ -65,8 +65,8 @@ pub struct RecordArgs {
     pub kill_after: Option<Duration>,
     /// With a command: when recording stops early (--duration, SIGINT,
     /// SIGTERM), detach and leave the command running untraced instead of
-    /// stopping it. It runs in its own process group, so Ctrl-C in the
-    /// terminal stops only memleak.
+    /// stopping it. It runs in its own process group, so Ctrl-C (and
+    /// Ctrl-Z) in the terminal reach only memleak.
     #[arg(long)]
     pub detach: bool,
     /// Record only allocations of at least this size (bytes; k, M, G
@@ -218,6 +218,83 @@ fn catch_stop_signals() {
     }
 }
 
+/// A stop signal (SIGTSTP, SIGTTIN, SIGTTOU) memleak received while it
+/// records a command, not yet acted on; 0 if none.
+static SUSPEND: AtomicI32 = AtomicI32::new(0);
+/// Whether the terminal sent it (Ctrl-Z, or a background job's access to
+/// the terminal): then the whole process group got it.
+static SUSPEND_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_suspend(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
+    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
+    SUSPEND_FROM_TERMINAL.store(code == libc::SI_KERNEL, Ordering::SeqCst);
+    SUSPEND.store(sig, Ordering::SeqCst);
+}
+
+/// While memleak records a command that shares its job (no --detach), a
+/// stop signal does not stop memleak at once: see [`Suspending`].
+fn catch_suspend_signals() {
+    // SAFETY: the handler only stores to atomics; the struct is filled.
+    unsafe {
+        let mut sa: libc::sigaction = std::mem::zeroed();
+        sa.sa_sigaction = on_suspend as *const () as libc::sighandler_t;
+        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
+        libc::sigemptyset(&mut sa.sa_mask);
+        for sig in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
+    }
+}
+
+/// How long memleak, asked to stop, waits for its command to stop first.
+/// A command that ignores or handles the signal and runs on keeps memleak
+/// running too, as the job would run on without memleak.
+const SUSPEND_WAIT: Duration = Duration::from_secs(1);
+
+/// memleak was sent a stop signal (Ctrl-Z, `kill -TSTP`) while recording
+/// a command in its job: like the rest of the job, it stops, but only
+/// once the command has (every thread in a group-stop), so that the
+/// command does not run on untended and the shell sees the job stopped
+/// when it is. A signal sent to memleak alone is passed on to the
+/// command, and so is, then, the SIGCONT that resumes memleak; one the
+/// terminal sent reached the command's process group already, as the
+/// SIGCONT of the shell's `fg` and `bg` will.
+struct Suspending {
+    signal: libc::c_int,
+    passed_on: bool,
+    since: Instant,
+}
+
+impl Suspending {
+    fn begin(c: &Child, signal: libc::c_int, from_terminal: bool) -> Suspending {
+        let passed_on = !(from_terminal && c.in_our_process_group());
+        if passed_on {
+            c.signal(signal);
+        }
+        Suspending {
+            signal,
+            passed_on,
+            since: Instant::now(),
+        }
+    }
+}
+
+/// Stops memleak with `sig` as its default action would, and returns once
+/// memleak is continued (SIGCONT).
+fn stop_self(sig: libc::c_int) {
+    // SAFETY: sigaction with filled structs; raise has no preconditions.
+    unsafe {
+        let mut dfl: libc::sigaction = std::mem::zeroed();
+        dfl.sa_sigaction = libc::SIG_DFL;
+        libc::sigemptyset(&mut dfl.sa_mask);
+        let mut ours: libc::sigaction = std::mem::zeroed();
+        libc::sigaction(sig, &dfl, &mut ours);
+        libc::raise(sig);
+        libc::sigaction(sig, &ours, std::ptr::null_mut());
+    }
+}
+
 fn signal_name(sig: libc::c_int) -> String {
     match sig {
         libc::SIGINT => "SIGINT".into(),
@@ -264,6 +341,11 @@ impl Stopping {
         };
         if !from_terminal {
             c.signal(signal);
+        }
+        // A stopped command would not act on it before --kill-after's
+        // SIGKILL: as timeout(1) does, it is continued.
+        if c.stopped() {
+            c.signal(libc::SIGCONT);
         }
         Stopping {
             signal,
@@ -560,6 +642,9 @@ fn record(
     };
 
     catch_stop_signals();
+    if matches!(target, Target::Child(_)) && !args.detach {
+        catch_suspend_signals();
+    }
     if let Target::Child(c) = &mut target {
         // The program is mapped now, not run: a static one is probed here,
         // and its table written.
@@ -651,6 +736,7 @@ fn record(
     let mut status = Status::new(track_live);
     let mut exit_code: Option<i32> = None;
     let mut stopping: Option<Stopping> = None;
+    let mut suspending: Option<Suspending> = None;
     let mut last_lost = Instant::now();
     loop {
         let drained = probes::drain(&rb, poll);
@@ -695,6 +781,23 @@ fn record(
                     Some(s) => s.escalate(c, signals, kill_after),
                 }
                 c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
+                let sig = SUSPEND.swap(0, Ordering::SeqCst);
+                if sig != 0 && suspending.is_none() {
+                    let from_terminal = SUSPEND_FROM_TERMINAL.load(Ordering::SeqCst);
+                    suspending = Some(Suspending::begin(c, sig, from_terminal));
+                }
+                if let Some(s) = &suspending {
+                    if c.all_stopped() {
+                        status.clear();
+                        stop_self(s.signal);
+                        if s.passed_on {
+                            c.signal(libc::SIGCONT);
+                        }
+                        suspending = None;
+                    } else if s.since.elapsed() >= SUSPEND_WAIT {
+                        suspending = None;
+                    }
+                }
                 if let Some(code) = c.exit_code() {
                     // Followed processes got the signal too: wait for them.
                     if stopping.is_none() || !c.followed_running() {
