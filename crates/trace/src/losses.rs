@@ -75,7 +75,10 @@ pub const LOSS_REASONS: &[LossReason] = &[
     LossReason {
         name: "stack_failed",
         effect: LossEffect::StackMissing,
-        what: ("event recorded without its stack", "events recorded without their stack"),
+        what: (
+            "event recorded without its stack",
+            "events recorded without their stack",
+        ),
         why: "capturing it failed",
     },
     LossReason {
@@ -226,7 +229,10 @@ mod tests {
         let kept = Losses::of(&map(&[("stack_failed", 1), ("failed_alloc", 9)]));
         assert!(!kept.uncertain());
         assert_eq!(kept.warning(), None);
-        assert!(kept.stack_note().unwrap().starts_with("1 event recorded without its stack"));
+        assert!(kept
+            .stack_note()
+            .unwrap()
+            .starts_with("1 event recorded without its stack"));
         assert_eq!(Losses::of(&BTreeMap::new()), Losses::default());
     }
 
@@ -242,7 +248,13 @@ mod tests {
         let names: Vec<&str> = l.missing.iter().map(|(n, _)| n.as_str()).collect();
         assert_eq!(
             names,
-            ["ring_full", "unsafe_return", "malformed", "a_newer_reason", "zzz_new"]
+            [
+                "ring_full",
+                "unsafe_return",
+                "malformed",
+                "a_newer_reason",
+                "zzz_new"
+            ]
         );
         assert_eq!(l.missing_total(), 21);
         assert_eq!(l.missing_of("unsafe_return"), 12);
