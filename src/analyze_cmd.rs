@@ -180,7 +180,9 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     // memory back at once, where freeing its many strings one by one took
     // milliseconds after the output was complete.
     std::mem::forget(report);
-    Ok(ExitCode::SUCCESS)
+    // After the report, where it is the last thing on the terminal.
+    let uncertain = crate::select_args::warn_of_losses(&trace, None);
+    Ok(args.select.exit_status(uncertain))
 }
 
 pub(crate) fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {

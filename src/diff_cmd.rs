@@ -12,7 +12,7 @@ use memleak_analyze::progress::Progress;
 use memleak_analyze::{analyze_trace, SortKey};
 
 use crate::analyze_cmd::emit;
-use crate::select_args::SelectArgs;
+use crate::select_args::{warn_of_losses, SelectArgs};
 
 /// Output formats of the diff.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -156,5 +156,7 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     }
     // As for analyze: the process ends here, no need to free the reports.
     std::mem::forget(d);
-    Ok(ExitCode::SUCCESS)
+    let base_uncertain = warn_of_losses(&base, Some("base"));
+    let new_uncertain = warn_of_losses(&new, Some("new"));
+    Ok(args.select.exit_status(base_uncertain || new_uncertain))
 }

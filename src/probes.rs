@@ -30,6 +30,12 @@ mod skel {
 
 use skel::{MemleakSkel, MemleakSkelBuilder};
 
+/// The ring buffer's size for `--ring-size requested`: a power of two
+/// (the kernel wants one), at least 64 KiB.
+pub fn ring_size(requested: u32) -> u32 {
+    requested.next_power_of_two().max(1 << 16)
+}
+
 /// Load-time settings of the probes.
 #[derive(Debug, Clone)]
 pub struct ProbeConfig {
@@ -268,7 +274,7 @@ impl<'obj> Probes<'obj> {
                 map.set_max_entries(1).context("sizing an unwind map")?;
             }
         }
-        let ring = cfg.ring_bytes.next_power_of_two().max(1 << 16);
+        let ring = ring_size(cfg.ring_bytes);
         open.maps
             .events
             .set_max_entries(ring)

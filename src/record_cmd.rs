@@ -190,6 +190,29 @@ fn parse_ring_size(text: &str) -> Result<u32, String> {
     Ok(n as u32)
 }
 
+/// The advice after a recording whose ring buffer filled: record again
+/// with one 4 times as large (at most the largest), as `--ring-size`
+/// writes it.
+fn ring_advice(used: u32) -> String {
+    const MAX: u64 = 1 << 30;
+    let used = u64::from(used);
+    if used >= MAX {
+        return format!(" (the ring buffer was at its {} maximum)", format_size(MAX));
+    }
+    let bigger = (used * 4).min(MAX);
+    let arg = [("G", 30), ("M", 20), ("k", 10)]
+        .iter()
+        .find(|(_, shift)| bigger % (1 << shift) == 0)
+        .map_or(bigger.to_string(), |(unit, shift)| {
+            format!("{}{unit}", bigger >> shift)
+        });
+    format!(
+        "; record with --ring-size {arg} ({} times the {} used) to lose fewer",
+        bigger / used,
+        format_size(used)
+    )
+}
+
 /// SIGINT and SIGTERM received so far.
 static SIGNALS: AtomicU32 = AtomicU32::new(0);
 /// The last of them.
@@ -949,6 +972,16 @@ fn record(
             }
         );
     }
+    // Even with -q: the trace is not what it seems.
+    let losses = meta.counters.losses();
+    if let Some(w) = losses.warning() {
+        let advice = if losses.missing_of("ring_full") > 0 {
+            ring_advice(probes::ring_size(args.ring_size))
+        } else {
+            String::new()
+        };
+        say!("memleak: warning: {w}{advice}");
+    }
     Ok(match exit_code {
         Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
@@ -1094,5 +1127,33 @@ impl Status {
         if self.enabled {
             say_inline!("\r\x1b[K");
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_ring_advice_names_a_ring_four_times_as_large() {
+        assert_eq!(
+            ring_advice(probes::ring_size(4 << 10)),
+            "; record with --ring-size 256k (4 times the 64 KiB used) to lose fewer"
+        );
+        assert_eq!(
+            ring_advice(64 << 20),
+            "; record with --ring-size 256M (4 times the 64 MiB used) to lose fewer"
+        );
+        assert_eq!(
+            ring_advice(512 << 20),
+            "; record with --ring-size 1G (2 times the 512 MiB used) to lose fewer"
+        );
+        assert_eq!(
+            ring_advice(1 << 30),
+            " (the ring buffer was at its 1 GiB maximum)"
+        );
+        // What it names, --ring-size takes.
+        assert_eq!(parse_ring_size("256k"), Ok(256 << 10));
+        assert_eq!(parse_ring_size("1G"), Ok(1 << 30));
     }
 }

@@ -1,10 +1,11 @@
-//! The options that say what a replay considers (filters, `--at`) and how
-//! it runs (`-j`, `-q`), shared by `analyze` and `diff` so that both read
-//! a trace the same way, and the checks of their values.
-
-use std::time::Duration;
+//! The options that say what a replay considers (filters, `--at`), how
+//! it runs (`-j`, `-q`) and what a trace with lost events makes of its
+//! exit status (`--fail-on-loss`), shared by `analyze` and `diff` so that
+//! both read a trace the same way, and the checks of their values.
 
 use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
 
 use anyhow::{bail, Context};
 use clap::ValueEnum;
@@ -82,6 +83,31 @@ pub struct SelectArgs {
     /// No progress bar.
     #[arg(short = 'q', long)]
     pub quiet: bool,
+    /// Exit with status 3, after writing the report, when the recorder
+    /// lost events (ring buffer full, calls not traced, ...), which makes
+    /// the outstanding figures uncertain; events kept without their stack
+    /// do not count.
+    #[arg(long)]
+    pub fail_on_loss: bool,
+}
+
+/// Exit status of `--fail-on-loss` when events were lost.
+pub const LOSS_EXIT_STATUS: u8 = 3;
+
+/// Says on stderr, in one line, that `trace` lost events and its figures
+/// are uncertain (and, as a note, how many events it kept without their
+/// stack); `which` names the trace for a command that reads two. Returns
+/// whether the figures are uncertain.
+pub fn warn_of_losses(trace: &memleak_trace::Trace, which: Option<&str>) -> bool {
+    let losses = trace.meta().counters.losses();
+    let which = which.map(|w| format!("{w} trace: ")).unwrap_or_default();
+    if let Some(note) = losses.stack_note() {
+        say!("memleak: note: {which}{note}");
+    }
+    if let Some(w) = losses.warning() {
+        say!("memleak: warning: {which}{w}");
+    }
+    losses.uncertain()
 }
 
 /// `--at`: a time, or the peak.
@@ -113,6 +139,16 @@ fn parse_jobs(text: &str) -> Result<usize, String> {
 }
 
 impl SelectArgs {
+    /// The exit status of a command whose report is written: 3 with
+    /// `--fail-on-loss` when a trace's figures are uncertain.
+    pub fn exit_status(&self, uncertain: bool) -> ExitCode {
+        if self.fail_on_loss && uncertain {
+            ExitCode::from(LOSS_EXIT_STATUS)
+        } else {
+            ExitCode::SUCCESS
+        }
+    }
+
     /// Sizes the worker pool and rejects filters no allocation can match.
     /// Call once, before opening a trace.
     pub fn check(&self) -> anyhow::Result<()> {

@@ -13,7 +13,7 @@
 //! one program, or stacks that differ only in what the key ignores) are
 //! merged before the two sides are compared.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
 use serde::Serialize;
@@ -128,9 +128,17 @@ pub struct SideSummary {
     pub keys: u64,
     /// Whether the recording finished cleanly.
     pub complete: bool,
+    /// Events the recorder lost, by reason, from meta.json.
+    pub lost_by_reason: BTreeMap<String, u64>,
 }
 
 impl SideSummary {
+    /// The trace's lost events sorted by what they mean: those missing
+    /// from it make its outstanding figures uncertain.
+    pub fn losses(&self) -> memleak_trace::Losses {
+        memleak_trace::Losses::of(&self.lost_by_reason)
+    }
+
     fn of(r: &Report, keys: u64) -> SideSummary {
         let s = &r.summary;
         SideSummary {
@@ -142,6 +150,7 @@ impl SideSummary {
             outstanding_stacks: s.outstanding_stacks,
             keys,
             complete: s.complete,
+            lost_by_reason: s.lost_by_reason.clone(),
         }
     }
 }
@@ -178,6 +187,12 @@ impl DiffSummary {
     /// NEW's outstanding allocations minus BASE's.
     pub fn delta_allocations(&self) -> i64 {
         signed(self.new.outstanding_allocations) - signed(self.base.outstanding_allocations)
+    }
+
+    /// Whether either trace misses events, so the figures of that side,
+    /// and the changes, are uncertain.
+    pub fn uncertain(&self) -> bool {
+        self.base.losses().uncertain() || self.new.losses().uncertain()
     }
 }
 
@@ -489,6 +504,11 @@ pub fn render_text(d: &Diff) -> String {
             );
         }
     }
+    for (side, t) in [("BASE", &s.base), ("NEW", &s.new)] {
+        if let Some(w) = t.losses().warning() {
+            let _ = writeln!(out, "WARNING: in the {side} recording, {w}.\n");
+        }
+    }
     for (change, title, order) in [
         (Change::Grown, "Grown", "most growth first"),
         (Change::Shrunk, "Shrunk", "largest decrease first"),
@@ -689,6 +709,8 @@ struct DocJson<'a> {
 struct SideSummaryJson<'a> {
     trace: &'a str,
     complete: bool,
+    uncertain: bool,
+    lost_events: crate::json::LostJson<'a>,
     events: u64,
     duration_ns: u64,
     outstanding_bytes: u64,
@@ -699,6 +721,7 @@ struct SideSummaryJson<'a> {
 
 #[derive(Serialize)]
 struct SummaryJson<'a> {
+    uncertain: bool,
     base: SideSummaryJson<'a>,
     new: SideSummaryJson<'a>,
     delta_bytes: i64,
@@ -755,6 +778,8 @@ fn side_summary(t: &SideSummary) -> SideSummaryJson<'_> {
     SideSummaryJson {
         trace: &t.trace,
         complete: t.complete,
+        uncertain: t.losses().uncertain(),
+        lost_events: crate::json::LostJson::of(&t.lost_by_reason),
         events: t.events,
         duration_ns: t.duration_ns,
         outstanding_bytes: t.outstanding_bytes,
@@ -820,6 +845,7 @@ pub fn render_json(d: &Diff) -> String {
         version: crate::json::JSON_VERSION,
         report: "diff",
         summary: SummaryJson {
+            uncertain: s.uncertain(),
             base: side_summary(&s.base),
             new: side_summary(&s.new),
             delta_bytes: s.delta_bytes(),

@@ -146,6 +146,15 @@ fn page_body(out: &mut String, report: &Report) {
         "<body>\n<header>\n<h1>memleak report</h1>\n<div class=\"muted mono\">{}</div>\n</header>",
         escape(&s.trace)
     );
+    if let Some(w) = s.losses().warning() {
+        // At the top of the page, before any figure it puts in doubt.
+        let _ = writeln!(
+            out,
+            "<p class=\"warning banner\" id=\"lost-events\" role=\"alert\">\
+<strong>Warning:</strong> {}.</p>",
+            escape(&w)
+        );
+    }
     summary(out, s);
     timeline(out, report);
     flamegraphs(out, report);

@@ -22,10 +22,32 @@ struct Doc<'a> {
     stacks: Vec<StackJson<'a>>,
 }
 
+/// `lost_events` of a summary (the diff's sides have one too).
 #[derive(Serialize)]
-struct LostJson<'a> {
+pub(crate) struct LostJson<'a> {
     total: u64,
     by_reason: &'a BTreeMap<String, u64>,
+    /// Events and calls missing from the trace (the reasons that make the
+    /// figures uncertain).
+    missing: u64,
+    /// Events kept without their stack.
+    stackless: u64,
+    /// The warning `analyze` prints, when `missing` is not 0.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    warning: Option<String>,
+}
+
+impl<'a> LostJson<'a> {
+    pub(crate) fn of(by_reason: &'a BTreeMap<String, u64>) -> LostJson<'a> {
+        let losses = memleak_trace::Losses::of(by_reason);
+        LostJson {
+            total: by_reason.values().sum(),
+            by_reason,
+            missing: losses.missing_total(),
+            stackless: losses.stackless,
+            warning: losses.warning(),
+        }
+    }
 }
 
 /// What a trace whose recording did not finish is known to miss.
@@ -44,6 +66,9 @@ struct SummaryJson<'a> {
     complete: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     incomplete: Option<IncompleteJson>,
+    /// Events are missing (`lost_events.missing`): every outstanding
+    /// figure may be wrong.
+    uncertain: bool,
     start_ns: u64,
     eval_ns: u64,
     at_given: bool,
@@ -321,6 +346,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
                 unfinished_segments: i.unfinished_segments,
                 unfinished_bytes: i.unfinished_bytes,
             }),
+            uncertain: s.losses().uncertain(),
             start_ns: s.start_ts,
             eval_ns: s.eval_ts,
             at_given: s.at_given,
@@ -348,10 +374,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
                 })
                 .collect(),
             anomalies: s.anomalies,
-            lost_events: LostJson {
-                total: s.lost_total(),
-                by_reason: &s.lost_by_reason,
-            },
+            lost_events: LostJson::of(&s.lost_by_reason),
             cut_stacks: s.cut_stacks,
             age_histogram: s.age_histogram.buckets(),
             behaviour: crate::behaviour::summary_json(s),

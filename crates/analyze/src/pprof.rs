@@ -679,6 +679,10 @@ pub fn profile(report: &Report, ctx: &Context) -> Profile {
     let mapping = b.finish_mappings();
     let sum = &report.summary;
     let mut comments = vec![format!("memleak analyze {}", sum.trace)];
+    if let Some(w) = sum.losses().warning() {
+        // `go tool pprof -raw` and `-comments` show it.
+        comments.push(format!("WARNING: {w}"));
+    }
     if !ctx.host.is_empty() {
         comments.push(format!("recorded on {}", ctx.host));
     }

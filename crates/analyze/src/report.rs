@@ -340,6 +340,12 @@ impl Summary {
     pub fn lost_total(&self) -> u64 {
         self.lost_by_reason.values().sum()
     }
+
+    /// The lost events sorted by what they mean for the report: those
+    /// missing from the trace make the outstanding figures uncertain.
+    pub fn losses(&self) -> memleak_trace::Losses {
+        memleak_trace::Losses::of(&self.lost_by_reason)
+    }
 }
 
 /// The analysis of a trace.

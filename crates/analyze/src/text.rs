@@ -22,6 +22,10 @@ pub fn render(report: &Report) -> String {
         // First, where nobody can miss it: what follows is a partial view.
         let _ = writeln!(out, "WARNING: {inc}.\n");
     }
+    if let Some(w) = s.losses().warning() {
+        // As near the top: the figures below may be wrong.
+        let _ = writeln!(out, "WARNING: {w}.\n");
+    }
     if let Some(leak) = &s.leak {
         // With a scan, the verdicts lead, as memcheck's LEAK SUMMARY does.
         render_leak_summary(&mut out, leak, s);

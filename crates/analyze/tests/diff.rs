@@ -380,3 +380,39 @@ fn golden_text_and_json() {
     assert_eq!(v["stacks"][0]["delta_bytes"], 4096);
     golden("diff.json", &json);
 }
+
+#[test]
+fn a_side_that_lost_events_puts_the_diff_in_doubt() {
+    // Without losses: no warning, nothing uncertain (the golden diff).
+    let clean = the_diff(MatchOptions::default());
+    assert!(!clean.summary.uncertain());
+    assert!(!diff::render_text(&clean).contains("WARNING"));
+
+    let mut lossy = new();
+    lossy.meta.counters.lost = [("unsafe_return", 12), ("stack_failed", 3)]
+        .iter()
+        .map(|(k, v)| (k.to_string(), *v))
+        .collect();
+    let d = diff::diff(
+        &report(&base(), "base"),
+        &report(&lossy, "new"),
+        MatchOptions::default(),
+        0,
+    );
+    assert!(d.summary.uncertain());
+    let text = diff::render_text(&d);
+    assert_eq!(
+        text.lines().next().unwrap(),
+        "WARNING: in the NEW recording, 12 calls not traced (a signal stack above the thread's \
+         stack; tracing them could crash the program): outstanding figures are uncertain."
+    );
+    assert_eq!(text.matches("WARNING").count(), 1, "{text}");
+    let v: serde_json::Value = serde_json::from_str(&diff::render_json(&d)).unwrap();
+    let s = &v["summary"];
+    assert_eq!(s["uncertain"], true);
+    assert_eq!(s["base"]["uncertain"], false);
+    assert_eq!(s["new"]["uncertain"], true);
+    assert_eq!(s["new"]["lost_events"]["missing"], 12);
+    assert_eq!(s["new"]["lost_events"]["stackless"], 3);
+    assert_eq!(s["new"]["lost_events"]["by_reason"]["unsafe_return"], 12);
+}

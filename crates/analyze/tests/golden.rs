@@ -9,8 +9,8 @@ use std::path::PathBuf;
 
 use common::{TraceBuilder, MS};
 use memleak_analyze::{
-    analyze, folded, json, suppress, svg, text, AnalyzeOptions, Filter, Report, SortKey,
-    VerdictSet, Weight,
+    analyze, folded, html, json, pprof, suppress, svg, text, AnalyzeOptions, Filter, Report,
+    SortKey, VerdictSet, Weight,
 };
 use memleak_trace::{EventKind, FrameRecord, ScanVerdict, StackRecord};
 
@@ -210,6 +210,105 @@ fn json_report() {
     );
     assert_eq!(v["stacks"][0]["frames"][0]["function"], "make_leak");
     golden("report.json", &text);
+}
+
+/// The fixture's counters replaced by `lost` (reason -> count).
+fn with_lost(lost: &[(&str, u64)]) -> TraceBuilder {
+    let mut tb = fixture();
+    tb.meta.counters.lost = lost.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+    tb
+}
+
+/// The comments of the pprof profile of `r`.
+fn pprof_comments(r: &Report) -> Vec<String> {
+    let p = pprof::profile(r, &pprof::Context::from_maps(Vec::new()));
+    p.comment
+        .iter()
+        .map(|&i| p.string_table[i as usize].clone())
+        .collect()
+}
+
+#[test]
+fn lost_events_put_every_format_in_doubt() {
+    // A full ring, calls left untraced because their return could not be
+    // probed safely (a newer recorder's reason), and events kept without
+    // their stack, which put no figure in doubt.
+    let r = report_of(
+        with_lost(&[
+            ("ring_full", 548_983),
+            ("unsafe_return", 12),
+            ("stack_failed", 4),
+            ("inflight_full", 0),
+            ("recursion", 0),
+        ]),
+        AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        },
+    );
+    let warning = "548983 events lost (ring buffer full), 12 calls not traced (a signal stack \
+                   above the thread's stack; tracing them could crash the program): outstanding \
+                   figures are uncertain";
+
+    // Text: the first line, not only the summary at the end.
+    let text = text::render(&r);
+    assert_eq!(text.lines().next().unwrap(), format!("WARNING: {warning}."));
+    golden("report-lost.txt", &text);
+
+    let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+    let s = &v["summary"];
+    assert_eq!(s["uncertain"], true);
+    assert_eq!(s["lost_events"]["total"], 548_983 + 12 + 4);
+    assert_eq!(s["lost_events"]["missing"], 548_983 + 12);
+    assert_eq!(s["lost_events"]["stackless"], 4);
+    assert_eq!(s["lost_events"]["by_reason"]["unsafe_return"], 12);
+    assert_eq!(s["lost_events"]["warning"], warning);
+
+    // HTML: a banner at the top of the page, before the summary.
+    let page = html::render(&r).unwrap();
+    let banner = page.find("id=\"lost-events\"").expect("a loss banner");
+    assert!(banner < page.find("<section id=\"summary\">").unwrap());
+    assert!(page.contains(&format!(
+        "<strong>Warning:</strong> {}.",
+        html::escape(warning)
+    )));
+
+    assert_eq!(
+        pprof_comments(&r),
+        [
+            "memleak analyze golden/trace.parquet".to_string(),
+            format!("WARNING: {warning}"),
+        ]
+    );
+}
+
+#[test]
+fn kept_events_and_failed_allocations_put_nothing_in_doubt() {
+    let r = report_of(
+        with_lost(&[
+            ("stack_failed", 4),
+            ("failed_alloc", 2),
+            ("ring_full", 0),
+            ("recursion", 0),
+        ]),
+        AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        },
+    );
+    let text = text::render(&r);
+    assert!(!text.contains("WARNING"), "{text}");
+    assert!(!text.contains("uncertain"), "{text}");
+    let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+    let s = &v["summary"];
+    assert_eq!(s["uncertain"], false);
+    assert_eq!(s["lost_events"]["missing"], 0);
+    assert_eq!(s["lost_events"]["stackless"], 4);
+    assert!(s["lost_events"].get("warning").is_none(), "{s}");
+    let page = html::render(&r).unwrap();
+    assert!(!page.contains("lost-events"));
+    assert!(!page.contains("uncertain"));
+    assert_eq!(pprof_comments(&r), ["memleak analyze golden/trace.parquet"]);
 }
 
 #[test]

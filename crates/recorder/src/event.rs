@@ -142,7 +142,8 @@ impl UnwindEnd {
     }
 }
 
-/// Indexes of the BPF `lost` counters, with their names in `meta.json`.
+/// Indexes of the BPF `lost` counters, with their names in `meta.json`
+/// (what each means for a report: `memleak_trace::losses`).
 pub const LOST_REASONS: [&str; 5] = [
     "ring_full",
     "stack_failed",

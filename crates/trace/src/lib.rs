@@ -14,7 +14,8 @@
 //!   scan/part-00000.parquet   reachability verdicts of outstanding blocks
 //! ```
 //!
-//! This crate owns the schema ([`schema`]), the metadata file ([`meta`]),
+//! This crate owns the schema ([`schema`]), the metadata file ([`meta`])
+//! and what its loss counters mean ([`losses`]),
 //! the segmented writer ([`writer`]), the validating, streaming reader
 //! ([`reader`]) and the `events` table's own encoder and fast decoder
 //! ([`events`]), which hands replay decoded row groups. It has no BPF or
@@ -35,12 +36,14 @@
 pub mod error;
 pub mod events;
 mod fsio;
+pub mod losses;
 pub mod meta;
 pub mod reader;
 pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
+pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
 pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{

@@ -47,7 +47,8 @@ pub struct Counters {
     /// Rows written, by kind name.
     #[serde(default)]
     pub events: BTreeMap<String, u64>,
-    /// Events lost, by reason (`ring_full`, `stack_failed`, `inflight_full`, …).
+    /// Events lost, by reason (`ring_full`, `stack_failed`, `inflight_full`, …);
+    /// [`Counters::losses`] says which make outstanding figures uncertain.
     #[serde(default)]
     pub lost: BTreeMap<String, u64>,
 }
@@ -56,6 +57,11 @@ impl Counters {
     /// Sum of all lost events.
     pub fn lost_total(&self) -> u64 {
         self.lost.values().sum()
+    }
+    /// The losses sorted by what they mean for a report
+    /// ([`crate::losses`]).
+    pub fn losses(&self) -> crate::Losses {
+        crate::Losses::of(&self.lost)
     }
     /// Sum of all written events.
     pub fn events_total(&self) -> u64 {
