@@ -113,7 +113,10 @@ impl Child {
             if libc::pipe2(go.as_mut_ptr(), libc::O_CLOEXEC) != 0
                 || libc::pipe2(err.as_mut_ptr(), libc::O_CLOEXEC) != 0
             {
-                bail!("pipe: {}", std::io::Error::last_os_error());
+                bail!(
+                    "pipe: {}",
+                    crate::output::describe(&std::io::Error::last_os_error())
+                );
             }
         }
         // SAFETY: getpid has no preconditions.
@@ -121,7 +124,10 @@ impl Child {
         // SAFETY: the child only calls async-signal-safe functions.
         let pid = unsafe { libc::fork() };
         if pid < 0 {
-            bail!("fork: {}", std::io::Error::last_os_error());
+            bail!(
+                "fork: {}",
+                crate::output::describe(&std::io::Error::last_os_error())
+            );
         }
         if pid == 0 {
             // SAFETY: in the forked child, which must not allocate: only
@@ -189,7 +195,7 @@ impl Child {
             self.reap_blocking();
             bail!(
                 "cannot execute command: {}",
-                std::io::Error::from_raw_os_error(e)
+                crate::output::describe(&std::io::Error::from_raw_os_error(e))
             );
         }
         // The exec stop (SIGTRAP) of PTRACE_TRACEME: ask for a stop at

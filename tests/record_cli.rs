@@ -64,6 +64,28 @@ fn existing_output_is_refused_without_force() {
     assert!(trace.is_dir(), "the existing output must be left alone");
 }
 
+/// An OS error is said once, in the system's words.
+#[test]
+fn read_only_output_is_one_plain_error() {
+    if !common::can_record() {
+        return;
+    }
+    let Some(ro) = common::ReadOnlyDir::mount() else {
+        return;
+    };
+    let trace = ro.path().join("t");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        one_line_error(&out),
+        format!("memleak: error: {}: Read-only file system", trace.display())
+    );
+}
+
 #[test]
 fn unknown_allocator_library_is_refused() {
     if !common::can_record() {

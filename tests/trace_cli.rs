@@ -1,6 +1,9 @@
 //! `memleak info` on good and bad traces: what it prints, its exit code, and
 //! the one-line `memleak: error:` it gives for every bad input.
 
+mod common;
+
+use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -568,4 +571,54 @@ fn diff_of_a_bad_trace_fails_in_one_line() {
     assert_eq!(v["summary"]["unchanged"], 1);
     assert_eq!(v["summary"]["delta_bytes"], 0);
     assert_eq!(v["stacks"][0]["base"]["bytes"], 48 * 60);
+}
+
+/// Asserts a failed run whose whole stderr is `line`.
+fn assert_fails_with(out: &Output, line: &str) {
+    assert!(!out.status.success(), "exit status {}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), format!("{line}\n"));
+    assert!(out.stdout.is_empty());
+}
+
+/// An OS error is said once, in the system's words: not "Read-only file
+/// system (os error 30): Read-only file system (os error 30)".
+#[test]
+fn os_errors_are_said_once_in_the_systems_words() {
+    let Some(ro) = common::ReadOnlyDir::mount() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let r = ro.path().join("r.txt");
+    assert_fails_with(
+        &analyze(&root, &["-o", r.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", r.display()),
+    );
+    let all = ro.path().join("all");
+    assert_fails_with(
+        &analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", all.display()),
+    );
+    assert_fails_with(
+        &diff(&root, &root, &["-o", r.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", r.display()),
+    );
+
+    // A trace another user cannot read (the trace directory is 0700).
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_memleak"))
+        .arg("info")
+        .arg(&root)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    assert_fails_with(
+        &out,
+        &format!(
+            "memleak: error: {}: Permission denied",
+            root.join("meta.json").display()
+        ),
+    );
 }

@@ -40,7 +40,7 @@ pub mod reader;
 pub mod schema;
 pub mod writer;
 
-pub use error::{Error, Result};
+pub use error::{describe_io, Error, Result};
 pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{
