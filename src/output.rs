@@ -1,12 +1,19 @@
-//! Writing reports to stdout without panicking: a reader that goes away
+//! Where reports go, and how errors end the program.
+//!
+//! Reports go to stdout without panicking: a reader that goes away
 //! (`| head`, `| true`) or a full disk (`> /dev/full`) is an error that
 //! reaches `main`, which exits like a shell expects (see [`exit_code`]).
-//!
 //! SIGPIPE stays ignored (Rust's default): the recorder must outlive a
 //! closed stderr pipe, so a closed stdout shows up as EPIPE here instead.
+//!
+//! Or they go to a file (`-o`), always through [`to_file`]: replaced
+//! atomically, never written through a symbolic link, mode 0600 unless
+//! it replaces a file of ours (`memleak_trace::fsio::replace_file`).
 
 use std::fmt;
 use std::io::{self, BufWriter, Write};
+use std::os::unix::fs::DirBuilderExt;
+use std::path::Path;
 use std::process::ExitCode;
 
 /// A write to stdout that failed.
@@ -38,6 +45,47 @@ pub fn to_stdout(
     write(&mut out)
         .and_then(|()| out.flush())
         .map_err(|e| StdoutError(e).into())
+}
+
+/// Writes a report to the file `path` (see the module's doc); an error
+/// is one message naming `path` and the cause, once.
+pub fn to_file(
+    path: &Path,
+    write: impl FnOnce(&mut (dyn Write + Send)) -> io::Result<()>,
+) -> anyhow::Result<()> {
+    memleak_trace::fsio::replace_file(path, write)
+        .map_err(|e| anyhow::anyhow!("{}: {}", path.display(), describe(&e)))
+}
+
+/// Writes to `path`, or to stdout without one.
+pub fn to_file_or_stdout(
+    path: Option<&Path>,
+    write: impl FnOnce(&mut (dyn Write + Send)) -> io::Result<()>,
+) -> anyhow::Result<()> {
+    match path {
+        Some(p) => to_file(p, write),
+        None => to_stdout(write),
+    }
+}
+
+/// Makes `dir` a directory to write reports into: created (mode 0700, as
+/// the files in it are private) if missing, refused if it is a symbolic
+/// link (nothing is written through one) or not a directory.
+pub fn report_dir(dir: &Path) -> anyhow::Result<()> {
+    let fail = |what: String| anyhow::anyhow!("{}: {what}", dir.display());
+    match dir.symlink_metadata() {
+        Ok(md) if md.file_type().is_symlink() => Err(fail(
+            "is a symbolic link; not writing through it".to_string(),
+        )),
+        Ok(md) if md.is_dir() => Ok(()),
+        Ok(_) => Err(fail(describe(&io::Error::from_raw_os_error(libc::ENOTDIR)))),
+        Err(e) if e.kind() == io::ErrorKind::NotFound => std::fs::DirBuilder::new()
+            .recursive(true)
+            .mode(0o700)
+            .create(dir)
+            .map_err(|e| fail(describe(&e))),
+        Err(e) => Err(fail(describe(&e))),
+    }
 }
 
 /// An error and its causes as one line: each cause once (a context that

@@ -3,7 +3,7 @@
 
 mod common;
 
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -578,6 +578,134 @@ fn assert_fails_with(out: &Output, line: &str) {
     assert!(!out.status.success(), "exit status {}", out.status);
     assert_eq!(String::from_utf8_lossy(&out.stderr), format!("{line}\n"));
     assert!(out.stdout.is_empty());
+}
+
+/// Files of `dir` that look like a temporary memleak left behind.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".memleak-"))
+        .collect()
+}
+
+/// `ln -s /etc/passwd r.html; memleak analyze T -o r.html` must not
+/// overwrite /etc/passwd: a symbolic link at the output is refused in one
+/// line, for every format, `--format all`'s directory and `diff -o`, and
+/// neither it nor what it points to is touched.
+#[test]
+fn reports_are_not_written_through_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("t.parquet");
+    write(&root, 90, 40);
+    let victim = d.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let victim_dir = d.join("victim.d");
+    std::fs::create_dir(&victim_dir).unwrap();
+    let link = |name: &str, to: &Path| {
+        let p = d.join(name);
+        std::os::unix::fs::symlink(to, &p).unwrap();
+        p
+    };
+    let mut runs: Vec<(PathBuf, Output)> = Vec::new();
+    for format in ["text", "json", "folded", "svg", "pprof", "html"] {
+        let out = link(&format!("r.{format}"), &victim);
+        let run = analyze(&root, &["--format", format, "-o", out.to_str().unwrap()]);
+        runs.push((out, run));
+    }
+    let all = link("all", &victim_dir);
+    runs.push((
+        all.clone(),
+        analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]),
+    ));
+    let diff_out = link("d.txt", &victim);
+    runs.push((
+        diff_out.clone(),
+        diff(&root, &root, &["-o", diff_out.to_str().unwrap()]),
+    ));
+    // A dangling link: nothing is created where it points.
+    let nowhere = d.join("nowhere");
+    let dangling = link("dangling.html", &nowhere);
+    runs.push((
+        dangling.clone(),
+        analyze(&root, &["--format", "html", "-o", dangling.to_str().unwrap()]),
+    ));
+    for (path, out) in &runs {
+        assert_fails_with(
+            out,
+            &format!(
+                "memleak: error: {}: is a symbolic link; not writing through it",
+                path.display()
+            ),
+        );
+        assert!(path.symlink_metadata().unwrap().file_type().is_symlink());
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 0);
+    assert!(!nowhere.exists());
+    assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
+}
+
+/// Reports may hold leaked bytes (`--scan-contents`): a new one is
+/// private (0600) like the trace; one that replaces a file of ours keeps
+/// that file's mode. Either way the file is replaced whole, by a rename:
+/// a hard link to the old file keeps the old contents, and no temporary
+/// is left behind.
+#[test]
+fn reports_are_private_and_replaced_by_a_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("t.parquet");
+    write(&root, 90, 40);
+    let mode = |p: &Path| p.metadata().unwrap().mode() & 0o7777;
+    let ok = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    let new = d.join("new.txt");
+    ok(analyze(&root, &["-o", new.to_str().unwrap()]));
+    assert_eq!(mode(&new), 0o600);
+    assert!(std::fs::read_to_string(&new).unwrap().contains("outstanding"));
+
+    let shared = d.join("shared.json");
+    std::fs::write(&shared, "old report\n").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let old = d.join("old.json");
+    std::fs::hard_link(&shared, &old).unwrap();
+    let ino = shared.metadata().unwrap().ino();
+    ok(analyze(
+        &root,
+        &["--format", "json", "-o", shared.to_str().unwrap()],
+    ));
+    assert_eq!(mode(&shared), 0o644, "the replaced file's mode is kept");
+    assert_ne!(shared.metadata().unwrap().ino(), ino, "replaced, not rewritten");
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "old report\n");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&shared).unwrap()).expect("a whole JSON report");
+    assert!(v.get("summary").is_some());
+
+    let all = d.join("all");
+    ok(analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]));
+    assert_eq!(mode(&all), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(&all)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 6, "{files:?}");
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+
+    let d_txt = d.join("d.txt");
+    ok(diff(&root, &root, &["-o", d_txt.to_str().unwrap()]));
+    assert_eq!(mode(&d_txt), 0o600);
+    assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
+    assert!(temporaries(&all).is_empty(), "{:?}", temporaries(&all));
 }
 
 /// An OS error is said once, in the system's words: not "Read-only file

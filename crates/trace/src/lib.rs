@@ -17,8 +17,10 @@
 //! This crate owns the schema ([`schema`]), the metadata file ([`meta`]),
 //! the segmented writer ([`writer`]), the validating, streaming reader
 //! ([`reader`]) and the `events` table's own encoder and fast decoder
-//! ([`events`]), which hands replay decoded row groups. It has no BPF or
-//! symbolizer dependency, so a laptop without clang can open any trace.
+//! ([`events`]), which hands replay decoded row groups. How files are
+//! created and replaced ([`fsio`]) is shared with the CLI's reports. It
+//! has no BPF or symbolizer dependency, so a laptop without clang can open
+//! any trace.
 //!
 //! ```no_run
 //! use memleak_trace::{Trace, EventColumns};
@@ -34,7 +36,7 @@
 
 pub mod error;
 pub mod events;
-mod fsio;
+pub mod fsio;
 pub mod meta;
 pub mod reader;
 pub mod schema;
