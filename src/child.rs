@@ -7,15 +7,16 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::exit_status::Exit;
+
 /// A command memleak started: [`spawn`](Child::spawn)ed suspended,
 /// [`release`](Child::release)d, then [`poll`](Child::poll)ed until it ends.
 pub struct Child {
     pub pid: u32,
     go_tx: libc::c_int,
     err_rx: libc::c_int,
-    /// The command's exit status (128+signal if a signal ended it),
-    /// once it is known.
-    exit_code: Option<i32>,
+    /// How the command ended, once it is known.
+    exit: Option<Exit>,
     exited: bool,
     detached: bool,
     /// Processes the command forked, traced with --follow-forks.
@@ -166,7 +167,7 @@ impl Child {
             pid: pid as u32,
             go_tx: go[1],
             err_rx: err[0],
-            exit_code: None,
+            exit: None,
             exited: false,
             detached: false,
             adopted: Default::default(),
@@ -224,15 +225,15 @@ impl Child {
                 libc::ptrace(libc::PTRACE_CONT, self.pid as i32, 0, 0);
             } else if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.exited = true;
-                self.exit_code = Some(exit_status(status));
+                self.exit = Some(Exit::from_wait_status(status));
             }
         }
         Ok(())
     }
 
-    /// The command's exit status (128+signal if killed), once it ended.
-    pub fn exit_code(&self) -> Option<i32> {
-        self.exit_code
+    /// How the command ended (an exit code or a signal), once it did.
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit
     }
 
     /// Whether processes the command forked (--follow-forks) still run.
@@ -259,7 +260,7 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit_code`](Self::exit_code). `on_stop` runs
+    /// status is then in [`exit`](Self::exit). `on_stop` runs
     /// while the command is stopped with its address space intact: at its
     /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
     /// gets the process of a thread stopped where its mappings may have
@@ -285,7 +286,7 @@ impl Child {
             if tid < 0 {
                 // Nothing left to wait for.
                 self.exited = true;
-                self.exit_code.get_or_insert(0);
+                self.exit.get_or_insert(Exit::Code(0));
                 self.adopted.clear();
                 return Ok(());
             }
@@ -298,7 +299,7 @@ impl Child {
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 if main {
                     self.exited = true;
-                    self.exit_code = Some(exit_status(status));
+                    self.exit = Some(Exit::from_wait_status(status));
                 }
                 continue; // the command, or a thread, ended
             }
@@ -452,15 +453,6 @@ impl Child {
         // SAFETY: waiting for our own child.
         unsafe { libc::waitpid(self.pid as i32, &mut status, 0) };
         self.exited = true;
-        self.exit_code = Some(exit_status(status));
-    }
-}
-
-/// A wait status as a shell shows it: the exit code, or 128+signal.
-fn exit_status(status: libc::c_int) -> i32 {
-    if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        libc::WEXITSTATUS(status)
+        self.exit = Some(Exit::from_wait_status(status));
     }
 }

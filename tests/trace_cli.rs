@@ -140,7 +140,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.3 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.4 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -179,7 +179,10 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.3");
+    assert_eq!(v["format_version"], "1.4");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["exit_signal"], serde_json::Value::Null);
+    assert_eq!(v["exit_core_dumped"], false);
     assert_eq!(v["complete"], true);
     assert_eq!(v["pids"], serde_json::json!([321]));
     assert_eq!(v["events_total"], 90);
@@ -629,7 +632,10 @@ fn reports_are_not_written_through_a_symbolic_link() {
     let dangling = link("dangling.html", &nowhere);
     runs.push((
         dangling.clone(),
-        analyze(&root, &["--format", "html", "-o", dangling.to_str().unwrap()]),
+        analyze(
+            &root,
+            &["--format", "html", "-o", dangling.to_str().unwrap()],
+        ),
     ));
     for (path, out) in &runs {
         assert_fails_with(
@@ -670,7 +676,9 @@ fn reports_are_private_and_replaced_by_a_rename() {
     let new = d.join("new.txt");
     ok(analyze(&root, &["-o", new.to_str().unwrap()]));
     assert_eq!(mode(&new), 0o600);
-    assert!(std::fs::read_to_string(&new).unwrap().contains("outstanding"));
+    assert!(std::fs::read_to_string(&new)
+        .unwrap()
+        .contains("outstanding"));
 
     let shared = d.join("shared.json");
     std::fs::write(&shared, "old report\n").unwrap();
@@ -683,14 +691,21 @@ fn reports_are_private_and_replaced_by_a_rename() {
         &["--format", "json", "-o", shared.to_str().unwrap()],
     ));
     assert_eq!(mode(&shared), 0o644, "the replaced file's mode is kept");
-    assert_ne!(shared.metadata().unwrap().ino(), ino, "replaced, not rewritten");
+    assert_ne!(
+        shared.metadata().unwrap().ino(),
+        ino,
+        "replaced, not rewritten"
+    );
     assert_eq!(std::fs::read_to_string(&old).unwrap(), "old report\n");
     let v: serde_json::Value =
         serde_json::from_slice(&std::fs::read(&shared).unwrap()).expect("a whole JSON report");
     assert!(v.get("summary").is_some());
 
     let all = d.join("all");
-    ok(analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]));
+    ok(analyze(
+        &root,
+        &["--format", "all", "-o", all.to_str().unwrap()],
+    ));
     assert_eq!(mode(&all), 0o700);
     let files: Vec<PathBuf> = std::fs::read_dir(&all)
         .unwrap()
@@ -749,4 +764,62 @@ fn os_errors_are_said_once_in_the_systems_words() {
             root.join("meta.json").display()
         ),
     );
+}
+
+/// The `complete:` line of `info`, and its JSON.
+fn exit_lines(root: &Path) -> (String, serde_json::Value) {
+    let out = info(root, false);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("complete:"))
+        .unwrap_or_else(|| panic!("no complete: line in\n{text}"))
+        .to_string();
+    let json = serde_json::from_slice(&info(root, true).stdout).unwrap();
+    (line, json)
+}
+
+/// A command killed by a signal is said to be, not to have "exited with
+/// 139"; `info --json` adds the signal beside the shell's status.
+#[test]
+fn info_says_a_death_by_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 10, 100);
+    let path = root.join("meta.json");
+    let mut m = Meta::load(&root).unwrap();
+    m.exit_code = Some(139);
+    m.exit_signal = Some(libc::SIGSEGV);
+    m.exit_core_dumped = true;
+    m.store(&root).unwrap();
+    let (line, v) = exit_lines(&root);
+    assert_eq!(
+        line,
+        "complete:  yes (traced command was killed by signal 11 (SIGSEGV) (core dumped))"
+    );
+    assert_eq!(v["exit_code"], 139);
+    assert_eq!(v["exit_signal"], 11);
+    assert_eq!(v["exit_signal_name"], "SIGSEGV");
+    assert_eq!(v["exit_core_dumped"], true);
+
+    // A trace from before format 1.4 stored 128 + the signal only: info
+    // does not pretend to know which it was.
+    let mut old: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let o = old.as_object_mut().unwrap();
+    for k in ["exit_signal", "exit_core_dumped", "meta_crc32"] {
+        o.remove(k);
+    }
+    o.insert("format_version".into(), "1.3".into());
+    o.insert("exit_code".into(), 137.into());
+    std::fs::write(&path, serde_json::to_string_pretty(&old).unwrap()).unwrap();
+    let (line, v) = exit_lines(&root);
+    assert_eq!(
+        line,
+        "complete:  yes (traced command exited with 137, or was killed by signal 9 (SIGKILL): \
+         traces before format 1.4 do not say which)"
+    );
+    assert_eq!(v["exit_code"], 137);
+    assert_eq!(v["exit_signal"], serde_json::Value::Null);
 }
