@@ -1,6 +1,5 @@
 //! `memleak analyze`: replay a trace and report outstanding allocations.
 
-use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -152,7 +151,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         Format::Html => emit_with(args.output.as_deref(), |w| html::write(&report, w))?,
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
-            fs::create_dir_all(dir).with_context(|| format!("{}", dir.display()))?;
+            crate::output::report_dir(dir)?;
             emit(
                 Some(&dir.join("report.txt")),
                 text::render(&report).as_bytes(),
@@ -189,20 +188,13 @@ pub(crate) fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
     emit_with(path, |w| w.write_all(bytes))
 }
 
-/// Like [`emit`], for output written piece by piece as it is made.
+/// Like [`emit`], for output written piece by piece as it is made. A
+/// file is replaced atomically and never written through a symbolic link
+/// (`output::to_file`); on stdout a closed pipe (`| head`) ends us
+/// quietly, and a full disk is an error.
 pub(crate) fn emit_with(
     path: Option<&Path>,
     write: impl FnOnce(&mut (dyn Write + Send)) -> std::io::Result<()>,
 ) -> anyhow::Result<()> {
-    match path {
-        Some(p) => fs::File::create(p)
-            .and_then(|f| {
-                let mut f = std::io::BufWriter::with_capacity(1 << 20, f);
-                write(&mut f)?;
-                f.flush()
-            })
-            .with_context(|| format!("{}", p.display())),
-        // A closed pipe (`| head`) ends us quietly; a full disk is an error.
-        None => crate::output::to_stdout(write),
-    }
+    crate::output::to_file_or_stdout(path, write)
 }

@@ -9,6 +9,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context, Result};
 
+use crate::exit_status::Exit;
+
 /// A command memleak started: [`spawn`](Child::spawn)ed suspended,
 /// [`release`](Child::release)d, then [`poll`](Child::poll)ed until it ends.
 pub struct Child {
@@ -17,9 +19,8 @@ pub struct Child {
     pub private_libs: PrivateLibs,
     go_tx: libc::c_int,
     err_rx: libc::c_int,
-    /// The command's exit status (128+signal if a signal ended it),
-    /// once it is known.
-    exit_code: Option<i32>,
+    /// How the command ended, once it is known.
+    exit: Option<Exit>,
     exited: bool,
     detached: bool,
     /// Processes the command forked, traced with --follow-forks.
@@ -257,7 +258,7 @@ impl Child {
             pid: pid as u32,
             go_tx: go[1],
             err_rx: err[0],
-            exit_code: None,
+            exit: None,
             exited: false,
             detached: false,
             adopted: Default::default(),
@@ -327,7 +328,7 @@ impl Child {
         }
         if !libc::WIFSTOPPED(status) {
             self.exited = true;
-            self.exit_code = Some(exit_status(status));
+            self.exit = Some(Exit::from_wait_status(status));
             let mut e = 0i32;
             // SAFETY: the fd is ours; e is writable. The child is gone, so
             // this does not block.
@@ -342,7 +343,7 @@ impl Child {
             if n == 4 {
                 bail!(
                     "cannot execute command: {}",
-                    std::io::Error::from_raw_os_error(e)
+                    crate::output::describe(&std::io::Error::from_raw_os_error(e))
                 );
             }
             return Ok(());
@@ -368,9 +369,9 @@ impl Child {
         Ok(())
     }
 
-    /// The command's exit status (128+signal if killed), once it ended.
-    pub fn exit_code(&self) -> Option<i32> {
-        self.exit_code
+    /// How the command ended (an exit code or a signal), once it did.
+    pub fn exit(&self) -> Option<Exit> {
+        self.exit
     }
 
     /// Whether processes the command forked (--follow-forks) still run.
@@ -397,7 +398,7 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit_code`](Self::exit_code). `on_stop` runs
+    /// status is then in [`exit`](Self::exit). `on_stop` runs
     /// while the command is stopped with its address space intact: at its
     /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
     /// gets the process of a thread stopped where its mappings may have
@@ -430,7 +431,7 @@ impl Child {
             if tid < 0 {
                 // Nothing left to wait for.
                 self.exited = true;
-                self.exit_code.get_or_insert(0);
+                self.exit.get_or_insert(Exit::Code(0));
                 self.adopted.clear();
                 self.listening.clear();
                 return Ok(());
@@ -443,7 +444,7 @@ impl Child {
                 }
                 if main {
                     self.exited = true;
-                    self.exit_code = Some(exit_status(status));
+                    self.exit = Some(Exit::from_wait_status(status));
                 }
                 continue; // the command, or a thread, ended
             }
@@ -635,14 +636,5 @@ impl Child {
     /// again nor waited for when this is dropped.
     pub fn abandon(&mut self) {
         self.detached = true;
-    }
-}
-
-/// A wait status as a shell shows it: the exit code, or 128+signal.
-fn exit_status(status: libc::c_int) -> i32 {
-    if libc::WIFSIGNALED(status) {
-        128 + libc::WTERMSIG(status)
-    } else {
-        libc::WEXITSTATUS(status)
     }
 }

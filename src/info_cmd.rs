@@ -8,6 +8,8 @@ use std::process::ExitCode;
 use memleak_trace::{Table, Trace};
 use serde::Serialize;
 
+use crate::exit_status::{self, Exit};
+
 /// Arguments of `memleak info`.
 #[derive(clap::Args)]
 pub struct InfoArgs {
@@ -54,7 +56,16 @@ struct Report<'a> {
     events: &'a BTreeMap<String, u64>,
     events_bytes_per_event: Option<f64>,
     events_total: u64,
+    /// The traced command's status as a shell reports it (128 + the
+    /// signal if one killed it).
     exit_code: Option<i32>,
+    /// Whether the signal that killed it dumped core.
+    exit_core_dumped: bool,
+    /// The signal that killed it (`null`: it exited, or the trace is
+    /// older than format 1.4, which did not record signals).
+    exit_signal: Option<i32>,
+    /// Its name (`SIGKILL`).
+    exit_signal_name: Option<String>,
     failed_allocations: Option<u64>,
     format: &'a str,
     format_version: &'a str,
@@ -77,6 +88,12 @@ struct Report<'a> {
     /// `null` for traces without it (format 1.1 and older, kernel only).
     unwind: Option<&'a memleak_trace::UnwindInfo>,
     warnings: &'a [String],
+    /// How the command ended, for the text.
+    #[serde(skip)]
+    exit: Option<Exit>,
+    /// A trace older than 1.4 whose `exit_code` could be 128 + a signal.
+    #[serde(skip)]
+    signal_unrecorded: bool,
 }
 
 /// One table's line of [`Report::tables`] (fields in alphabetical order,
@@ -116,6 +133,8 @@ fn report(trace: &Trace) -> Report<'_> {
         })
         .collect();
     let events = trace.table_stats(Table::Events);
+    let exit = Exit::from_meta(m);
+    let exit_signal = exit.and_then(Exit::signal);
     Report {
         command: &m.command,
         complete: m.complete,
@@ -127,6 +146,9 @@ fn report(trace: &Trace) -> Report<'_> {
         events_bytes_per_event: (events.rows > 0).then(|| events.bytes as f64 / events.rows as f64),
         events_total: m.counters.events_total(),
         exit_code: m.exit_code,
+        exit_core_dumped: m.exit_core_dumped,
+        exit_signal,
+        exit_signal_name: exit_signal.and_then(exit_status::signal_name),
         failed_allocations: m.failed_allocations,
         format: &m.format,
         format_version: &m.format_version,
@@ -145,6 +167,9 @@ fn report(trace: &Trace) -> Report<'_> {
         tool_version: &m.tool_version,
         unwind: m.unwind.as_ref(),
         warnings: trace.warnings(),
+        exit,
+        signal_unrecorded: m.version().is_some_and(|v| v < (1, 4))
+            && m.exit_code.is_some_and(|c| (129..=128 + 64).contains(&c)),
     }
 }
 
@@ -201,8 +226,15 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
         None => writeln!(out, "duration:  (unknown)")?,
     };
     let complete = if r.complete {
-        match r.exit_code {
-            Some(c) => format!("yes (traced command exited with {c})"),
+        match r.exit {
+            Some(Exit::Code(c)) if r.signal_unrecorded => format!(
+                "yes (traced command exited with {c}, or was {}: traces before format 1.4 \
+                 do not say which)",
+                exit_status::killed_by(c - 128)
+            ),
+            // "exited with 0", as info has always said.
+            Some(Exit::Code(c)) => format!("yes (traced command exited with {c})"),
+            Some(e) => format!("yes (traced command {e})"),
             None => "yes".to_string(),
         }
     } else {

@@ -34,6 +34,7 @@ mod analyze_cmd;
 #[cfg(feature = "bpf")]
 mod child;
 mod diff_cmd;
+mod exit_status;
 mod info_cmd;
 mod output;
 #[cfg(feature = "bpf")]

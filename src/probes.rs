@@ -619,7 +619,7 @@ impl UnwindMaps {
         if p == libc::MAP_FAILED {
             bail!(
                 "mapping the unwind rows: {}",
-                std::io::Error::last_os_error()
+                crate::output::describe(&std::io::Error::last_os_error())
             );
         }
         Ok(UnwindMaps {
@@ -721,7 +721,7 @@ pub fn drain(rb: &RingBuffer<'_>, timeout: Duration) -> Result<()> {
     if n < 0 && n != -libc::EINTR {
         bail!(
             "consuming the ring buffer failed ({})",
-            std::io::Error::from_raw_os_error(-n)
+            crate::output::describe(&std::io::Error::from_raw_os_error(-n))
         );
     }
     Ok(())

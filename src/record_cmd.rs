@@ -19,6 +19,7 @@ use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
 use crate::child::{Child, PrivateLibs};
+use crate::exit_status::{self, Exit};
 use crate::probes::{self, ProbeConfig, Probes};
 use crate::record_targets::{add_providers, libraries_for, placement_policy, show_probes};
 use crate::scan_run;
@@ -319,12 +320,7 @@ fn stop_self(sig: libc::c_int) {
 }
 
 fn signal_name(sig: libc::c_int) -> String {
-    match sig {
-        libc::SIGINT => "SIGINT".into(),
-        libc::SIGTERM => "SIGTERM".into(),
-        libc::SIGKILL => "SIGKILL".into(),
-        other => format!("signal {other}"),
-    }
+    exit_status::signal_name(sig).unwrap_or_else(|| format!("signal {sig}"))
 }
 
 /// How long a command gets to exit after SIGTERM (or a passed-on signal)
@@ -407,7 +403,7 @@ impl Stopping {
     }
 
     /// What happened, for the summary.
-    fn describe(&self, pid: u32, exit_code: Option<i32>) -> String {
+    fn describe(&self, pid: u32, exit: Option<Exit>) -> String {
         let sig = signal_name(self.signal);
         let mut out = match (self.duration, self.from_terminal) {
             (Some(d), _) => format!(
@@ -420,8 +416,8 @@ impl Stopping {
         if let Some((_, why)) = &self.killed {
             out += &format!(", then SIGKILL {why}");
         }
-        match exit_code {
-            Some(code) => out + &format!("; it exited with status {code}"),
+        match exit {
+            Some(exit) => out + &format!("; it {exit}"),
             None => {
                 out + &format!(
                     "; it did not exit within {} of SIGKILL",
@@ -757,7 +753,7 @@ fn record(
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
     let mut status = Status::new(track_live);
-    let mut exit_code: Option<i32> = None;
+    let mut exit: Option<Exit> = None;
     let mut stopping: Option<Stopping> = None;
     let mut suspending: Option<Suspending> = None;
     let mut last_lost = Instant::now();
@@ -821,15 +817,15 @@ fn record(
                         suspending = None;
                     }
                 }
-                if let Some(code) = c.exit_code() {
+                if let Some(e) = c.exit() {
                     // Followed processes got the signal too: wait for them.
                     if stopping.is_none() || !c.followed_running() {
-                        exit_code = Some(code);
+                        exit = Some(e);
                         break;
                     }
                 }
                 if stopping.as_ref().is_some_and(Stopping::given_up) {
-                    exit_code = c.exit_code();
+                    exit = c.exit();
                     break;
                 }
             }
@@ -841,8 +837,8 @@ fn record(
             }
             Target::Child(c) => {
                 c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
-                if let Some(code) = c.exit_code() {
-                    exit_code = Some(code);
+                if let Some(e) = c.exit() {
+                    exit = Some(e);
                     break;
                 }
             }
@@ -853,11 +849,14 @@ fn record(
     let mut ending = None;
     if let Target::Child(c) = &mut target {
         if let Some(s) = &stopping {
-            if exit_code.is_none() {
+            if exit.is_none() {
                 c.abandon();
             }
-            ending = Some(s.describe(c.pid, exit_code));
-        } else if exit_code.is_none() {
+            ending = Some(s.describe(c.pid, exit));
+        } else if let Some(e @ Exit::Signal { .. }) = exit {
+            // A death by signal is said, not just passed on as 128+N.
+            ending = Some(format!("the command (pid {}) {e}", c.pid));
+        } else if exit.is_none() {
             // --detach: no more stops for dlopen, then let go of it.
             probes.detach_dl_stops();
             c.detach();
@@ -938,7 +937,7 @@ fn record(
             recorded_by_later_copies: recursion.rescued,
         });
     }
-    rec.meta_mut().exit_code = exit_code;
+    Exit::store(exit, rec.meta_mut());
     // Our own CPU (consumer, Parquet, symbolization): the probes themselves
     // run in the target's context and are charged to it.
     let cpu_ns = self_cpu_ns();
@@ -982,8 +981,9 @@ fn record(
         };
         say!("memleak: warning: {w}{advice}");
     }
-    Ok(match exit_code {
-        Some(c) => ExitCode::from(c.clamp(0, 255) as u8),
+    // A shell's status for the command: its code, or 128 + the signal.
+    Ok(match exit {
+        Some(e) => ExitCode::from(e.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
 }

@@ -64,6 +64,28 @@ fn existing_output_is_refused_without_force() {
     assert!(trace.is_dir(), "the existing output must be left alone");
 }
 
+/// An OS error is said once, in the system's words.
+#[test]
+fn read_only_output_is_one_plain_error() {
+    if !common::can_record() {
+        return;
+    }
+    let Some(ro) = common::ReadOnlyDir::mount() else {
+        return;
+    };
+    let trace = ro.path().join("t");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert_eq!(
+        one_line_error(&out),
+        format!("memleak: error: {}: Read-only file system", trace.display())
+    );
+}
+
 #[test]
 fn unknown_allocator_library_is_refused() {
     if !common::can_record() {
@@ -259,7 +281,55 @@ fn exit_status_of_the_command_is_returned() {
         .meta()
         .clone();
     assert_eq!(meta.exit_code, Some(7));
+    assert_eq!(meta.exit_signal, None);
     assert!(meta.complete);
+}
+
+/// A command that dies of a signal is said to, in record's summary, the
+/// trace and `info`; record's own status is the shell's, 128 + 9.
+#[test]
+fn death_by_signal_is_said_as_such() {
+    if !common::can_record() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t");
+    let out = memleak()
+        .args(["record", "-o"])
+        .arg(&trace)
+        .args(["--", "sh", "-c", "kill -9 $$"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(137), "{stderr}");
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert!(meta.complete);
+    assert_eq!(meta.exit_code, Some(137));
+    assert_eq!(meta.exit_signal, Some(libc::SIGKILL));
+    assert!(!meta.exit_core_dumped);
+    let pid = meta.pids[0];
+    assert!(
+        stderr.contains(&format!(
+            "memleak: the command (pid {pid}) was killed by signal 9 (SIGKILL)\n"
+        )),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("exited with"), "{stderr}");
+    let info = memleak().arg("info").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&info.stdout);
+    assert!(
+        text.contains("complete:  yes (traced command was killed by signal 9 (SIGKILL))\n"),
+        "{text}"
+    );
+    let json = memleak()
+        .args(["info", "--json"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_slice(&json.stdout).unwrap();
+    assert_eq!(v["exit_code"], 137);
+    assert_eq!(v["exit_signal"], 9);
+    assert_eq!(v["exit_signal_name"], "SIGKILL");
 }
 
 /// A full disk stops the recording cleanly: a one-line error, and every
@@ -382,6 +452,7 @@ fn signals_are_passed_on_and_close_a_valid_trace() {
         assert!(t.meta().complete, "signal {sig}: trace not closed");
         assert!(t.warnings().is_empty(), "{:?}", t.warnings());
         assert_eq!(t.meta().exit_code, Some(128 + sig), "signal {sig}");
+        assert_eq!(t.meta().exit_signal, Some(sig), "signal {sig}");
         assert!(reaped(pid), "signal {sig}: the command is still there");
     }
 }
@@ -577,6 +648,7 @@ fn duration_ends_the_command_with_sigterm() {
     assert_eq!(status.code(), Some(143), "{stderr}");
     assert!(took < Duration::from_secs(8), "took {took:?}");
     assert_eq!(meta.exit_code, Some(143));
+    assert_eq!(meta.exit_signal, Some(libc::SIGTERM));
     let pid = meta.pids[0];
     assert!(
         reaped(pid),
@@ -585,7 +657,8 @@ fn duration_ends_the_command_with_sigterm() {
     );
     assert!(
         stderr.contains(&format!(
-            "memleak: sent SIGTERM to the command (pid {pid}) after --duration 1s; it exited with status 143"
+            "memleak: sent SIGTERM to the command (pid {pid}) after --duration 1s; \
+             it was killed by signal 15 (SIGTERM)"
         )),
         "{stderr}"
     );
@@ -615,10 +688,12 @@ fn kill_after_kills_a_command_that_ignores_sigterm() {
     assert_eq!(status.code(), Some(137), "{stderr}");
     assert!(took < Duration::from_secs(10), "took {took:?}");
     assert_eq!(meta.exit_code, Some(137));
+    assert_eq!(meta.exit_signal, Some(libc::SIGKILL));
     assert!(reaped(meta.pids[0]));
     assert!(
         stderr.contains(
-            "after --duration 1s, then SIGKILL after --kill-after 1s; it exited with status 137"
+            "after --duration 1s, then SIGKILL after --kill-after 1s; \
+             it was killed by signal 9 (SIGKILL)"
         ),
         "{stderr}"
     );

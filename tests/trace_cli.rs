@@ -1,6 +1,9 @@
 //! `memleak info` on good and bad traces: what it prints, its exit code, and
 //! the one-line `memleak: error:` it gives for every bad input.
 
+mod common;
+
+use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
@@ -137,7 +140,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.3 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.4 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -176,7 +179,10 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.3");
+    assert_eq!(v["format_version"], "1.4");
+    assert_eq!(v["exit_code"], 0);
+    assert_eq!(v["exit_signal"], serde_json::Value::Null);
+    assert_eq!(v["exit_core_dumped"], false);
     assert_eq!(v["complete"], true);
     assert_eq!(v["pids"], serde_json::json!([321]));
     assert_eq!(v["events_total"], 90);
@@ -568,4 +574,252 @@ fn diff_of_a_bad_trace_fails_in_one_line() {
     assert_eq!(v["summary"]["unchanged"], 1);
     assert_eq!(v["summary"]["delta_bytes"], 0);
     assert_eq!(v["stacks"][0]["base"]["bytes"], 48 * 60);
+}
+
+/// Asserts a failed run whose whole stderr is `line`.
+fn assert_fails_with(out: &Output, line: &str) {
+    assert!(!out.status.success(), "exit status {}", out.status);
+    assert_eq!(String::from_utf8_lossy(&out.stderr), format!("{line}\n"));
+    assert!(out.stdout.is_empty());
+}
+
+/// Files of `dir` that look like a temporary memleak left behind.
+fn temporaries(dir: &Path) -> Vec<String> {
+    std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.contains(".memleak-"))
+        .collect()
+}
+
+/// `ln -s /etc/passwd r.html; memleak analyze T -o r.html` must not
+/// overwrite /etc/passwd: a symbolic link at the output is refused in one
+/// line, for every format, `--format all`'s directory and `diff -o`, and
+/// neither it nor what it points to is touched.
+#[test]
+fn reports_are_not_written_through_a_symbolic_link() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("t.parquet");
+    write(&root, 90, 40);
+    let victim = d.join("victim");
+    std::fs::write(&victim, "precious\n").unwrap();
+    let victim_dir = d.join("victim.d");
+    std::fs::create_dir(&victim_dir).unwrap();
+    let link = |name: &str, to: &Path| {
+        let p = d.join(name);
+        std::os::unix::fs::symlink(to, &p).unwrap();
+        p
+    };
+    let mut runs: Vec<(PathBuf, Output)> = Vec::new();
+    for format in ["text", "json", "folded", "svg", "pprof", "html"] {
+        let out = link(&format!("r.{format}"), &victim);
+        let run = analyze(&root, &["--format", format, "-o", out.to_str().unwrap()]);
+        runs.push((out, run));
+    }
+    let all = link("all", &victim_dir);
+    runs.push((
+        all.clone(),
+        analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]),
+    ));
+    let diff_out = link("d.txt", &victim);
+    runs.push((
+        diff_out.clone(),
+        diff(&root, &root, &["-o", diff_out.to_str().unwrap()]),
+    ));
+    // A dangling link: nothing is created where it points.
+    let nowhere = d.join("nowhere");
+    let dangling = link("dangling.html", &nowhere);
+    runs.push((
+        dangling.clone(),
+        analyze(
+            &root,
+            &["--format", "html", "-o", dangling.to_str().unwrap()],
+        ),
+    ));
+    for (path, out) in &runs {
+        assert_fails_with(
+            out,
+            &format!(
+                "memleak: error: {}: is a symbolic link; not writing through it",
+                path.display()
+            ),
+        );
+        assert!(path.symlink_metadata().unwrap().file_type().is_symlink());
+    }
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "precious\n");
+    assert_eq!(std::fs::read_dir(&victim_dir).unwrap().count(), 0);
+    assert!(!nowhere.exists());
+    assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
+}
+
+/// Reports may hold leaked bytes (`--scan-contents`): a new one is
+/// private (0600) like the trace; one that replaces a file of ours keeps
+/// that file's mode. Either way the file is replaced whole, by a rename:
+/// a hard link to the old file keeps the old contents, and no temporary
+/// is left behind.
+#[test]
+fn reports_are_private_and_replaced_by_a_rename() {
+    let dir = tempfile::tempdir().unwrap();
+    let d = dir.path();
+    let root = d.join("t.parquet");
+    write(&root, 90, 40);
+    let mode = |p: &Path| p.metadata().unwrap().mode() & 0o7777;
+    let ok = |out: Output| {
+        assert!(
+            out.status.success(),
+            "{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+
+    let new = d.join("new.txt");
+    ok(analyze(&root, &["-o", new.to_str().unwrap()]));
+    assert_eq!(mode(&new), 0o600);
+    assert!(std::fs::read_to_string(&new)
+        .unwrap()
+        .contains("outstanding"));
+
+    let shared = d.join("shared.json");
+    std::fs::write(&shared, "old report\n").unwrap();
+    std::fs::set_permissions(&shared, std::fs::Permissions::from_mode(0o644)).unwrap();
+    let old = d.join("old.json");
+    std::fs::hard_link(&shared, &old).unwrap();
+    let ino = shared.metadata().unwrap().ino();
+    ok(analyze(
+        &root,
+        &["--format", "json", "-o", shared.to_str().unwrap()],
+    ));
+    assert_eq!(mode(&shared), 0o644, "the replaced file's mode is kept");
+    assert_ne!(
+        shared.metadata().unwrap().ino(),
+        ino,
+        "replaced, not rewritten"
+    );
+    assert_eq!(std::fs::read_to_string(&old).unwrap(), "old report\n");
+    let v: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(&shared).unwrap()).expect("a whole JSON report");
+    assert!(v.get("summary").is_some());
+
+    let all = d.join("all");
+    ok(analyze(
+        &root,
+        &["--format", "all", "-o", all.to_str().unwrap()],
+    ));
+    assert_eq!(mode(&all), 0o700);
+    let files: Vec<PathBuf> = std::fs::read_dir(&all)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(files.len(), 6, "{files:?}");
+    for f in &files {
+        assert_eq!(mode(f), 0o600, "{}", f.display());
+    }
+
+    let d_txt = d.join("d.txt");
+    ok(diff(&root, &root, &["-o", d_txt.to_str().unwrap()]));
+    assert_eq!(mode(&d_txt), 0o600);
+    assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
+    assert!(temporaries(&all).is_empty(), "{:?}", temporaries(&all));
+}
+
+/// An OS error is said once, in the system's words: not "Read-only file
+/// system (os error 30): Read-only file system (os error 30)".
+#[test]
+fn os_errors_are_said_once_in_the_systems_words() {
+    let Some(ro) = common::ReadOnlyDir::mount() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let r = ro.path().join("r.txt");
+    assert_fails_with(
+        &analyze(&root, &["-o", r.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", r.display()),
+    );
+    let all = ro.path().join("all");
+    assert_fails_with(
+        &analyze(&root, &["--format", "all", "-o", all.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", all.display()),
+    );
+    assert_fails_with(
+        &diff(&root, &root, &["-o", r.to_str().unwrap()]),
+        &format!("memleak: error: {}: Read-only file system", r.display()),
+    );
+
+    // A trace another user cannot read (the trace directory is 0700).
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let out = Command::new("setpriv")
+        .args(["--reuid=65534", "--regid=65534", "--clear-groups"])
+        .arg(env!("CARGO_BIN_EXE_memleak"))
+        .arg("info")
+        .arg(&root)
+        .output()
+        .expect("setpriv (util-linux) runs");
+    assert_fails_with(
+        &out,
+        &format!(
+            "memleak: error: {}: Permission denied",
+            root.join("meta.json").display()
+        ),
+    );
+}
+
+/// The `complete:` line of `info`, and its JSON.
+fn exit_lines(root: &Path) -> (String, serde_json::Value) {
+    let out = info(root, false);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let line = text
+        .lines()
+        .find(|l| l.starts_with("complete:"))
+        .unwrap_or_else(|| panic!("no complete: line in\n{text}"))
+        .to_string();
+    let json = serde_json::from_slice(&info(root, true).stdout).unwrap();
+    (line, json)
+}
+
+/// A command killed by a signal is said to be, not to have "exited with
+/// 139"; `info --json` adds the signal beside the shell's status.
+#[test]
+fn info_says_a_death_by_signal() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 10, 100);
+    let path = root.join("meta.json");
+    let mut m = Meta::load(&root).unwrap();
+    m.exit_code = Some(139);
+    m.exit_signal = Some(libc::SIGSEGV);
+    m.exit_core_dumped = true;
+    m.store(&root).unwrap();
+    let (line, v) = exit_lines(&root);
+    assert_eq!(
+        line,
+        "complete:  yes (traced command was killed by signal 11 (SIGSEGV) (core dumped))"
+    );
+    assert_eq!(v["exit_code"], 139);
+    assert_eq!(v["exit_signal"], 11);
+    assert_eq!(v["exit_signal_name"], "SIGSEGV");
+    assert_eq!(v["exit_core_dumped"], true);
+
+    // A trace from before format 1.4 stored 128 + the signal only: info
+    // does not pretend to know which it was.
+    let mut old: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&path).unwrap()).unwrap();
+    let o = old.as_object_mut().unwrap();
+    for k in ["exit_signal", "exit_core_dumped", "meta_crc32"] {
+        o.remove(k);
+    }
+    o.insert("format_version".into(), "1.3".into());
+    o.insert("exit_code".into(), 137.into());
+    std::fs::write(&path, serde_json::to_string_pretty(&old).unwrap()).unwrap();
+    let (line, v) = exit_lines(&root);
+    assert_eq!(
+        line,
+        "complete:  yes (traced command exited with 137, or was killed by signal 9 (SIGKILL): \
+         traces before format 1.4 do not say which)"
+    );
+    assert_eq!(v["exit_code"], 137);
+    assert_eq!(v["exit_signal"], serde_json::Value::Null);
 }

@@ -27,3 +27,38 @@ pub fn has_tool(tool: &str) -> bool {
     }
     runs
 }
+
+/// A read-only file system (an empty tmpfs mounted `ro` on a temporary
+/// directory), unmounted when dropped.
+pub struct ReadOnlyDir(tempfile::TempDir);
+
+impl ReadOnlyDir {
+    /// Mounts one; `None` (with the line that says why the calling test
+    /// is skipped) if this process may not mount.
+    pub fn mount() -> Option<ReadOnlyDir> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+            .arg(dir.path())
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: mounting a read-only tmpfs needs root");
+            return None;
+        }
+        Some(ReadOnlyDir(dir))
+    }
+
+    pub fn path(&self) -> &std::path::Path {
+        self.0.path()
+    }
+}
+
+impl Drop for ReadOnlyDir {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("umount")
+            .arg(self.0.path())
+            .status();
+    }
+}

@@ -10,14 +10,14 @@ use std::path::{Path, PathBuf};
 /// Errors from [`ElfFile::open`] / [`ElfFile::parse`].
 #[derive(Debug, thiserror::Error)]
 pub enum ElfError {
-    /// The file could not be read.
-    #[error("reading {path}: {source}")]
+    /// The file could not be read. The OS error is part of the message,
+    /// not its `source()`, which chain printers would print again.
+    #[error("reading {}: {}", path.display(), memleak_trace::describe_io(error))]
     Io {
         /// The file.
         path: PathBuf,
         /// The I/O error.
-        #[source]
-        source: std::io::Error,
+        error: std::io::Error,
     },
     /// Valid ELF, but not 64-bit little-endian x86-64.
     #[error("not a supported ELF file: {0}")]
@@ -166,9 +166,9 @@ struct Section {
 impl ElfFile {
     /// Maps (or, failing that, reads) and parses the file.
     pub fn open(path: &Path) -> Result<Self, ElfError> {
-        let io = |source| ElfError::Io {
+        let io = |error| ElfError::Io {
             path: path.to_path_buf(),
-            source,
+            error,
         };
         let mut file = std::fs::File::open(path).map_err(io)?;
         let data = match map_whole(&file) {
@@ -528,10 +528,10 @@ mod tests {
         let err = ElfFile::open(&missing).unwrap_err();
         assert_eq!(
             err.to_string(),
-            format!(
-                "reading {}: No such file or directory (os error 2)",
-                missing.display()
-            )
+            format!("reading {}: No such file or directory", missing.display())
         );
+        // Said once: not also the error's source, which a chain printer
+        // would add again.
+        assert!(std::error::Error::source(&err).is_none());
     }
 }

@@ -38,6 +38,8 @@ use std::fs::File;
 use std::os::unix::fs::{FileExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use memleak_trace::describe_io;
+
 use crate::elf::ElfFile;
 use crate::placement::Policy;
 use crate::procmaps::{read_maps, resolve_in_process};
@@ -84,13 +86,17 @@ impl Mem {
     fn open(pid: u32) -> Result<Mem, String> {
         File::open(format!("/proc/{pid}/mem"))
             .map(Mem)
-            .map_err(|e| format!("/proc/{pid}/mem: {e}"))
+            .map_err(|e| format!("/proc/{pid}/mem: {}", describe_io(&e)))
     }
 
     fn read(&self, addr: u64, buf: &mut [u8]) -> Result<(), String> {
-        self.0
-            .read_exact_at(buf, addr)
-            .map_err(|e| format!("reading {} bytes at {addr:#x}: {e}", buf.len()))
+        self.0.read_exact_at(buf, addr).map_err(|e| {
+            format!(
+                "reading {} bytes at {addr:#x}: {}",
+                buf.len(),
+                describe_io(&e)
+            )
+        })
     }
 
     fn u64(&self, addr: u64) -> Result<u64, String> {
@@ -108,8 +114,8 @@ impl Mem {
 
 /// A value of the process's auxiliary vector.
 fn auxv(pid: u32, key: u64) -> Result<u64, String> {
-    let data =
-        std::fs::read(format!("/proc/{pid}/auxv")).map_err(|e| format!("/proc/{pid}/auxv: {e}"))?;
+    let data = std::fs::read(format!("/proc/{pid}/auxv"))
+        .map_err(|e| format!("/proc/{pid}/auxv: {}", describe_io(&e)))?;
     data.chunks_exact(16)
         .map(|c| {
             let k = u64::from_le_bytes(c[..8].try_into().expect("8 bytes"));
@@ -153,10 +159,10 @@ struct ExeHeaders {
 impl ExeHeaders {
     fn read(path: &Path) -> Result<ExeHeaders, String> {
         let bad = |what: &str| format!("{}: {what}", path.display());
-        let file = File::open(path).map_err(|e| bad(&e.to_string()))?;
+        let file = File::open(path).map_err(|e| bad(&describe_io(&e)))?;
         let mut eh = [0u8; 64];
         file.read_exact_at(&mut eh, 0)
-            .map_err(|e| bad(&e.to_string()))?;
+            .map_err(|e| bad(&describe_io(&e)))?;
         if &eh[..4] != b"\x7fELF" || eh[4] != 2 || eh[5] != 1 {
             return Err(bad("not a 64-bit little-endian ELF file"));
         }
@@ -168,7 +174,7 @@ impl ExeHeaders {
         }
         let mut ph = vec![0u8; (phentsize * phnum) as usize];
         file.read_exact_at(&mut ph, phoff)
-            .map_err(|e| bad(&format!("program headers: {e}")))?;
+            .map_err(|e| bad(&format!("program headers: {}", describe_io(&e))))?;
         let (mut interp, mut dynamic) = (false, None);
         for h in ph.chunks_exact(phentsize as usize) {
             let word = |o: usize| u64::from_le_bytes(h[o..o + 8].try_into().expect("8 bytes"));
@@ -190,7 +196,7 @@ impl ExeHeaders {
 pub fn search_order(pid: u32) -> Result<SearchOrder, String> {
     let exe_link = format!("/proc/{pid}/exe");
     let exe_name = std::fs::read_link(&exe_link)
-        .map_err(|e| format!("{exe_link}: {e}"))?
+        .map_err(|e| format!("{exe_link}: {}", describe_io(&e)))?
         .to_string_lossy()
         .into_owned();
     let exe_path = match resolve_in_process(pid, &exe_name) {
@@ -226,7 +232,7 @@ pub fn search_order(pid: u32) -> Result<SearchOrder, String> {
     if first == 0 || mem.u32(r_debug + 24)? != RT_CONSISTENT {
         return Ok(SearchOrder::NotReady);
     }
-    let maps = read_maps(pid).map_err(|e| format!("/proc/{pid}/maps: {e}"))?;
+    let maps = read_maps(pid).map_err(|e| format!("/proc/{pid}/maps: {}", describe_io(&e)))?;
     let mut objects: Vec<Object> = Vec::new();
     let mut seen = HashSet::new();
     let mut lm = first;
@@ -262,7 +268,7 @@ type FileId = (u64, u64);
 fn file_id(path: &Path) -> Result<FileId, String> {
     std::fs::metadata(path)
         .map(|m| (m.dev(), m.ino()))
-        .map_err(|e| format!("{}: {e}", path.display()))
+        .map_err(|e| format!("{}: {}", path.display(), describe_io(&e)))
 }
 
 /// How a search went.

@@ -5,7 +5,7 @@ use std::path::{Path, PathBuf};
 
 use memleak_trace::EventKind;
 
-use crate::elf::ElfFile;
+use crate::elf::{ElfError, ElfFile};
 use crate::placement::{resolve_one, Placement, Policy, ProbeKind};
 
 use crate::procmaps::{read_maps, resolve_in_process};
@@ -167,7 +167,11 @@ pub fn resolve(
     prefix: &str,
     policy: Policy,
 ) -> Result<LibraryProbes, String> {
-    let elf = ElfFile::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let elf = ElfFile::open(path).map_err(|e| match e {
+        // Says "reading PATH" itself.
+        ElfError::Io { .. } => e.to_string(),
+        _ => format!("{}: {e}", path.display()),
+    })?;
     let mut out = LibraryProbes {
         path: path.to_path_buf(),
         points: Vec::new(),

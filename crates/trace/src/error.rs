@@ -60,14 +60,30 @@ pub enum Error {
     /// The disk filled up; closed segments stay valid.
     #[error("{}: no space left on device; segments closed before this point are intact", .0.display())]
     DiskFull(PathBuf),
-    /// Any other I/O failure.
-    #[error("{}: {source}", path.display())]
+    /// Any other I/O failure. The OS error is part of the message, not
+    /// its `source()`: a chain printer (anyhow's `{:#}`) would print it
+    /// twice.
+    #[error("{}: {}", path.display(), describe_io(error))]
     Io {
         /// The file being accessed.
         path: PathBuf,
         /// The OS error.
-        source: std::io::Error,
+        error: std::io::Error,
     },
+}
+
+/// An I/O error as the system words it: Rust's message without the
+/// ` (os error N)` it appends (`Read-only file system`, not `Read-only
+/// file system (os error 30)`).
+pub fn describe_io(e: &std::io::Error) -> String {
+    let text = e.to_string();
+    match e.raw_os_error() {
+        Some(code) => text
+            .strip_suffix(&format!(" (os error {code})"))
+            .map(str::to_string)
+            .unwrap_or(text),
+        None => text,
+    }
 }
 
 impl Error {
@@ -78,7 +94,7 @@ impl Error {
         } else {
             Error::Io {
                 path: path.to_path_buf(),
-                source,
+                error: source,
             }
         }
     }
@@ -107,5 +123,24 @@ impl Error {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The OS error is said once, in the system's words, and is not also
+    /// the error's source (which `{:#}` chain printers would add again).
+    #[test]
+    fn io_errors_name_the_cause_once() {
+        let e = Error::io(
+            Path::new("ro/t"),
+            std::io::Error::from_raw_os_error(libc::EROFS),
+        );
+        assert_eq!(e.to_string(), "ro/t: Read-only file system");
+        assert!(std::error::Error::source(&e).is_none());
+        let custom = std::io::Error::other("custom");
+        assert_eq!(describe_io(&custom), "custom");
     }
 }

@@ -18,8 +18,10 @@
 //! and what its loss counters mean ([`losses`]),
 //! the segmented writer ([`writer`]), the validating, streaming reader
 //! ([`reader`]) and the `events` table's own encoder and fast decoder
-//! ([`events`]), which hands replay decoded row groups. It has no BPF or
-//! symbolizer dependency, so a laptop without clang can open any trace.
+//! ([`events`]), which hands replay decoded row groups. How files are
+//! created and replaced ([`fsio`]) is shared with the CLI's reports. It
+//! has no BPF or symbolizer dependency, so a laptop without clang can open
+//! any trace.
 //!
 //! ```no_run
 //! use memleak_trace::{Trace, EventColumns};
@@ -35,14 +37,14 @@
 
 pub mod error;
 pub mod events;
-mod fsio;
+pub mod fsio;
 pub mod losses;
 pub mod meta;
 pub mod reader;
 pub mod schema;
 pub mod writer;
 
-pub use error::{Error, Result};
+pub use error::{describe_io, Error, Result};
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
 pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};

@@ -135,9 +135,19 @@ pub struct Meta {
     /// in a segment that `segments` lists.
     #[serde(default)]
     pub checkpoint_ns: u64,
-    /// Exit status of the traced command in `-c` mode.
+    /// Exit status of the traced command in `-c` mode, as a shell
+    /// reports it: the code it exited with, or 128 + the signal that
+    /// killed it (then `exit_signal` says which).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub exit_code: Option<i32>,
+    /// The signal that killed the traced command, if one did (1.4).
+    /// Absent when it exited; in traces before 1.4 an `exit_code` above
+    /// 128 may be either.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub exit_signal: Option<i32>,
+    /// Whether that signal dumped core (1.4). Written only when it did.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub exit_core_dumped: bool,
     /// Allocator calls that returned NULL or `MAP_FAILED`: neither events
     /// nor losses. The recorder always writes it; `None` in traces from
     /// other writers.
@@ -274,6 +284,8 @@ impl Default for Meta {
             segments: None,
             checkpoint_ns: 0,
             exit_code: None,
+            exit_signal: None,
+            exit_core_dumped: false,
             failed_allocations: None,
             cut_stacks: None,
             parents: BTreeMap::new(),

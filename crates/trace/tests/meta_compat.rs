@@ -111,6 +111,8 @@ fn empty_typed_fields_are_not_written() {
         "recorder_cpu_ns",
         "kernel_recursion",
         "exit_code",
+        "exit_signal",
+        "exit_core_dumped",
     ] {
         assert!(v.get(key).is_none(), "{key} written: {v}");
     }

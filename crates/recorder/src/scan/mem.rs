@@ -64,8 +64,9 @@ impl ProcessMemory {
         if n >= 0 {
             return Ok(n as usize);
         }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
+        let os = std::io::Error::last_os_error();
+        let e = memleak_trace::describe_io(&os);
+        match os.raw_os_error() {
             // Nothing of the first range could be read.
             Some(libc::EFAULT) | Some(libc::EIO) => Ok(0),
             Some(libc::ESRCH) => Err(ScanError::Gone(self.pid)),

@@ -180,10 +180,16 @@ pub fn scan(stopped: &Stopped, blocks: &[Block], opts: &ScanOptions) -> Result<O
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ScanError::Gone(pid)),
         Err(e) if e.kind() == std::io::ErrorKind::PermissionDenied => {
             return Err(ScanError::Permission(format!(
-                "cannot read /proc/{pid}/maps: {e}"
+                "cannot read /proc/{pid}/maps: {}",
+                memleak_trace::describe_io(&e)
             )))
         }
-        Err(e) => return Err(ScanError::Os(format!("/proc/{pid}/maps: {e}"))),
+        Err(e) => {
+            return Err(ScanError::Os(format!(
+                "/proc/{pid}/maps: {}",
+                memleak_trace::describe_io(&e)
+            )))
+        }
     };
     if maps.is_empty() {
         return Err(ScanError::Gone(pid));

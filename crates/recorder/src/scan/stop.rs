@@ -117,8 +117,9 @@ impl Stopped {
                 // SAFETY: plain ptrace requests on a thread id.
                 let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, tid as libc::pid_t, 0, 0) };
                 if r != 0 {
-                    let e = std::io::Error::last_os_error();
-                    match e.raw_os_error() {
+                    let os = std::io::Error::last_os_error();
+                    let e = memleak_trace::describe_io(&os);
+                    match os.raw_os_error() {
                         Some(libc::ESRCH) => continue, // it ended
                         Some(libc::EPERM) => {
                             return Err(ScanError::Permission(format!(

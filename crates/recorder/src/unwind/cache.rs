@@ -104,7 +104,8 @@ fn mtime_ns(m: &std::fs::Metadata) -> i128 {
 impl UnwindCache {
     /// The table of the object at `path`, built on first use.
     pub fn get(&mut self, path: &Path) -> Result<Arc<UnwindObject>, Failure> {
-        let meta = std::fs::metadata(path).map_err(|e| format!("{}: {e}", path.display()))?;
+        let meta = std::fs::metadata(path)
+            .map_err(|e| format!("{}: {}", path.display(), memleak_trace::describe_io(&e)))?;
         let id: FileId = (meta.dev(), meta.ino(), meta.size(), mtime_ns(&meta));
         if let Some(hit) = self.by_file.get(&id).and_then(|k| self.tables.get(k)) {
             self.stats.file_hits += 1;
