@@ -5,11 +5,11 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fixtures::{memleak, recording_guard, root};
+use common::fixtures::{build_steady, memleak, recording_guard};
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -19,19 +19,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: ts is a valid timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Builds `bench/steady.c` into `dir`.
-fn build_steady(dir: &Path) -> PathBuf {
-    let exe = dir.join("steady");
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(root().join("bench/steady.c"))
-        .status()
-        .expect("cc runs");
-    assert!(status.success(), "building bench/steady.c failed");
-    exe
 }
 
 /// `(monotonic ns, pairs done)` records the workload logged.

@@ -9,6 +9,9 @@ use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
 use common::fixtures::{fixtures_dir, memleak};
+use common::procs::{
+    become_subreaper, proc_state, reaped, running_command, wait_orphan, wait_within,
+};
 
 fn one_line_error(out: &Output) -> String {
     assert!(
@@ -425,92 +428,6 @@ fn lost_events_are_counted_and_reported() {
         text.contains(&format!("lost events       {lost}: ring_full {lost}")),
         "{text}"
     );
-}
-
-/// Waits for a child, failing (not hanging) if it takes more than `secs`.
-fn wait_within(child: &mut std::process::Child, secs: u64, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("{what} did not stop within {secs} s");
-}
-
-/// A process's state letter in /proc (R, S, T, t, Z...), None once gone.
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// Whether a process has exited and been waited for by its parent.
-fn reaped(pid: u32) -> bool {
-    proc_state(pid).is_none()
-}
-
-/// The pid of memleak's child once it runs `comm` (after exec, so after
-/// memleak set up its signal handlers).
-fn running_command(rec: &mut std::process::Child, comm: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Some(status) = rec.try_wait().unwrap() {
-            panic!("memleak ended before the command ran: {status:?}");
-        }
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let Some((head, rest)) = stat.rsplit_once(')') else {
-                continue;
-            };
-            let ppid = rest.split_whitespace().nth(1);
-            if head.ends_with(&format!("({comm}")) && ppid == Some(&rec.id().to_string()) {
-                return pid;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = rec.kill();
-    let _ = rec.wait();
-    panic!("memleak's command {comm} did not start");
-}
-
-/// Orphans of memleak's command come to this process, to be waited for:
-/// PID 1 here does not reap them.
-fn become_subreaper() {
-    // SAFETY: prctl with plain integer arguments.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
-}
-
-/// Waits up to `secs` for a process that became our child as an orphan;
-/// its wait status, or None if it is still running.
-fn wait_orphan(pid: u32, secs: u64) -> Option<libc::c_int> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for one given pid.
-        let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-        assert!(
-            rc >= 0,
-            "{pid} is not our child: {}",
-            std::io::Error::last_os_error()
-        );
-        if rc > 0 {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Runs `memleak record ARGS -o TRACE -- COMMAND` to its end (at most
