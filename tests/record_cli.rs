@@ -8,7 +8,7 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fixtures::{fixtures_dir, memleak};
+use common::fixtures::{build_steady, fixtures_dir, memleak};
 use common::procs::{
     become_subreaper, proc_state, reaped, running_command, wait_orphan, wait_within,
 };
@@ -302,6 +302,153 @@ fn full_disk_keeps_closed_segments_valid() {
     for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
         batch.expect("every closed segment decodes");
     }
+}
+
+/// The path of a trace's lock file (docs/format.md).
+fn lock_file(trace: &Path) -> std::path::PathBuf {
+    trace.join(".memleak.lock")
+}
+
+/// A trace being recorded is locked: a second `record -o` of it, with
+/// --force or without, is refused in one line naming the recorder's pid;
+/// `info` and `analyze` read it meanwhile without waiting; the first
+/// recording ends complete and intact.
+#[test]
+fn a_trace_being_recorded_is_refused_to_a_second_recorder() {
+    if !common::can_record() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steady = build_steady(dir.path());
+    let trace = dir.path().join("t.parquet");
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&steady)
+        .args(["2000", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = running_command(&mut rec, "steady");
+    for force in [true, false] {
+        let mut second = memleak();
+        second.args(["record", "-q"]);
+        if force {
+            second.arg("--force");
+        }
+        let out = second
+            .arg("-o")
+            .arg(&trace)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            one_line_error(&out),
+            format!(
+                "memleak: error: {}: another memleak (pid {}) is recording to it; not touching it",
+                trace.display(),
+                rec.id()
+            ),
+            "--force: {force}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&trace)).unwrap(),
+        format!("{}\n", rec.id())
+    );
+    for cmd in ["info", "analyze"] {
+        let mut reader = memleak()
+            .arg(cmd)
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let status = wait_within(&mut reader, 30, &format!("{cmd} of a trace being recorded"));
+        assert!(
+            status.success(),
+            "{cmd} of a trace being recorded: {status:?}"
+        );
+    }
+    let status = wait_within(&mut rec, 60, "the first recording");
+    assert!(status.success(), "{status:?}");
+    assert!(reaped(pid));
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert!(t.meta().complete);
+    assert!(t.warnings().is_empty(), "{:?}", t.warnings());
+    assert!(t
+        .meta()
+        .counters
+        .events
+        .get("malloc")
+        .is_some_and(|&n| n > 0));
+    for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
+        batch.expect("every segment decodes");
+    }
+    assert!(
+        !lock_file(&trace).exists(),
+        "a complete trace keeps no lock file"
+    );
+}
+
+/// `kill -9` of a recorder leaves its lock file, which locks nothing (the
+/// lock died with the process): a later --force replaces the trace.
+#[test]
+fn a_killed_recorders_lock_file_does_not_block_force() {
+    if !common::can_record() {
+        return;
+    }
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "sleep", "100"])
+        .spawn()
+        .unwrap();
+    let pid = running_command(&mut rec, "sleep");
+    rec.kill().unwrap(); // SIGKILL
+    wait_within(&mut rec, 5, "memleak after SIGKILL");
+    if wait_orphan(pid, 5).is_none() {
+        // SAFETY: the orphaned command, ours since memleak died.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_orphan(pid, 5);
+        panic!("the command outlived memleak");
+    }
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&trace)).unwrap(),
+        format!("{}\n", rec.id()),
+        "the lock file names the killed recorder"
+    );
+    // Without --force: there, not locked.
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.ends_with("already exists (use --force to overwrite)"),
+        "{line}"
+    );
+    let out = memleak()
+        .args(["record", "-q", "--force", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert!(t.meta().complete);
+    assert!(!lock_file(&trace).exists());
 }
 
 /// Attaching to a running process by pid, stopped by --duration while the

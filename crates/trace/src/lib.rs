@@ -35,12 +35,14 @@
 pub mod error;
 pub mod events;
 mod fsio;
+pub mod lock;
 pub mod meta;
 pub mod reader;
 pub mod schema;
 pub mod writer;
 
 pub use error::{Error, Result};
+pub use lock::TraceLock;
 pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{
