@@ -8,8 +8,9 @@
 //! and a killed or out-of-space recorder never damages a closed segment.
 //!
 //! All tables close their segments together at a *checkpoint*, every
-//! second by default: a killed recorder loses at most the events since the
-//! last one. Stacks, frames and maps close before events, so a listed
+//! second by default, and the first time soon after the first events: a
+//! killed recorder loses at most the events since the last one, even in
+//! its first second. Stacks, frames and maps close before events, so a listed
 //! events segment never refers to a stack that is not listed too. One
 //! segment a second would make thousands of files in an hour, so every
 //! `merge_segments` closed segments of a table are merged into one
@@ -63,6 +64,10 @@ pub struct WriterOptions {
     /// Close the segments (a checkpoint) after this much time, so a killed
     /// recorder loses at most this much.
     pub segment_duration: Duration,
+    /// Make the first checkpoint this soon after the first event, rather
+    /// than `segment_duration` after the trace was created: a recorder
+    /// killed within its first second then keeps what it recorded too.
+    pub first_checkpoint: Duration,
     /// Merge a table's closed segments into one once this many have
     /// closed since the last merge, or they hold `segment_rows` rows
     /// together, and at the end; a full segment is never copied (0 or 1:
@@ -87,6 +92,7 @@ impl Default for WriterOptions {
         WriterOptions {
             segment_rows: 16 << 20,
             segment_duration: Duration::from_secs(1),
+            first_checkpoint: Duration::from_millis(100),
             merge_segments: 64,
             row_group_rows: 256 << 10,
             zstd_level: 1,
@@ -305,6 +311,9 @@ pub struct TraceWriter {
     maps: TableSegments<MapRows>,
     scan: TableSegments<ScanRows>,
     segment_started: Instant,
+    /// When [`tick`](Self::tick) first saw events, until a checkpoint has
+    /// listed some.
+    first_events_seen: Option<Instant>,
     events_written: u64,
     /// Held from before anything is written until the writer is dropped.
     lock: TraceLock,
@@ -371,6 +380,7 @@ impl TraceWriter {
             opts,
             meta,
             segment_started: Instant::now(),
+            first_events_seen: None,
             events_written: 0,
             lock,
             kind_counts: Box::new([0; 256]),
@@ -503,10 +513,17 @@ impl TraceWriter {
         self.events_written
     }
 
-    /// Makes a checkpoint if the segment duration has passed. Call it
-    /// from the recorder's timer.
+    /// Makes a checkpoint if the segment duration has passed, or, before
+    /// any events segment was listed, `first_checkpoint` after this was
+    /// first called with events pushed. Call it from the recorder's timer
+    /// (every few milliseconds).
     pub fn tick(&mut self) -> Result<()> {
-        if self.segment_started.elapsed() >= self.opts.segment_duration {
+        let mut due = self.segment_started.elapsed() >= self.opts.segment_duration;
+        if self.events.next_index == 0 && self.events_written > 0 {
+            let seen = *self.first_events_seen.get_or_insert_with(Instant::now);
+            due |= seen.elapsed() >= self.opts.first_checkpoint;
+        }
+        if due {
             self.rotate()?;
         }
         Ok(())

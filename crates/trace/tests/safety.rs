@@ -1,9 +1,11 @@
 //! What the writer does for the programs and files around it: the lock
-//! that keeps a second writer off a trace being written.
+//! that keeps a second writer off a trace being written, and the early
+//! first checkpoint.
 
 mod common;
 
 use std::path::Path;
+use std::time::Duration;
 
 use common::*;
 use memleak_trace::lock::{holder, LOCK_FILE};
@@ -176,4 +178,45 @@ fn force_writes_no_lock_file_into_what_it_refuses() {
     let err = create_err(&precious, meta(), WriterOptions::default());
     assert!(matches!(err, Error::Exists(_)), "{err:?}");
     drop(held);
+}
+
+/// The first checkpoint comes `first_checkpoint` after the first events,
+/// not a whole `segment_duration` after the start; the later ones keep to
+/// `segment_duration`.
+#[test]
+fn the_first_events_are_listed_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    let opts = WriterOptions {
+        segment_duration: Duration::from_secs(3600),
+        ..WriterOptions::default()
+    };
+    let first = opts.first_checkpoint;
+    assert!(first <= Duration::from_millis(200), "{first:?}");
+    let mut w = TraceWriter::create(&root, meta(), opts).unwrap();
+    let events = synthetic_events(20);
+    w.tick().unwrap();
+    for e in &events[..10] {
+        w.push_event(e).unwrap();
+    }
+    w.tick().unwrap();
+    std::thread::sleep(first);
+    w.tick().unwrap();
+    let live = Trace::open(&root).unwrap();
+    assert_eq!(
+        read_events(&live),
+        events[..10],
+        "the first events are listed"
+    );
+
+    // Only the first checkpoint is early.
+    for e in &events[10..] {
+        w.push_event(e).unwrap();
+    }
+    w.tick().unwrap();
+    std::thread::sleep(first * 2);
+    w.tick().unwrap();
+    assert_eq!(Trace::open(&root).unwrap().event_count(), 10);
+    w.finish().unwrap();
+    assert_eq!(read_events(&Trace::open(&root).unwrap()), events);
 }
