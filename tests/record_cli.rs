@@ -302,6 +302,67 @@ fn full_disk_keeps_closed_segments_valid() {
     for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
         batch.expect("every closed segment decodes");
     }
+    assert!(!trace.join(".meta.json.tmp").exists());
+}
+
+/// A tmpfs of `size` for one test, unmounted when dropped; `None` (the
+/// test skips, saying so in one line) when it cannot be mounted.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A disk full from the start: one error line, a non-zero exit, and
+/// nothing left behind, not even an empty `.meta.json.tmp`.
+#[test]
+fn full_disk_at_the_start_leaves_nothing_behind() {
+    if !common::can_record() {
+        return;
+    }
+    let Some(fs) = Tmpfs::mount("64k") else {
+        return;
+    };
+    let fill = fs.0.path().join("fill");
+    let ok = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", fill.display()))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!ok.success(), "dd fills the tmpfs and fails");
+    let trace = fs.0.path().join("t.parquet");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(line.contains("no space left on device"), "{line}");
+    let left: Vec<_> = std::fs::read_dir(fs.0.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["fill"], "left behind: {left:?}");
 }
 
 /// The path of a trace's lock file (docs/format.md).

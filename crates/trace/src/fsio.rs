@@ -20,10 +20,17 @@ pub(crate) fn create_private(path: &Path) -> std::io::Result<File> {
 
 /// Replaces `path` with `bytes` atomically: written to `tmp` (a private
 /// file in the same directory), fsynced, then renamed over `path`, so a
-/// crash leaves either the old or the new file, never half of one.
+/// crash leaves either the old or the new file, never half of one. A
+/// failure (a full disk) removes `tmp` again: no empty or partial file is
+/// left beside `path`.
 pub(crate) fn replace_atomically(path: &Path, tmp: &Path, bytes: &[u8]) -> std::io::Result<()> {
     let mut f = create_private(tmp)?;
-    f.write_all(bytes)?;
-    f.sync_all()?;
-    fs::rename(tmp, path)
+    let written = f
+        .write_all(bytes)
+        .and_then(|()| f.sync_all())
+        .and_then(|()| fs::rename(tmp, path));
+    if written.is_err() {
+        let _ = fs::remove_file(tmp);
+    }
+    written
 }

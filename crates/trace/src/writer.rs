@@ -331,14 +331,20 @@ impl TraceWriter {
     /// initial `meta.json` with `complete: false`. Refuses an existing path
     /// unless `opts.force`, and even then replaces only an empty directory
     /// or a memleak trace ([`remove_trace`]) that no other recorder holds
-    /// ([`Error::Locked`]).
+    /// ([`Error::Locked`]). What it wrote is removed again if it fails.
     pub fn create(root: impl AsRef<Path>, mut meta: Meta, opts: WriterOptions) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        let (lock, _) = lock_output(&root, opts.force)?;
+        let (lock, made) = lock_output(&root, opts.force)?;
         meta.complete = false;
         meta.segments = Some(Default::default());
         meta.checkpoint_ns = meta.start_ns;
-        meta.store(&root)?;
+        if let Err(e) = meta.store(&root) {
+            lock.remove_file();
+            if made {
+                let _ = fs::remove_dir(&root);
+            }
+            return Err(e);
+        }
         let batch = 64 * 1024;
         let mut writer = TraceWriter {
             events: TableSegments::new(

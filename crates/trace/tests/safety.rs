@@ -1,10 +1,11 @@
 //! What the writer does for the programs and files around it: the lock
-//! that keeps a second writer off a trace being written, and the early
-//! first checkpoint.
+//! that keeps a second writer off a trace being written, the early first
+//! checkpoint, and a full disk that leaves no temporary file behind.
 
 mod common;
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::Duration;
 
 use common::*;
@@ -219,4 +220,103 @@ fn the_first_events_are_listed_early() {
     assert_eq!(Trace::open(&root).unwrap().event_count(), 10);
     w.finish().unwrap();
     assert_eq!(read_events(&Trace::open(&root).unwrap()), events);
+}
+
+/// A tmpfs of `size`, unmounted when dropped; `None` (the test skips, with
+/// one line) when this process cannot mount one.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        // SAFETY: geteuid has no preconditions.
+        if unsafe { libc::geteuid() } != 0 {
+            eprintln!("skipping: mounting a tmpfs needs root");
+            return None;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+
+    fn path(&self) -> &Path {
+        self.0.path()
+    }
+
+    /// Fills the file system up: every write after this fails.
+    fn fill(&self) -> PathBuf {
+        use std::io::Write;
+        let path = self.path().join("fill");
+        let mut f = std::fs::File::create(&path).unwrap();
+        let block = vec![0u8; 4096];
+        loop {
+            match f.write(&block) {
+                Ok(0) => break,
+                Ok(_) => {}
+                Err(e) if e.raw_os_error() == Some(libc::ENOSPC) => break,
+                Err(e) => panic!("filling the tmpfs: {e}"),
+            }
+        }
+        path
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// Names of the files under `dir`, recursively, relative to it.
+fn tree(dir: &Path) -> Vec<String> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir(dir).unwrap() {
+        let p = e.unwrap().path();
+        let name = p.strip_prefix(dir).unwrap().display().to_string();
+        if p.is_dir() {
+            out.extend(tree(&p).into_iter().map(|n| format!("{name}/{n}")));
+        }
+        out.push(name);
+    }
+    out.sort();
+    out
+}
+
+/// A full disk: creating a trace fails with one line and leaves nothing;
+/// a checkpoint that cannot write meta.json leaves the last one in place
+/// and no temporary file beside it.
+#[test]
+fn a_full_disk_leaves_no_temporary_file() {
+    let Some(fs) = Tmpfs::mount("256k") else {
+        return;
+    };
+    // Space for a trace's start, then none.
+    let root = fs.path().join("t.parquet");
+    let mut w = TraceWriter::create(&root, meta(), WriterOptions::default()).unwrap();
+    let fill = fs.fill();
+    w.meta_mut().notes.push("changed".into());
+    let err = w.rotate().expect_err("a full disk fails");
+    assert!(matches!(err, Error::DiskFull(_)), "{err:?}");
+    assert!(!err.to_string().contains('\n'), "{err}");
+    assert_eq!(
+        tree(&root),
+        [LOCK_FILE, "meta.json"],
+        "nothing but the trace's own files"
+    );
+    assert!(Trace::open(&root).unwrap().meta().notes.is_empty());
+    drop(w);
+
+    // Creating a trace on the full disk: an error, and nothing left.
+    let other = fs.path().join("u.parquet");
+    let err = create_err(&other, meta(), WriterOptions::default());
+    assert!(matches!(err, Error::DiskFull(_)), "{err:?}");
+    assert!(!other.exists(), "{:?}", tree(&other));
+    std::fs::remove_file(fill).unwrap();
 }
