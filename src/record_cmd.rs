@@ -506,7 +506,10 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         force: args.force,
         ..WriterOptions::default()
     };
+    // Locks the trace for the whole recording: another `record -o` of the
+    // same path, --force or not, is refused naming us.
     let writer = TraceWriter::create(&args.output, meta, opts)?;
+    let lock = writer.lock();
     let result = record(&args, argv, object, writer);
     if result.is_err()
         && args
@@ -516,9 +519,11 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
             .map_or(true, |mut d| d.next().is_none())
     {
         // Nothing was recorded: do not leave an empty trace behind (and
-        // remove only what memleak wrote there).
-        let _ = memleak_trace::writer::remove_trace(&args.output);
+        // remove only what memleak wrote there), still holding its lock
+        // so that no other recorder has started on it meanwhile.
+        let _ = lock.remove_trace();
     }
+    drop(lock);
     result
 }
 

@@ -5,11 +5,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fixtures::{memleak, recording_guard, root};
+use common::fixtures::{build_steady, memleak, recording_guard};
+use common::procs::{become_subreaper, running_command, wait_orphan, wait_within};
 
 fn monotonic_ns() -> u64 {
     let mut ts = libc::timespec {
@@ -19,19 +20,6 @@ fn monotonic_ns() -> u64 {
     // SAFETY: ts is a valid timespec.
     unsafe { libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts) };
     ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
-}
-
-/// Builds `bench/steady.c` into `dir`.
-fn build_steady(dir: &Path) -> PathBuf {
-    let exe = dir.join("steady");
-    let status = Command::new("cc")
-        .args(["-O2", "-o"])
-        .arg(&exe)
-        .arg(root().join("bench/steady.c"))
-        .status()
-        .expect("cc runs");
-    assert!(status.success(), "building bench/steady.c failed");
-    exe
 }
 
 /// `(monotonic ns, pairs done)` records the workload logged.
@@ -176,4 +164,97 @@ fn kill_9_keeps_all_but_the_last_second() {
     );
     assert!(text.starts_with("WARNING: incomplete trace"), "{text}");
     assert!(text.contains("are missing"), "{text}");
+}
+
+/// The first checkpoint comes right after the first events (docs/format.md:
+/// 100 ms), not a second after the trace was created: a recorder killed
+/// with SIGKILL about 0.6 s after it started, once it traces, keeps events,
+/// and the trace says it is incomplete.
+#[test]
+fn kill_9_in_the_first_second_keeps_events() {
+    if !common::can_record() {
+        return;
+    }
+    let _guard = recording_guard(false);
+    // The command dies with memleak and comes to us to be reaped.
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let steady = build_steady(dir.path());
+    let log = dir.path().join("steady.log");
+    let trace = dir.path().join("t.parquet");
+    let started = Instant::now();
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&steady)
+        .args(["20000", "60"])
+        .arg(&log)
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    // The command runs once its probes are in place: its first log record
+    // (written as it starts allocating) says the recording traces.
+    let pid = running_command(&mut rec, "steady");
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while std::fs::metadata(&log).map_or(0, |m| m.len()) < 16 {
+        assert!(Instant::now() < deadline, "steady logged nothing");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+    let tracing = Instant::now();
+    // 0.6 s after the start; on a machine slow to load the probes, 0.3 s
+    // into the tracing (still before a second-long first segment closes).
+    let kill_at = (started + Duration::from_millis(600)).max(tracing + Duration::from_millis(300));
+    std::thread::sleep(kill_at.saturating_duration_since(Instant::now()));
+    rec.kill().unwrap(); // SIGKILL
+    eprintln!(
+        "killed {:?} after the start, {:?} into the tracing",
+        started.elapsed(),
+        tracing.elapsed()
+    );
+    wait_within(&mut rec, 10, "memleak after SIGKILL");
+    if wait_orphan(pid, 5).is_none() {
+        // SAFETY: the orphaned command, ours since memleak died.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_orphan(pid, 5);
+        panic!("the command outlived memleak");
+    }
+
+    let t = memleak_trace::Trace::open(&trace).expect("a killed recorder's trace opens");
+    assert!(t.incomplete().is_some());
+    let mut pairs = 0u64;
+    for b in t.events(memleak_trace::EventColumns::ALL).unwrap() {
+        let b = b.unwrap();
+        pairs += (0..b.len())
+            .filter(|&i| {
+                let e = b.event(i);
+                e.pid == pid && e.kind == memleak_trace::EventKind::Malloc
+            })
+            .count() as u64;
+    }
+    eprintln!("kept {pairs} mallocs");
+    assert!(
+        pairs > 0,
+        "a recorder killed in its first second kept nothing"
+    );
+
+    let out = memleak().arg("info").arg(&trace).output().unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "{err}");
+    assert!(err.contains("incomplete trace"), "{err}");
+    let events: u64 = text
+        .lines()
+        .find_map(|l| l.strip_prefix("events "))
+        .and_then(|n| n.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no events line: {text}"));
+    assert!(events > 0, "{text}");
+    let out = memleak().arg("analyze").arg(&trace).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.starts_with("WARNING: incomplete trace"), "{text}");
 }

@@ -8,7 +8,10 @@ use std::path::Path;
 use std::process::{Command, Output, Stdio};
 use std::time::{Duration, Instant};
 
-use common::fixtures::{fixtures_dir, memleak};
+use common::fixtures::{build_steady, fixtures_dir, memleak};
+use common::procs::{
+    become_subreaper, proc_state, reaped, running_command, wait_orphan, wait_within,
+};
 
 fn one_line_error(out: &Output) -> String {
     assert!(
@@ -369,6 +372,214 @@ fn full_disk_keeps_closed_segments_valid() {
     for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
         batch.expect("every closed segment decodes");
     }
+    assert!(!trace.join(".meta.json.tmp").exists());
+}
+
+/// A tmpfs of `size` for one test, unmounted when dropped; `None` (the
+/// test skips, saying so in one line) when it cannot be mounted.
+struct Tmpfs(tempfile::TempDir);
+
+impl Tmpfs {
+    fn mount(size: &str) -> Option<Tmpfs> {
+        let dir = tempfile::tempdir().unwrap();
+        let ok = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
+            .arg(dir.path())
+            .status()
+            .is_ok_and(|s| s.success());
+        if !ok {
+            eprintln!("skipping: cannot mount a tmpfs");
+            return None;
+        }
+        Some(Tmpfs(dir))
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(self.0.path()).status();
+    }
+}
+
+/// A disk full from the start: one error line, a non-zero exit, and
+/// nothing left behind, not even an empty `.meta.json.tmp`.
+#[test]
+fn full_disk_at_the_start_leaves_nothing_behind() {
+    if !common::can_record() {
+        return;
+    }
+    let Some(fs) = Tmpfs::mount("64k") else {
+        return;
+    };
+    let fill = fs.0.path().join("fill");
+    let ok = Command::new("dd")
+        .args(["if=/dev/zero", "bs=4k"])
+        .arg(format!("of={}", fill.display()))
+        .stderr(Stdio::null())
+        .status()
+        .unwrap();
+    assert!(!ok.success(), "dd fills the tmpfs and fails");
+    let trace = fs.0.path().join("t.parquet");
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(line.contains("no space left on device"), "{line}");
+    let left: Vec<_> = std::fs::read_dir(fs.0.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert_eq!(left, ["fill"], "left behind: {left:?}");
+}
+
+/// The path of a trace's lock file (docs/format.md).
+fn lock_file(trace: &Path) -> std::path::PathBuf {
+    trace.join(".memleak.lock")
+}
+
+/// A trace being recorded is locked: a second `record -o` of it, with
+/// --force or without, is refused in one line naming the recorder's pid;
+/// `info` and `analyze` read it meanwhile without waiting; the first
+/// recording ends complete and intact.
+#[test]
+fn a_trace_being_recorded_is_refused_to_a_second_recorder() {
+    if !common::can_record() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let steady = build_steady(dir.path());
+    let trace = dir.path().join("t.parquet");
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(&steady)
+        .args(["2000", "3"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn()
+        .unwrap();
+    let pid = running_command(&mut rec, "steady");
+    for force in [true, false] {
+        let mut second = memleak();
+        second.args(["record", "-q"]);
+        if force {
+            second.arg("--force");
+        }
+        let out = second
+            .arg("-o")
+            .arg(&trace)
+            .args(["--", "true"])
+            .output()
+            .unwrap();
+        assert_eq!(
+            one_line_error(&out),
+            format!(
+                "memleak: error: {}: another memleak (pid {}) is recording to it; not touching it",
+                trace.display(),
+                rec.id()
+            ),
+            "--force: {force}"
+        );
+    }
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&trace)).unwrap(),
+        format!("{}\n", rec.id())
+    );
+    for cmd in ["info", "analyze"] {
+        let mut reader = memleak()
+            .arg(cmd)
+            .arg(&trace)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let status = wait_within(&mut reader, 30, &format!("{cmd} of a trace being recorded"));
+        assert!(
+            status.success(),
+            "{cmd} of a trace being recorded: {status:?}"
+        );
+    }
+    let status = wait_within(&mut rec, 60, "the first recording");
+    assert!(status.success(), "{status:?}");
+    assert!(reaped(pid));
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert!(t.meta().complete);
+    assert!(t.warnings().is_empty(), "{:?}", t.warnings());
+    assert!(t
+        .meta()
+        .counters
+        .events
+        .get("malloc")
+        .is_some_and(|&n| n > 0));
+    for batch in t.events(memleak_trace::EventColumns::ALL).unwrap() {
+        batch.expect("every segment decodes");
+    }
+    assert!(
+        !lock_file(&trace).exists(),
+        "a complete trace keeps no lock file"
+    );
+}
+
+/// `kill -9` of a recorder leaves its lock file, which locks nothing (the
+/// lock died with the process): a later --force replaces the trace.
+#[test]
+fn a_killed_recorders_lock_file_does_not_block_force() {
+    if !common::can_record() {
+        return;
+    }
+    become_subreaper();
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let mut rec = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "sleep", "100"])
+        .spawn()
+        .unwrap();
+    let pid = running_command(&mut rec, "sleep");
+    rec.kill().unwrap(); // SIGKILL
+    wait_within(&mut rec, 5, "memleak after SIGKILL");
+    if wait_orphan(pid, 5).is_none() {
+        // SAFETY: the orphaned command, ours since memleak died.
+        unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+        wait_orphan(pid, 5);
+        panic!("the command outlived memleak");
+    }
+    assert_eq!(
+        std::fs::read_to_string(lock_file(&trace)).unwrap(),
+        format!("{}\n", rec.id()),
+        "the lock file names the killed recorder"
+    );
+    // Without --force: there, not locked.
+    let out = memleak()
+        .args(["record", "-q", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    let line = one_line_error(&out);
+    assert!(
+        line.ends_with("already exists (use --force to overwrite)"),
+        "{line}"
+    );
+    let out = memleak()
+        .args(["record", "-q", "--force", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert!(t.meta().complete);
+    assert!(!lock_file(&trace).exists());
 }
 
 /// Attaching to a running process by pid, stopped by --duration while the
@@ -496,92 +707,6 @@ fn lost_events_are_counted_and_reported() {
         text.contains(&format!("lost events       {lost}: ring_full {lost}")),
         "{text}"
     );
-}
-
-/// Waits for a child, failing (not hanging) if it takes more than `secs`.
-fn wait_within(child: &mut std::process::Child, secs: u64, what: &str) -> std::process::ExitStatus {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return status;
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = child.kill();
-    let _ = child.wait();
-    panic!("{what} did not stop within {secs} s");
-}
-
-/// A process's state letter in /proc (R, S, T, t, Z...), None once gone.
-fn proc_state(pid: u32) -> Option<char> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    stat.rsplit_once(')')?.1.trim_start().chars().next()
-}
-
-/// Whether a process has exited and been waited for by its parent.
-fn reaped(pid: u32) -> bool {
-    proc_state(pid).is_none()
-}
-
-/// The pid of memleak's child once it runs `comm` (after exec, so after
-/// memleak set up its signal handlers).
-fn running_command(rec: &mut std::process::Child, comm: &str) -> u32 {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline {
-        if let Some(status) = rec.try_wait().unwrap() {
-            panic!("memleak ended before the command ran: {status:?}");
-        }
-        for entry in std::fs::read_dir("/proc").unwrap().flatten() {
-            let Ok(pid) = entry.file_name().to_string_lossy().parse::<u32>() else {
-                continue;
-            };
-            let Ok(stat) = std::fs::read_to_string(format!("/proc/{pid}/stat")) else {
-                continue;
-            };
-            let Some((head, rest)) = stat.rsplit_once(')') else {
-                continue;
-            };
-            let ppid = rest.split_whitespace().nth(1);
-            if head.ends_with(&format!("({comm}")) && ppid == Some(&rec.id().to_string()) {
-                return pid;
-            }
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    let _ = rec.kill();
-    let _ = rec.wait();
-    panic!("memleak's command {comm} did not start");
-}
-
-/// Orphans of memleak's command come to this process, to be waited for:
-/// PID 1 here does not reap them.
-fn become_subreaper() {
-    // SAFETY: prctl with plain integer arguments.
-    let rc = unsafe { libc::prctl(libc::PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) };
-    assert_eq!(rc, 0, "PR_SET_CHILD_SUBREAPER");
-}
-
-/// Waits up to `secs` for a process that became our child as an orphan;
-/// its wait status, or None if it is still running.
-fn wait_orphan(pid: u32, secs: u64) -> Option<libc::c_int> {
-    let deadline = Instant::now() + Duration::from_secs(secs);
-    loop {
-        let mut status = 0;
-        // SAFETY: waiting for one given pid.
-        let rc = unsafe { libc::waitpid(pid as i32, &mut status, libc::WNOHANG) };
-        assert!(
-            rc >= 0,
-            "{pid} is not our child: {}",
-            std::io::Error::last_os_error()
-        );
-        if rc > 0 {
-            return Some(status);
-        }
-        if Instant::now() >= deadline {
-            return None;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
 }
 
 /// Runs `memleak record ARGS -o TRACE -- COMMAND` to its end (at most

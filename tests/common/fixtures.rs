@@ -93,6 +93,20 @@ pub fn fixtures_dir_for(build: Build) -> &'static Path {
     })
 }
 
+/// Builds `bench/steady.c` (a steady malloc+free workload: `steady RATE
+/// [SECONDS [LOG]]`) into `dir`.
+pub fn build_steady(dir: &Path) -> PathBuf {
+    let exe = dir.join("steady");
+    let status = Command::new("cc")
+        .args(["-O2", "-o"])
+        .arg(&exe)
+        .arg(root().join("bench/steady.c"))
+        .status()
+        .expect("cc runs");
+    assert!(status.success(), "building bench/steady.c failed");
+    exe
+}
+
 pub fn memleak() -> Command {
     Command::new(env!("CARGO_BIN_EXE_memleak"))
 }

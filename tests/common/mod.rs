@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod elfsyms;
 pub mod fixtures;
+pub mod procs;
 
 /// Whether this process can load BPF programs (root). If not, prints the
 /// one line that says why the calling test is skipped; it then returns.

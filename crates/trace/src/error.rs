@@ -49,6 +49,14 @@ pub enum Error {
     /// The output already exists and overwriting was not requested.
     #[error("{}: already exists (use --force to overwrite)", .0.display())]
     Exists(PathBuf),
+    /// Another memleak holds the trace's lock: it is recording to it.
+    #[error("{}: another memleak ({}) is recording to it; not touching it", path.display(), match pid { Some(p) => format!("pid {p}"), None => "pid unknown".to_string() })]
+    Locked {
+        /// The trace directory.
+        path: PathBuf,
+        /// The recorder's pid, as its lock file gives it.
+        pid: Option<u32>,
+    },
     /// `--force` was asked to replace something that is not a trace.
     #[error("{}: not replacing it: {reason}", path.display())]
     NotReplaced {

@@ -38,6 +38,7 @@
 pub mod error;
 pub mod events;
 pub mod fsio;
+pub mod lock;
 pub mod losses;
 pub mod meta;
 pub mod reader;
@@ -45,6 +46,7 @@ pub mod schema;
 pub mod writer;
 
 pub use error::{describe_io, Error, Result};
+pub use lock::TraceLock;
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
 pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};

@@ -8,13 +8,16 @@
 //! and a killed or out-of-space recorder never damages a closed segment.
 //!
 //! All tables close their segments together at a *checkpoint*, every
-//! second by default: a killed recorder loses at most the events since the
-//! last one. Stacks, frames and maps close before events, so a listed
+//! second by default, and the first time soon after the first events: a
+//! killed recorder loses at most the events since the last one, even in
+//! its first second. Stacks, frames and maps close before events, so a listed
 //! events segment never refers to a stack that is not listed too. One
 //! segment a second would make thousands of files in an hour, so every
 //! `merge_segments` closed segments of a table are merged into one
 //! (`part-AAAAA-BBBBB.parquet`) by copying their column chunks as they are,
 //! without decoding them (docs/format.md, "Segments and their lifecycle").
+//! The writer holds the trace's lock ([`TraceLock`]) from before it writes
+//! anything until it is dropped (docs/format.md, "The lock").
 
 use std::fs::{self, File};
 use std::io::Write;
@@ -46,6 +49,7 @@ use parquet::schema::types::ColumnPath;
 use crate::error::{Error, Result};
 use crate::events::encode::EventsFile;
 use crate::fsio::create_private;
+use crate::lock::{self, TraceLock, LOCK_FILE};
 use crate::meta::{Meta, ScanInfo, SegmentEntry};
 use crate::schema::{
     inlined_fields, Event, EventKind, FrameRecord, MapRecord, ScanRecord, StackRecord, Table,
@@ -60,6 +64,10 @@ pub struct WriterOptions {
     /// Close the segments (a checkpoint) after this much time, so a killed
     /// recorder loses at most this much.
     pub segment_duration: Duration,
+    /// Make the first checkpoint this soon after the first event, rather
+    /// than `segment_duration` after the trace was created: a recorder
+    /// killed within its first second then keeps what it recorded too.
+    pub first_checkpoint: Duration,
     /// Merge a table's closed segments into one once this many have
     /// closed since the last merge, or they hold `segment_rows` rows
     /// together, and at the end; a full segment is never copied (0 or 1:
@@ -84,6 +92,7 @@ impl Default for WriterOptions {
         WriterOptions {
             segment_rows: 16 << 20,
             segment_duration: Duration::from_secs(1),
+            first_checkpoint: Duration::from_millis(100),
             merge_segments: 64,
             row_group_rows: 256 << 10,
             zstd_level: 1,
@@ -302,7 +311,12 @@ pub struct TraceWriter {
     maps: TableSegments<MapRows>,
     scan: TableSegments<ScanRows>,
     segment_started: Instant,
+    /// When [`tick`](Self::tick) first saw events, until a checkpoint has
+    /// listed some.
+    first_events_seen: Option<Instant>,
     events_written: u64,
+    /// Held from before anything is written until the writer is dropped.
+    lock: TraceLock,
     /// Events pushed since the counters in `meta` were last brought up to
     /// date, by kind code: a map update per event would cost more than
     /// encoding it.
@@ -313,26 +327,24 @@ pub struct TraceWriter {
 }
 
 impl TraceWriter {
-    /// Creates the trace directory and writes an initial `meta.json` with
-    /// `complete: false`. Refuses an existing path unless `opts.force`,
-    /// and even then replaces only an empty directory or a memleak trace
-    /// ([`remove_trace`]).
+    /// Creates the trace directory, locks it ([`TraceLock`]) and writes an
+    /// initial `meta.json` with `complete: false`. Refuses an existing path
+    /// unless `opts.force`, and even then replaces only an empty directory
+    /// or a memleak trace ([`remove_trace`]) that no other recorder holds
+    /// ([`Error::Locked`]). What it wrote is removed again if it fails.
     pub fn create(root: impl AsRef<Path>, mut meta: Meta, opts: WriterOptions) -> Result<Self> {
         let root = root.as_ref().to_path_buf();
-        if root.symlink_metadata().is_ok() {
-            if !opts.force {
-                return Err(Error::Exists(root));
-            }
-            remove_trace(&root)?;
-        }
-        fs::DirBuilder::new()
-            .mode(0o700)
-            .create(&root)
-            .map_err(|e| Error::io(&root, e))?;
+        let (lock, made) = lock_output(&root, opts.force)?;
         meta.complete = false;
         meta.segments = Some(Default::default());
         meta.checkpoint_ns = meta.start_ns;
-        meta.store(&root)?;
+        if let Err(e) = meta.store(&root) {
+            lock.remove_file();
+            if made {
+                let _ = fs::remove_dir(&root);
+            }
+            return Err(e);
+        }
         let batch = 64 * 1024;
         let mut writer = TraceWriter {
             events: TableSegments::new(
@@ -374,7 +386,9 @@ impl TraceWriter {
             opts,
             meta,
             segment_started: Instant::now(),
+            first_events_seen: None,
             events_written: 0,
+            lock,
             kind_counts: Box::new([0; 256]),
             events_drain_at: 1,
         };
@@ -385,6 +399,13 @@ impl TraceWriter {
     /// The trace directory.
     pub fn path(&self) -> &Path {
         &self.root
+    }
+
+    /// The trace's lock. A clone keeps the trace locked after the writer
+    /// is gone, until it is dropped too: to remove a trace that recorded
+    /// nothing without another recorder taking it meanwhile.
+    pub fn lock(&self) -> TraceLock {
+        self.lock.clone()
     }
 
     /// The metadata that [`finish`](Self::finish) will write; counters may
@@ -498,10 +519,17 @@ impl TraceWriter {
         self.events_written
     }
 
-    /// Makes a checkpoint if the segment duration has passed. Call it
-    /// from the recorder's timer.
+    /// Makes a checkpoint if the segment duration has passed, or, before
+    /// any events segment was listed, `first_checkpoint` after this was
+    /// first called with events pushed. Call it from the recorder's timer
+    /// (every few milliseconds).
     pub fn tick(&mut self) -> Result<()> {
-        if self.segment_started.elapsed() >= self.opts.segment_duration {
+        let mut due = self.segment_started.elapsed() >= self.opts.segment_duration;
+        if self.events.next_index == 0 && self.events_written > 0 {
+            let seen = *self.first_events_seen.get_or_insert_with(Instant::now);
+            due |= seen.elapsed() >= self.opts.first_checkpoint;
+        }
+        if due {
             self.rotate()?;
         }
         Ok(())
@@ -617,6 +645,9 @@ impl TraceWriter {
         }
         self.meta.complete = true;
         self.meta.store(&self.root)?;
+        // Complete: nothing left for a lock file to say. The lock itself
+        // is held until the writer (and every clone of it) is dropped.
+        self.lock.remove_file();
         Ok(self.meta)
     }
 }
@@ -685,11 +716,95 @@ fn merge_segments(
     })
 }
 
+/// Makes `root` ready for a new trace and locks it: creates the directory,
+/// or, with `force`, empties an existing trace or empty directory (the
+/// rules of [`remove_trace`]) once it holds its lock. Returns the lock and
+/// whether it made the directory.
+fn lock_output(root: &Path, force: bool) -> Result<(TraceLock, bool)> {
+    match root.symlink_metadata() {
+        Ok(_) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            match fs::DirBuilder::new().mode(0o700).create(root) {
+                Ok(()) => {
+                    return match TraceLock::acquire(root) {
+                        Ok(lock) => Ok((lock, true)),
+                        Err(e) => {
+                            // Gone unless someone else wrote in it meanwhile.
+                            let _ = fs::remove_dir(root);
+                            Err(e)
+                        }
+                    };
+                }
+                // Made meanwhile, by another recorder perhaps.
+                Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => {}
+                Err(e) => return Err(Error::io(root, e)),
+            }
+        }
+        Err(e) => return Err(Error::io(root, e)),
+    }
+    if !force {
+        // Name the recorder that holds it, if it is a trace (anything
+        // else may have such a file of its own).
+        return Err(match lock::holder(root) {
+            Some(pid) if ours(root).is_ok() => Error::Locked {
+                path: root.to_path_buf(),
+                pid,
+            },
+            _ => Error::Exists(root.to_path_buf()),
+        });
+    }
+    // Checked before the lock file is created in it: nothing is written
+    // into what is not a trace.
+    ours(root)?;
+    let lock = TraceLock::acquire(root)?;
+    // Checked again, under the lock: the recorder it was locked by (if
+    // any) may have written more meanwhile.
+    let (files, dirs) = ours(root)?;
+    remove_all(
+        files
+            .iter()
+            .filter(|f| f.file_name() != Some(LOCK_FILE.as_ref())),
+        &dirs,
+    )?;
+    Ok((lock, false))
+}
+
 /// Removes the trace at `root`, and nothing else: `root` must be an empty
 /// directory or a memleak trace (its `meta.json` says so) holding only
 /// what memleak writes, and must not be `/`, the working directory or one
 /// of its parents. Anything else is left as it is and named in the error.
+/// A trace being recorded is refused ([`Error::Locked`]): it is locked
+/// first, and removed under the lock.
 pub fn remove_trace(root: &Path) -> Result<()> {
+    ours(root)?;
+    let _lock = TraceLock::acquire(root)?;
+    remove_locked(root)
+}
+
+/// [`remove_trace`] for the holder of the trace's lock.
+pub(crate) fn remove_locked(root: &Path) -> Result<()> {
+    let (files, dirs) = ours(root)?;
+    remove_all(files.iter(), &dirs)?;
+    fs::remove_dir(root).map_err(|e| Error::io(root, e))
+}
+
+fn remove_all<'a>(files: impl Iterator<Item = &'a PathBuf>, dirs: &[PathBuf]) -> Result<()> {
+    for f in files {
+        fs::remove_file(f).map_err(|e| Error::io(f, e))?;
+    }
+    for d in dirs {
+        fs::remove_dir(d).map_err(|e| Error::io(d, e))?;
+    }
+    Ok(())
+}
+
+/// Files memleak writes at the top of a trace besides `meta.json`: a
+/// directory holding nothing else is as good as empty.
+const OWN_FILES: [&str; 2] = [LOCK_FILE, ".meta.json.tmp"];
+
+/// What [`remove_trace`] would remove of `root`, files then directories;
+/// or why it must not be removed.
+fn ours(root: &Path) -> Result<(Vec<PathBuf>, Vec<PathBuf>)> {
     let refuse = |reason: &str| Error::NotReplaced {
         path: root.to_path_buf(),
         reason: reason.to_string(),
@@ -715,8 +830,16 @@ pub fn remove_trace(root: &Path) -> Result<()> {
         .map(|e| e.map(|e| e.path()))
         .collect::<std::io::Result<_>>()
         .map_err(|e| Error::io(root, e))?;
-    if entries.is_empty() {
-        return fs::remove_dir(root).map_err(|e| Error::io(root, e));
+    let is_file = |p: &Path| p.symlink_metadata().is_ok_and(|m| m.is_file());
+    let own_file = |p: &Path| {
+        p.file_name()
+            .and_then(|n| n.to_str())
+            .is_some_and(|n| OWN_FILES.contains(&n))
+            && is_file(p)
+    };
+    if entries.iter().all(|p| own_file(p)) {
+        // Empty, or a recorder stopped before its first meta.json.
+        return Ok((entries, Vec::new()));
     }
     match Meta::load(root) {
         Ok(_) => {}
@@ -732,7 +855,7 @@ pub fn remove_trace(root: &Path) -> Result<()> {
     for path in &entries {
         let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("");
         let is_table = Table::ALL.iter().any(|t| t.name() == name);
-        if name == "meta.json" || name == ".meta.json.tmp" {
+        if (name == "meta.json" && is_file(path)) || own_file(path) {
             files.push(path.clone());
         } else if is_table && path.symlink_metadata().is_ok_and(|m| m.is_dir()) {
             for e in fs::read_dir(path).map_err(|e| Error::io(path, e))? {
@@ -740,7 +863,7 @@ pub fn remove_trace(root: &Path) -> Result<()> {
                 let n = p.file_name().and_then(|n| n.to_str()).unwrap_or("");
                 let ours = n.starts_with("part-")
                     && (n.ends_with(".parquet") || n.ends_with(".parquet.inprogress"))
-                    && p.symlink_metadata().is_ok_and(|m| m.is_file());
+                    && is_file(&p);
                 if !ours {
                     return Err(Error::NotReplaced {
                         path: root.to_path_buf(),
@@ -757,13 +880,7 @@ pub fn remove_trace(root: &Path) -> Result<()> {
             });
         }
     }
-    for f in files {
-        fs::remove_file(&f).map_err(|e| Error::io(&f, e))?;
-    }
-    for d in dirs {
-        fs::remove_dir(&d).map_err(|e| Error::io(&d, e))?;
-    }
-    fs::remove_dir(root).map_err(|e| Error::io(root, e))
+    Ok((files, dirs))
 }
 
 fn base_props(
