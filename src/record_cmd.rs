@@ -230,16 +230,25 @@ extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut li
     SIGNALS.fetch_add(1, Ordering::SeqCst);
 }
 
-fn catch_stop_signals() {
-    // SAFETY: the handler only stores to atomics; the struct is filled.
+/// A handler that gets the siginfo (to tell the terminal's signals).
+type InfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
+
+/// Installs `handler` for `signals` (SA_SIGINFO, SA_RESTART).
+fn catch(signals: &[libc::c_int], handler: InfoHandler) {
+    // SAFETY: the handlers only store to atomics; the struct is filled.
     unsafe {
         let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_signal as *const () as libc::sighandler_t;
+        sa.sa_sigaction = handler as *const () as libc::sighandler_t;
         sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
         libc::sigemptyset(&mut sa.sa_mask);
-        libc::sigaction(libc::SIGINT, &sa, std::ptr::null_mut());
-        libc::sigaction(libc::SIGTERM, &sa, std::ptr::null_mut());
+        for &sig in signals {
+            libc::sigaction(sig, &sa, std::ptr::null_mut());
+        }
     }
+}
+
+fn catch_stop_signals() {
+    catch(&[libc::SIGINT, libc::SIGTERM], on_signal);
 }
 
 /// A stop signal (SIGTSTP, SIGTTIN, SIGTTOU) memleak received while it
@@ -259,16 +268,7 @@ extern "C" fn on_suspend(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut l
 /// While memleak records a command that shares its job (no --detach), a
 /// stop signal does not stop memleak at once: see [`Suspending`].
 fn catch_suspend_signals() {
-    // SAFETY: the handler only stores to atomics; the struct is filled.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = on_suspend as *const () as libc::sighandler_t;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        for sig in [libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU] {
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
+    catch(&[libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU], on_suspend);
 }
 
 /// How long memleak, asked to stop, waits for its command to stop first.
@@ -1004,16 +1004,7 @@ fn private_plan(args: &RecordArgs) -> Option<crate::private_libs::Plan> {
     let mut libs: Vec<PathBuf> = targets::find_library(std::process::id(), "libc.so")
         .into_iter()
         .collect();
-    libs.extend(
-        [
-            "/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib64/libstdc++.so.6",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists()),
-    );
+    libs.extend(targets::system_cxx_library());
     Some(crate::private_libs::Plan::new(&libs))
 }
 
@@ -1057,16 +1048,7 @@ fn prefetch_paths(pids: &[u32], argv: &[String]) -> Vec<PathBuf> {
         out.extend(exe);
         out.extend(targets::find_library(me, "libc.so"));
         if cxx {
-            out.extend(
-                [
-                    "/lib/x86_64-linux-gnu/libstdc++.so.6",
-                    "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-                    "/usr/lib64/libstdc++.so.6",
-                ]
-                .iter()
-                .map(PathBuf::from)
-                .find(|p| p.exists()),
-            );
+            out.extend(targets::system_cxx_library());
         }
         out.extend(targets::find_library(me, "ld-linux"));
     }

@@ -96,15 +96,7 @@ pub fn libraries_for(
         out.push(targets::resolve(&path, &funcs, "", placement).map_err(anyhow::Error::msg)?);
     }
     let cxx = if launched {
-        [
-            "/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
-            "/usr/lib64/libstdc++.so.6",
-        ]
-        .iter()
-        .map(PathBuf::from)
-        .find(|p| p.exists())
-        .map(in_child)
+        targets::system_cxx_library().map(in_child)
     } else {
         targets::find_library(pid, "libstdc++.so")
             .or_else(|| targets::find_library(pid, "libc++.so"))

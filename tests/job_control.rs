@@ -88,13 +88,7 @@ impl Recording {
         }
         let mut r = Recording::start(args, &command);
         let pid = r.child_running("ticker");
-        let t = Ticker {
-            pid,
-            threads,
-            counts: counts.to_path_buf(),
-            _file: counts,
-        };
-        (r, t)
+        (r, Ticker::new(pid, threads, counts))
     }
 
     fn trace(&self) -> PathBuf {
@@ -149,6 +143,19 @@ impl Recording {
 }
 
 /// A running `ticker`.
+/// A shell command line that runs the ticker (`shape` puts the quoted
+/// `ticker COUNTS THREADS TICKS` into it), and its counts file.
+fn ticker_script(threads: usize, shape: impl Fn(&str) -> String) -> (String, tempfile::TempPath) {
+    let counts = tempfile::NamedTempFile::new().unwrap().into_temp_path();
+    let exe = fixtures_dir().join("ticker");
+    let ticker = format!(
+        "'{}' '{}' {threads} {TICKS}",
+        exe.display(),
+        counts.display()
+    );
+    (shape(&ticker), counts)
+}
+
 struct Ticker {
     pid: u32,
     threads: usize,
@@ -157,6 +164,15 @@ struct Ticker {
 }
 
 impl Ticker {
+    fn new(pid: u32, threads: usize, counts: tempfile::TempPath) -> Ticker {
+        Ticker {
+            pid,
+            threads,
+            counts: counts.to_path_buf(),
+            _file: counts,
+        }
+    }
+
     /// Each thread's tick count (0 until it wrote one).
     fn counts(&self) -> Vec<u64> {
         let b = std::fs::read(&self.counts).unwrap_or_default();
@@ -416,23 +432,12 @@ fn ctrl_z_on_a_command_that_ignores_it_stops_nothing() {
         return;
     }
     let threads = 2;
-    let counts = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let exe = fixtures_dir().join("ticker");
     // An ignored signal stays ignored across exec.
-    let script = format!(
-        "trap '' TSTP; exec '{}' '{}' {threads} {TICKS}",
-        exe.display(),
-        counts.display()
-    );
+    let (script, counts) = ticker_script(threads, |ticker| format!("trap '' TSTP; exec {ticker}"));
     let mut rec = Recording::start(&["-q"], &["sh", "-c", &script]);
     let group = rec.rec.id() as i32;
     let pid = rec.child_running("ticker");
-    let ticker = Ticker {
-        pid,
-        threads,
-        counts: counts.to_path_buf(),
-        _file: counts,
-    };
+    let ticker = Ticker::new(pid, threads, counts);
     ticker.wait_progress(&vec![2; threads], "before Ctrl-Z");
     let before = ticker.counts();
     kill(-group, libc::SIGTSTP);
@@ -516,25 +521,14 @@ fn followed_child_stops_and_continues() {
         return;
     }
     let threads = 2;
-    let counts = tempfile::NamedTempFile::new().unwrap().into_temp_path();
-    let exe = fixtures_dir().join("ticker");
-    let script = format!(
-        "'{}' '{}' {threads} {TICKS} & wait $!",
-        exe.display(),
-        counts.display()
-    );
+    let (script, counts) = ticker_script(threads, |ticker| format!("{ticker} & wait $!"));
     let mut rec = Recording::start(&["-q", "--follow-forks"], &["sh", "-c", &script]);
     let sh = rec.child_running("sh");
     let pid = wait_for(DEADLINE, || {
         children(sh).into_iter().find(|&p| comm(p) == "ticker")
     })
     .expect("the shell did not start ticker");
-    let ticker = Ticker {
-        pid,
-        threads,
-        counts: counts.to_path_buf(),
-        _file: counts,
-    };
+    let ticker = Ticker::new(pid, threads, counts);
     ticker.wait_progress(&vec![2; threads], "before the stop");
     kill(pid as i32, libc::SIGSTOP);
     ticker.assert_stays_stopped("after SIGSTOP");

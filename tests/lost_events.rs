@@ -59,6 +59,20 @@ fn run(args: &[&str]) -> Output {
     memleak().args(args).output().unwrap()
 }
 
+/// `analyze -q T --format FORMAT -o PATH`, which must succeed.
+fn analyze_to(t: &str, format: &str, path: &std::path::Path) {
+    let out = run(&[
+        "analyze",
+        "-q",
+        t,
+        "--format",
+        format,
+        "-o",
+        path.to_str().unwrap(),
+    ]);
+    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+}
+
 fn stderr_of(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
@@ -150,16 +164,7 @@ fn a_full_ring_makes_every_output_warn_and_fail_on_loss_exit_3() {
 
     // HTML: a banner at the top, before the summary.
     let html = dir.path().join("report.html");
-    let out = run(&[
-        "analyze",
-        "-q",
-        t,
-        "--format",
-        "html",
-        "-o",
-        html.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    analyze_to(t, "html", &html);
     let page = std::fs::read_to_string(&html).unwrap();
     let banner = page.find("id=\"lost-events\"").expect("a loss banner");
     assert!(banner < page.find("<section id=\"summary\">").unwrap());
@@ -167,16 +172,7 @@ fn a_full_ring_makes_every_output_warn_and_fail_on_loss_exit_3() {
 
     // pprof: a comment `go tool pprof -raw` and `-comments` show.
     let profile = dir.path().join("profile.pb.gz");
-    let out = run(&[
-        "analyze",
-        "-q",
-        t,
-        "--format",
-        "pprof",
-        "-o",
-        profile.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    analyze_to(t, "pprof", &profile);
     assert!(
         pprof_comments(&profile).contains(&format!("WARNING: {warning}")),
         "{:?}",
@@ -276,16 +272,7 @@ fn a_recording_without_loss_warns_of_nothing() {
     assert!(!text.contains("WARNING"), "{text}");
 
     let html = dir.path().join("report.html");
-    let out = run(&[
-        "analyze",
-        "-q",
-        t,
-        "--format",
-        "html",
-        "-o",
-        html.to_str().unwrap(),
-    ]);
-    assert_eq!(out.status.code(), Some(0), "{}", stderr_of(&out));
+    analyze_to(t, "html", &html);
     assert!(!std::fs::read_to_string(&html)
         .unwrap()
         .contains("lost-events"));

@@ -20,12 +20,7 @@ const RUNS: usize = 20;
 
 /// Whether `pid` has ended (a zombie counts: PID 1 reaps nothing here).
 fn ended(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => stat
-            .rsplit_once(')')
-            .is_some_and(|(_, rest)| rest.trim_start().starts_with('Z')),
-        Err(_) => true,
-    }
+    matches!(common::procs::proc_state(pid), None | Some('Z'))
 }
 
 /// Kills and reaps a child however the test ends.

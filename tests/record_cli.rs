@@ -73,7 +73,7 @@ fn read_only_output_is_one_plain_error() {
     if !common::can_record() {
         return;
     }
-    let Some(ro) = common::ReadOnlyDir::mount() else {
+    let Some(ro) = common::Tmpfs::read_only() else {
         return;
     };
     let trace = ro.path().join("t");
@@ -342,20 +342,7 @@ fn full_disk_keeps_closed_segments_valid() {
     if !common::can_record() {
         return;
     }
-    let mnt = tempfile::tempdir().unwrap();
-    let ok = Command::new("mount")
-        .args(["-t", "tmpfs", "-o", "size=512k", "tmpfs"])
-        .arg(mnt.path())
-        .status()
-        .unwrap();
-    assert!(ok.success(), "mounting a tmpfs needs root");
-    struct Unmount<'a>(&'a std::path::Path);
-    impl Drop for Unmount<'_> {
-        fn drop(&mut self) {
-            let _ = Command::new("umount").arg(self.0).status();
-        }
-    }
-    let _guard = Unmount(mnt.path());
+    let mnt = common::Tmpfs::mount("size=512k").expect("mounting a tmpfs needs root");
     let trace = mnt.path().join("t.parquet");
     let bench = fixtures_dir().join("threads");
     let out = memleak()
@@ -375,32 +362,6 @@ fn full_disk_keeps_closed_segments_valid() {
     assert!(!trace.join(".meta.json.tmp").exists());
 }
 
-/// A tmpfs of `size` for one test, unmounted when dropped; `None` (the
-/// test skips, saying so in one line) when it cannot be mounted.
-struct Tmpfs(tempfile::TempDir);
-
-impl Tmpfs {
-    fn mount(size: &str) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().unwrap();
-        let ok = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={size}"), "tmpfs"])
-            .arg(dir.path())
-            .status()
-            .is_ok_and(|s| s.success());
-        if !ok {
-            eprintln!("skipping: cannot mount a tmpfs");
-            return None;
-        }
-        Some(Tmpfs(dir))
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg(self.0.path()).status();
-    }
-}
-
 /// A disk full from the start: one error line, a non-zero exit, and
 /// nothing left behind, not even an empty `.meta.json.tmp`.
 #[test]
@@ -408,10 +369,10 @@ fn full_disk_at_the_start_leaves_nothing_behind() {
     if !common::can_record() {
         return;
     }
-    let Some(fs) = Tmpfs::mount("64k") else {
+    let Some(fs) = common::Tmpfs::mount("size=64k") else {
         return;
     };
-    let fill = fs.0.path().join("fill");
+    let fill = fs.path().join("fill");
     let ok = Command::new("dd")
         .args(["if=/dev/zero", "bs=4k"])
         .arg(format!("of={}", fill.display()))
@@ -419,7 +380,7 @@ fn full_disk_at_the_start_leaves_nothing_behind() {
         .status()
         .unwrap();
     assert!(!ok.success(), "dd fills the tmpfs and fails");
-    let trace = fs.0.path().join("t.parquet");
+    let trace = fs.path().join("t.parquet");
     let out = memleak()
         .args(["record", "-q", "-o"])
         .arg(&trace)
@@ -428,7 +389,7 @@ fn full_disk_at_the_start_leaves_nothing_behind() {
         .unwrap();
     let line = one_line_error(&out);
     assert!(line.contains("no space left on device"), "{line}");
-    let left: Vec<_> = std::fs::read_dir(fs.0.path())
+    let left: Vec<_> = std::fs::read_dir(fs.path())
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();

@@ -727,7 +727,7 @@ fn reports_are_private_and_replaced_by_a_rename() {
 /// system (os error 30): Read-only file system (os error 30)".
 #[test]
 fn os_errors_are_said_once_in_the_systems_words() {
-    let Some(ro) = common::ReadOnlyDir::mount() else {
+    let Some(ro) = common::Tmpfs::read_only() else {
         return;
     };
     let dir = tempfile::tempdir().unwrap();

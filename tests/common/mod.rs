@@ -29,26 +29,31 @@ pub fn has_tool(tool: &str) -> bool {
     runs
 }
 
-/// A read-only file system (an empty tmpfs mounted `ro` on a temporary
-/// directory), unmounted when dropped.
-pub struct ReadOnlyDir(tempfile::TempDir);
+/// A tmpfs mounted with `options` (e.g. `size=64k`, `ro,size=64k`) on a
+/// temporary directory for one test, unmounted when dropped.
+pub struct Tmpfs(tempfile::TempDir);
 
-impl ReadOnlyDir {
+impl Tmpfs {
     /// Mounts one; `None` (with the line that says why the calling test
     /// is skipped) if this process may not mount.
-    pub fn mount() -> Option<ReadOnlyDir> {
+    pub fn mount(options: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
-            .args(["-t", "tmpfs", "-o", "ro,size=64k", "tmpfs"])
+            .args(["-t", "tmpfs", "-o", options, "tmpfs"])
             .arg(dir.path())
             .stderr(std::process::Stdio::null())
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipping: mounting a read-only tmpfs needs root");
+            eprintln!("skipping: mounting a tmpfs ({options}) needs root");
             return None;
         }
-        Some(ReadOnlyDir(dir))
+        Some(Tmpfs(dir))
+    }
+
+    /// A read-only file system (an empty tmpfs mounted `ro`).
+    pub fn read_only() -> Option<Tmpfs> {
+        Tmpfs::mount("ro,size=64k")
     }
 
     pub fn path(&self) -> &std::path::Path {
@@ -56,7 +61,7 @@ impl ReadOnlyDir {
     }
 }
 
-impl Drop for ReadOnlyDir {
+impl Drop for Tmpfs {
     fn drop(&mut self) {
         let _ = std::process::Command::new("umount")
             .arg(self.0.path())

@@ -259,6 +259,19 @@ fn debug_symbol_by_blazesym(path: &Path, elf: &ElfFile, name: &str) -> Option<u6
     info.file_offset.or_else(|| elf.vaddr_to_offset(info.addr))
 }
 
+/// This system's libstdc++: the one a command memleak starts will load
+/// (it is not running yet, so its maps cannot say).
+pub fn system_cxx_library() -> Option<PathBuf> {
+    [
+        "/lib/x86_64-linux-gnu/libstdc++.so.6",
+        "/usr/lib/x86_64-linux-gnu/libstdc++.so.6",
+        "/usr/lib64/libstdc++.so.6",
+    ]
+    .iter()
+    .map(PathBuf::from)
+    .find(|p| p.exists())
+}
+
 /// Finds the libraries of `pid` that provide `name_prefix` (e.g.
 /// `libc.so`), as paths our process can open.
 pub fn find_library(pid: u32, name_prefix: &str) -> Option<PathBuf> {
