@@ -107,6 +107,14 @@ impl Plan {
     /// Only in a single-threaded child right after fork.
     pub unsafe fn apply_in_child(&mut self) -> i32 {
         let fail = |step: i32| *libc::__errno_location() * 256 + step;
+        // Closes fds without losing the errno of the call that failed.
+        let close = |fds: &[libc::c_int]| {
+            let e = *libc::__errno_location();
+            for &fd in fds {
+                libc::close(fd);
+            }
+            *libc::__errno_location() = e;
+        };
         if self.cpaths.is_empty() {
             return 0;
         }
@@ -139,7 +147,7 @@ impl Plan {
                 0o755,
             );
             if copy < 0 {
-                libc::close(src);
+                close(&[src]);
                 return fail(4);
             }
             loop {
@@ -148,12 +156,11 @@ impl Plan {
                     break;
                 }
                 if n < 0 && *libc::__errno_location() != libc::EINTR {
-                    libc::close(src);
-                    libc::close(copy);
+                    close(&[src, copy]);
                     return fail(5);
                 }
             }
-            libc::close(src);
+            close(&[src]);
             libc::fchmod(copy, 0o755);
             // A bind mount needs a name: the copy gets one for the few
             // system calls it takes (`.memleak-PID-libc.so.6`, so that a
@@ -170,7 +177,7 @@ impl Plan {
                 self.names[i].as_ptr().cast(),
                 libc::AT_SYMLINK_FOLLOW,
             );
-            libc::close(copy);
+            close(&[copy]);
             if named != 0 {
                 return fail(7);
             }
@@ -183,8 +190,8 @@ impl Plan {
             );
             let e = *libc::__errno_location();
             libc::unlink(self.names[i].as_ptr().cast());
+            *libc::__errno_location() = e;
             if rc != 0 {
-                *libc::__errno_location() = e;
                 return fail(6);
             }
             // Read-only, like the file it stands for (uprobes write their
