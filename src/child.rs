@@ -169,7 +169,25 @@ impl Child {
         argv: &[String],
         detach: bool,
         mut private: Option<&mut crate::private_libs::Plan>,
+        env: &[(String, String)],
     ) -> Result<Child> {
+        // The environment, with `env` set in it (built before the fork:
+        // the child must not allocate).
+        let envp: Option<Vec<CString>> = (!env.is_empty()).then(|| {
+            use std::os::unix::ffi::OsStrExt;
+            std::env::vars_os()
+                .filter(|(k, _)| !env.iter().any(|(name, _)| k.as_bytes() == name.as_bytes()))
+                .map(|(k, v)| [k.as_bytes(), b"=", v.as_bytes()].concat())
+                .chain(env.iter().map(|(k, v)| format!("{k}={v}").into_bytes()))
+                .filter_map(|b| CString::new(b).ok())
+                .collect()
+        });
+        let mut envp_ptrs: Vec<*const libc::c_char> = envp
+            .iter()
+            .flatten()
+            .map(|c| c.as_ptr())
+            .collect();
+        envp_ptrs.push(std::ptr::null());
         let cargs: Vec<CString> = argv
             .iter()
             .map(|a| CString::new(a.as_str()))
@@ -226,7 +244,11 @@ impl Child {
                 if b[0] != b'g' {
                     libc::_exit(126);
                 }
-                libc::execvp(ptrs[0], ptrs.as_ptr());
+                if envp.is_some() {
+                    libc::execvpe(ptrs[0], ptrs.as_ptr(), envp_ptrs.as_ptr());
+                } else {
+                    libc::execvp(ptrs[0], ptrs.as_ptr());
+                }
                 let e = *libc::__errno_location();
                 libc::write(err[1], (&e as *const i32).cast(), 4);
                 libc::_exit(127);

@@ -33,6 +33,8 @@ macro_rules! say_inline {
 mod analyze_cmd;
 #[cfg(feature = "bpf")]
 mod child;
+#[cfg(feature = "bpf")]
+mod capture;
 mod diff_cmd;
 mod exit_status;
 mod info_cmd;

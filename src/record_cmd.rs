@@ -18,6 +18,7 @@ use memleak_recorder::unwind::WalkMode;
 use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
+use crate::capture::{self, Agent, Capture, Chosen};
 use crate::child::{Child, PrivateLibs};
 use crate::exit_status::{self, Exit};
 use crate::probes::{self, ProbeConfig, Probes};
@@ -35,6 +36,12 @@ use memleak_recorder::scan::Stopped;
     after_help = "Examples:\n  memleak record -p 1234 -o trace.parquet\n  memleak record -o trace.parquet -- ./server --port 80\n  memleak record -c \"./a.out arg\" -o trace.parquet"
 )]
 pub struct RecordArgs {
+    /// How allocator calls are captured: memleak's agent inside the
+    /// command (preload: LD_PRELOAD, a tenth of the probes' cost), kernel
+    /// uprobes (bpf: any process, static and setuid programs, -p,
+    /// --kernel), or preload where it can work and bpf elsewhere (auto).
+    #[arg(long, value_enum, default_value = "auto")]
+    pub capture: Capture,
     /// Trace processes by pid (comma-separated or repeated).
     #[arg(short, long, value_delimiter = ',')]
     pub pid: Vec<u32>,
@@ -493,7 +500,20 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         None => None,
     };
 
+    let chosen = capture::choose(
+        args.capture,
+        &capture::Situation {
+            argv: &argv,
+            kernel: args.kernel || args.kernel_pid.is_some(),
+            custom_allocator: object.is_some() || !args.symbols_prefix.is_empty(),
+            count_only: args.count_only,
+        },
+    )?;
+    if let (Chosen::Bpf(Some(why)), true) = (&chosen, args.verbose && !argv.is_empty()) {
+        say!("memleak: note: capture bpf: {why}");
+    }
     let mut meta = Meta::for_this_host(env!("CARGO_PKG_VERSION"));
+    meta.capture = Some(chosen.name().to_string());
     meta.command = std::env::args().collect();
     meta.options = serde_json::json!({
         "min_size": args.min_size, "max_size": args.max_size, "stack_depth": args.stack_depth,
@@ -510,7 +530,7 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
     // same path, --force or not, is refused naming us.
     let writer = TraceWriter::create(&args.output, meta, opts)?;
     let lock = writer.lock();
-    let result = record(&args, argv, object, writer);
+    let result = record(&args, argv, object, writer, &chosen);
     if result.is_err()
         && args
             .output
@@ -532,6 +552,7 @@ fn record(
     argv: Vec<String>,
     object: Option<PathBuf>,
     writer: TraceWriter,
+    chosen: &Chosen,
 ) -> Result<ExitCode> {
     let cfg = ProbeConfig {
         min_size: args.min_size,
@@ -552,18 +573,35 @@ fn record(
         u.prefetch(prefetch_paths(&args.pid, &argv));
         u
     });
+    let agent = match chosen {
+        Chosen::Preload => Some(Agent::new(&memleak_recorder::agent::Config {
+            ring_bytes: u64::from(args.ring_size),
+            min_size: args.min_size,
+            max_size: args.max_size,
+            max_frames: args.stack_depth,
+            unwind_mode: cfg.unwind.code(),
+            follow_forks: args.follow_forks,
+        })?),
+        Chosen::Bpf(_) => None,
+    };
+    let preload = agent.is_some();
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
     probes.attach_lifecycle()?;
     if let Some(u) = &unwinder {
-        u.set_sink(probes.unwind_maps()?);
+        match &agent {
+            Some(a) => u.set_sink(Box::new(a.shared.sink())),
+            None => u.set_sink(Box::new(probes.unwind_maps()?)),
+        }
     }
 
     let mut notes: Vec<String> = Vec::new();
     let mut target = if !argv.is_empty() {
         // On the main thread: see Child::spawn.
-        let mut plan = private_plan(args);
-        let child = Child::spawn(&argv, args.detach, plan.as_mut())?;
+        // The agent needs no private copies: nothing is probed in them.
+        let mut plan = if preload { None } else { private_plan(args) };
+        let env = agent.as_ref().map(Agent::env).unwrap_or_default();
+        let child = Child::spawn(&argv, args.detach, plan.as_mut(), &env)?;
         match &child.private_libs {
             PrivateLibs::Failed(why) => notes.push(format!(
                 "private copies of libc and libstdc++ could not be made ({why}); \
@@ -595,6 +633,10 @@ fn record(
     let search = RefCell::new(Allocators::new(placement_policy(args), user_heap));
     for &pid in &pids {
         probes.trace_pid(pid)?;
+        if let Some(a) = &agent {
+            a.shared.add_pid(pid);
+            continue;
+        }
         libs = libraries_for(
             pid,
             matches!(target, Target::Child(_)),
@@ -675,20 +717,53 @@ fn record(
         let (pid, kernel) = (c.pid, cfg.kernel);
         let notes = &mut recorder.meta_mut().notes;
         c.release(args.follow_forks, &mut || {
-            add_providers(&probes, &search, pid, &libs, notes, args, !kernel)?;
+            if !preload {
+                add_providers(&probes, &search, pid, &libs, notes, args, !kernel)?;
+            }
             on_maps(pid)
         })?;
     }
 
     let recorder = RefCell::new(recorder);
     let failure: RefCell<Option<memleak_trace::Error>> = RefCell::new(None);
-    let rb = probes.ring_buffer(|data| match recorder.borrow_mut().handle(data) {
-        Ok(()) => true,
-        Err(e) => {
-            failure.borrow_mut().get_or_insert(e);
-            false
+    // With the agent, the probe's ring only has lifecycle events (exec,
+    // fork, exit): each is held until the agent's ring is drained, where
+    // the events its process made before it are.
+    let lifecycle: RefCell<Vec<Vec<u8>>> = RefCell::new(Vec::new());
+    let rb = probes.ring_buffer(|data| {
+        if preload {
+            lifecycle.borrow_mut().push(data.to_vec());
+            return true;
+        }
+        match recorder.borrow_mut().handle(data) {
+            Ok(()) => true,
+            Err(e) => {
+                failure.borrow_mut().get_or_insert(e);
+                false
+            }
         }
     })?;
+    let agent = agent.map(RefCell::new);
+    // Drains the probe's ring (waiting up to `timeout` for it), then the
+    // agent's; `last`: the command is gone, a record it left half-written
+    // is skipped.
+    let drain = |timeout: Duration, last: bool| -> Result<()> {
+        probes::drain(&rb, timeout)?;
+        if let Some(a) = &agent {
+            let mut rec = recorder.borrow_mut();
+            a.borrow_mut().shared.drain(last, &mut |d| match rec.handle(d) {
+                Ok(()) => true,
+                Err(e) => {
+                    failure.borrow_mut().get_or_insert(e);
+                    false
+                }
+            });
+            for ev in lifecycle.borrow_mut().drain(..) {
+                rec.handle(&ev)?;
+            }
+        }
+        Ok(())
+    };
 
     let child_pid = match &target {
         Target::Child(c) => c.pid,
@@ -698,7 +773,10 @@ fn record(
         // The new process is held stopped: its probes go in before its
         // first instruction.
         probes.trace_pid(pid)?;
-        for lib in libs.borrow().iter() {
+        if let Some(a) = &agent {
+            a.borrow().shared.add_pid(pid);
+        }
+        for lib in libs.borrow().iter().filter(|_| !preload) {
             probes.attach_library(pid as i32, lib)?;
             search.borrow_mut().mark_attached(pid, lib);
         }
@@ -720,10 +798,12 @@ fn record(
         // capture its maps, so a program that lives 5 ms, or a dlclosed
         // library, still symbolizes. After an exec or a dlopen, the
         // process may have another allocator: it is probed before it runs.
-        probes::drain(&rb, Duration::ZERO)?;
+        drain(Duration::ZERO, false)?;
         let mut rec = recorder.borrow_mut();
         let notes = &mut rec.meta_mut().notes;
-        add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+        if !preload {
+            add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+        }
         rec.snapshot_maps(child_pid)?;
         rec.flush_frames()?;
         Ok(())
@@ -763,7 +843,7 @@ fn record(
     let mut suspending: Option<Suspending> = None;
     let mut last_lost = Instant::now();
     loop {
-        let drained = probes::drain(&rb, poll);
+        let drained = drain(poll, false);
         if let Some(e) = failure.borrow_mut().take() {
             return Err(e.into());
         }
@@ -773,10 +853,10 @@ fn record(
             if last_lost.elapsed() >= LOST_EVERY {
                 // So that the checkpoints' meta.json counts the losses too,
                 // should the recorder not live to write the final one.
-                rec.set_lost(&probes.lost());
+                rec.set_lost(&lost(&probes, agent.as_ref()));
                 if has_user_targets {
                     let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
-                    rec.set_unwind(cfg.unwind, &probes.unwind_ends(), tables);
+                    rec.set_unwind(cfg.unwind, &unwind_ends(&probes, agent.as_ref()), tables);
                 }
                 last_lost = Instant::now();
             }
@@ -885,7 +965,7 @@ fn record(
                 continue;
             }
             let stopped = Stopped::seize(pid);
-            probes::drain(&rb, Duration::ZERO)?;
+            drain(Duration::ZERO, false)?;
             if let Some(e) = failure.borrow_mut().take() {
                 return Err(e.into());
             }
@@ -904,16 +984,33 @@ fn record(
         }
     }
     // Whatever is still in the ring happened before we stopped: keep it.
-    probes::drain(&rb, Duration::ZERO)?;
+    let command_gone = exit.is_some() || matches!(target, Target::Pids(_));
+    drain(Duration::ZERO, command_gone)?;
     if let Some(e) = failure.borrow_mut().take() {
         return Err(e.into());
     }
     drop(rb);
     let mut rec = recorder.into_inner();
-    rec.set_lost(&probes.lost());
+    rec.set_lost(&lost(&probes, agent.as_ref()));
+    if let Some(a) = &agent {
+        let a = a.borrow();
+        if a.shared.unfinished() > 0 {
+            rec.meta_mut()
+                .counters
+                .lost
+                .insert("unfinished".into(), a.shared.unfinished());
+        }
+        if a.shared.agents() == 0 {
+            let note = "the agent did not start in the command (LD_PRELOAD ignored or \
+                        cleared): nothing was recorded; record with --capture bpf"
+                .to_string();
+            say!("memleak: warning: {note}");
+            rec.meta_mut().notes.push(note);
+        }
+    }
     if has_user_targets {
         let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
-        rec.set_unwind(cfg.unwind, &probes.unwind_ends(), tables);
+        rec.set_unwind(cfg.unwind, &unwind_ends(&probes, agent.as_ref()), tables);
         if args.verbose && cfg.unwind.uses_rows() {
             say!(
                 "memleak: unwind tables: {} objects, {} rows, {} process tables written, \
@@ -991,6 +1088,27 @@ fn record(
         Some(e) => ExitCode::from(e.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// The loss counters by `LOST_REASONS` index: the probe's, and the
+/// agent's.
+fn lost(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
+    let mut lost = probes.lost();
+    if let Some(a) = agent {
+        for (n, a) in lost.iter_mut().zip(a.borrow().shared.lost()) {
+            *n += a;
+        }
+    }
+    lost
+}
+
+/// Stack walks by how they ended: the probe's counters, or the agent's
+/// records.
+fn unwind_ends(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
+    match agent {
+        Some(a) => a.borrow().shared.unwind_ends().to_vec(),
+        None => probes.unwind_ends(),
+    }
 }
 
 /// The libraries a command gets private copies of (crate::private_libs):

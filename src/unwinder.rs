@@ -15,9 +15,10 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-use memleak_recorder::unwind::{TablesStats, UnwindTables};
+use memleak_recorder::unwind::{TablesStats, UnwindSink, UnwindTables};
 
-use crate::probes::UnwindMaps;
+/// Where tables are written: the probe's maps, or the agent's memory.
+pub type Sink = Box<dyn UnwindSink + Send>;
 
 /// A process's table is refreshed at most this often on the events'
 /// account: a JIT or a corrupt stack can end walks at unknown addresses
@@ -31,7 +32,7 @@ enum Request {
     /// exist, while the BPF program loads).
     Prefetch(Vec<PathBuf>),
     /// The probe's maps: from now on tables are written.
-    Sink(UnwindMaps),
+    Sink(Sink),
     /// Rebuild a process's table; answer when done if asked to.
     Track(u32, Option<SyncSender<()>>),
     /// Rebuild it soon (rate-limited).
@@ -83,7 +84,7 @@ impl Unwinder {
     }
 
     /// Hands over the probe's maps.
-    pub fn set_sink(&self, sink: UnwindMaps) {
+    pub fn set_sink(&self, sink: Sink) {
         self.send(Request::Sink(sink));
     }
 
@@ -143,7 +144,7 @@ fn gone(pid: u32) -> bool {
 
 struct State {
     tables: UnwindTables,
-    sink: Option<UnwindMaps>,
+    sink: Option<Sink>,
     /// When each process's table was last rebuilt.
     last: HashMap<u32, Instant>,
     /// Refreshes waiting for their turn.
@@ -158,7 +159,7 @@ impl State {
         let Some(sink) = self.sink.as_mut() else {
             return;
         };
-        if let Err(e) = self.tables.track(pid, sink) {
+        if let Err(e) = self.tables.track(pid, &mut **sink) {
             // A process that is gone has no table to keep.
             if !gone(pid) && self.error.is_none() {
                 self.error = Some(format!("unwind table of process {pid}: {e}"));
@@ -189,7 +190,7 @@ impl State {
                 self.due.remove(&pid);
                 self.last.remove(&pid);
                 if let (true, Some(sink)) = (gone(pid), self.sink.as_mut()) {
-                    let _ = self.tables.forget(pid, sink);
+                    let _ = self.tables.forget(pid, &mut **sink);
                 }
             }
         }

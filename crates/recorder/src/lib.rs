@@ -10,6 +10,7 @@
 //! - [`placement`]: where on an allocator function to put the probe.
 //! - [`targets`] and [`providers`]: which functions to probe, and in which
 //!   loaded object: the one the process's calls really bind to.
+//! - [`agent`]: the shared memory of the in-process agent (`agent/`).
 //! - [`unwind`]: unwind tables from `.eh_frame` for the probe, and the
 //!   reference unwinder that checks them.
 //!
@@ -28,6 +29,7 @@
 //! ```
 #![deny(missing_docs)]
 
+pub mod agent;
 pub mod elf;
 pub mod event;
 pub mod functions;

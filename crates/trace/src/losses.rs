@@ -61,6 +61,12 @@ pub const LOSS_REASONS: &[LossReason] = &[
         why: "a signal stack above the thread's stack; tracing them could crash the program",
     },
     LossReason {
+        name: "unfinished",
+        effect: LossEffect::Missing,
+        what: ("event lost", "events lost"),
+        why: "the process died while the agent was writing it",
+    },
+    LossReason {
         name: "recursion",
         effect: LossEffect::Missing,
         what: ("kernel event lost", "kernel events lost"),

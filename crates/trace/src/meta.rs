@@ -171,6 +171,11 @@ pub struct Meta {
     /// lacks), for whoever analyzes the trace. Not written when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub notes: Vec<String>,
+    /// How allocator calls were captured: `bpf` (kernel uprobes) or
+    /// `preload` (memleak's agent inside the command). Absent in traces
+    /// from before the agent, which are all `bpf`.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub capture: Option<String>,
     /// The recorder's own user+sys CPU time in nanoseconds.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub recorder_cpu_ns: Option<u64>,
@@ -290,6 +295,7 @@ impl Default for Meta {
             cut_stacks: None,
             parents: BTreeMap::new(),
             notes: Vec::new(),
+            capture: None,
             recorder_cpu_ns: None,
             kernel_recursion: None,
             unwind: None,

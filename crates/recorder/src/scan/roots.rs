@@ -68,10 +68,15 @@ fn is_special(m: &Mapping) -> bool {
         | Some("[vvar_vclock]")
         | Some("[vdso]")
         | Some("[vsyscall]") => true,
-        Some(p) => p.starts_with("/dev/"),
+        // memleak's own agent (`--capture preload`): its ring holds
+        // every recorded address, none of them the program's pointer.
+        Some(p) => p.starts_with("/dev/") || p.starts_with(AGENT_MEMORY),
         None => false,
     }
 }
+
+/// How the agent's memfds (its ring, its code) appear in the maps.
+const AGENT_MEMORY: &str = "/memfd:memleak-agent";
 
 fn is_anonymous(m: &Mapping) -> bool {
     !m.is_file()

@@ -1,0 +1,1314 @@
+// SPDX-License-Identifier: MIT OR Apache-2.0
+/* memleak's in-process agent: `record --capture preload` preloads it into
+ * the command (LD_PRELOAD), where it takes the place of the BPF probes.
+ *
+ * It interposes the functions the probes watch (the malloc family, the C++
+ * operators, mmap/munmap/mremap and libc's allocating wrappers), calls the
+ * next definition (libc's, or a preloaded allocator's), and writes each
+ * outermost call as the probe would: the same `struct memleak_event`, with
+ * the same frames, walked with the same unwind rows by a port of the
+ * probe's walker, into a ring of slots in memory shared with the recorder
+ * (agent.h). The recorder drains that ring exactly as it drains the BPF
+ * ring.
+ *
+ * Why C and not Rust (docs/design.md): the agent runs inside malloc, in
+ * any program, before and after its runtime exists. It must not allocate,
+ * lock, unwind a panic, or register thread destructors; it shares
+ * bpf/memleak.h with the probe, so the layout and the walk are one
+ * definition; and it is built by the clang that already builds the probe,
+ * into a 30 KB object the memleak binary carries.
+ *
+ * Rules of the fast path: no allocation, no lock, no system call (the
+ * clock is read through the vDSO). State is per thread, in initial-exec
+ * TLS (no __tls_get_addr, which may allocate). A call made while another
+ * of the agent's calls is in progress on the thread (malloc inside
+ * calloc, inside operator new, inside strdup) is nested: passed through,
+ * not recorded, as the probe's outermost-call rule says. */
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "agent.h"
+
+#define EXPORT __attribute__((visibility("default"), noinline))
+#define TLS __thread __attribute__((tls_model("initial-exec")))
+#define likely(x) __builtin_expect(!!(x), 1)
+#define unlikely(x) __builtin_expect(!!(x), 0)
+
+typedef __u64 u64;
+typedef __u32 u32;
+typedef __u8 u8;
+
+/* ---- the next definitions ---- */
+
+static struct {
+	void *(*malloc)(size_t);
+	void *(*calloc)(size_t, size_t);
+	void *(*realloc)(void *, size_t);
+	void *(*reallocarray)(void *, size_t, size_t);
+	void (*free)(void *);
+	int (*posix_memalign)(void **, size_t, size_t);
+	void *(*memalign)(size_t, size_t);
+	void *(*aligned_alloc)(size_t, size_t);
+	void *(*valloc)(size_t);
+	void *(*pvalloc)(size_t);
+	void *(*mmap)(void *, size_t, int, int, int, off_t);
+	int (*munmap)(void *, size_t);
+	void *(*mremap)(void *, size_t, size_t, int, ...);
+	char *(*strdup)(const char *);
+	char *(*strndup)(const char *, size_t);
+	int (*vasprintf)(char **, const char *, va_list);
+	ssize_t (*getdelim)(char **, size_t *, int, FILE *);
+} real;
+
+/* ---- process state ---- */
+
+enum { ST_NONE, ST_INITING, ST_READY };
+static int state = ST_NONE;
+static struct mla_header *H;     /* the shared memory, or 0: record nothing */
+static int on;                   /* this process is traced */
+static u32 my_pid;
+static u32 slot_mask;
+static char *slots;
+static struct mla_table *tables;
+static struct unwind_row *rows;
+static u32 table_idx = ~0u;      /* this process's table, once found */
+static u64 table_gen_seen = ~0ull;
+
+/* ---- thread state ---- */
+
+struct thread {
+	u32 tid;
+	u32 depth;     /* agent calls in progress */
+	u32 wrapper;   /* the outermost one is a libc wrapper */
+	u32 n_inner;
+	u64 inner_addr[4];
+	u64 inner_size[4];
+	u64 stack_lo, stack_hi; /* the thread's stack, once known */
+	u64 clock_ns, clock_coarse;
+	u32 clock_uses;
+	u32 stack_known;
+};
+static TLS struct thread T;
+
+/* The caller's registers at our return, as the probe sees them at the
+ * allocator's: pc is the return address, sp where it returns to, rbp the
+ * caller's (our prologue saved it). Every entry point has a frame
+ * (-fno-omit-frame-pointer). */
+struct regs {
+	u64 pc, sp, bp;
+};
+#define CALLER(r)                                                  \
+	do {                                                       \
+		u64 *fa__ = __builtin_frame_address(0);            \
+		(r).pc = (u64)__builtin_return_address(0);         \
+		(r).sp = (u64)fa__ + 16;                           \
+		(r).bp = fa__[0];                                  \
+	} while (0)
+
+/* ---- bootstrap allocator: dlsym() allocates before `real` is known ---- */
+
+static char boot[64 << 10] __attribute__((aligned(16)));
+static size_t boot_used;
+
+static int is_boot(const void *p)
+{
+	return (const char *)p >= boot && (const char *)p < boot + sizeof(boot);
+}
+
+static void *boot_alloc(size_t n)
+{
+	size_t at = (boot_used + 15) & ~(size_t)15;
+
+	if (n > sizeof(boot) - 16 || at + 16 + n > sizeof(boot))
+		return NULL;
+	*(size_t *)(boot + at) = n;
+	boot_used = at + 16 + n;
+	return boot + at + 16;
+}
+
+static size_t boot_size(const void *p)
+{
+	return *(const size_t *)((const char *)p - 16);
+}
+
+/* ---- init ---- */
+
+static void count_lost(u32 reason)
+{
+	if (H && reason < 8)
+		__atomic_fetch_add(&H->lost[reason], 1, __ATOMIC_RELAXED);
+}
+
+static u32 sys_gettid(void)
+{
+	return (u32)syscall(SYS_gettid);
+}
+
+static int pid_traced(u32 pid)
+{
+	u32 n = __atomic_load_n(&H->npids, __ATOMIC_ACQUIRE);
+
+	for (u32 i = 0; i < n && i < MLA_MAX_PIDS; i++)
+		if (__atomic_load_n(&H->pids[i], __ATOMIC_RELAXED) == pid)
+			return 1;
+	return 0;
+}
+
+static struct mla_header *map_shared(const char *spec)
+{
+	char *end;
+	long fd = strtol(spec, &end, 10);
+	struct mla_header hdr;
+	void *p;
+
+	if (*end != ':')
+		return NULL;
+	/* The inherited descriptor, if the program kept it and it is ours;
+	 * else the recorder's, by path. */
+	if (pread((int)fd, &hdr, sizeof(hdr.magic), 0) != sizeof(hdr.magic) ||
+	    hdr.magic != MLA_MAGIC) {
+		fd = open(end + 1, O_RDWR | O_CLOEXEC);
+		if (fd < 0)
+			return NULL;
+	}
+	if (pread((int)fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC ||
+	    hdr.version != MLA_VERSION)
+		return NULL;
+	p = mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+	return p == MAP_FAILED ? NULL : p;
+}
+
+static void after_fork(void)
+{
+	my_pid = (u32)syscall(SYS_getpid);
+	T.tid = 0;
+	table_idx = ~0u;
+	table_gen_seen = ~0ull;
+	on = H && pid_traced(my_pid);
+	if (on)
+		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+}
+
+#define RESOLVE(name) real.name = dlsym(RTLD_NEXT, #name)
+
+static void init(void)
+{
+	const char *spec;
+
+	state = ST_INITING;
+	RESOLVE(malloc);
+	RESOLVE(calloc);
+	RESOLVE(realloc);
+	RESOLVE(reallocarray);
+	RESOLVE(free);
+	RESOLVE(posix_memalign);
+	RESOLVE(memalign);
+	RESOLVE(aligned_alloc);
+	RESOLVE(valloc);
+	RESOLVE(pvalloc);
+	RESOLVE(mmap);
+	RESOLVE(munmap);
+	RESOLVE(mremap);
+	RESOLVE(strdup);
+	RESOLVE(strndup);
+	RESOLVE(vasprintf);
+	RESOLVE(getdelim);
+	spec = getenv(MLA_ENV);
+	H = spec ? map_shared(spec) : NULL;
+	if (H) {
+		slots = (char *)H + H->ring_off;
+		slot_mask = H->nslots - 1;
+		tables = (struct mla_table *)((char *)H + H->tables_off);
+		rows = (struct unwind_row *)((char *)H + H->rows_off);
+		pthread_atfork(NULL, NULL, after_fork);
+	}
+	state = ST_READY;
+	after_fork();
+}
+
+__attribute__((constructor)) static void agent_start(void)
+{
+	if (state == ST_NONE)
+		init();
+}
+
+/* Makes `real` usable; 0 while init is running (dlsym's own calls). */
+static inline int ready(void)
+{
+	if (likely(state == ST_READY))
+		return 1;
+	if (state == ST_NONE)
+		init();
+	return state == ST_READY;
+}
+
+/* ---- time: a CLOCK_MONOTONIC reading reused, like the probe's, for at
+ * most 16 events of one tick (a reading costs 40 ns here, the coarse
+ * clock 6) ---- */
+
+static u64 ts_of(const struct timespec *t)
+{
+	return (u64)t->tv_sec * 1000000000ull + (u64)t->tv_nsec;
+}
+
+static u64 event_time(void)
+{
+	struct timespec t;
+	u64 coarse;
+
+	clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+	coarse = ts_of(&t);
+	if (coarse == T.clock_coarse && T.clock_uses < 15) {
+		T.clock_uses++;
+		return T.clock_ns;
+	}
+	clock_gettime(CLOCK_MONOTONIC, &t);
+	T.clock_coarse = coarse;
+	T.clock_uses = 0;
+	T.clock_ns = ts_of(&t);
+	return T.clock_ns;
+}
+
+/* ---- the ring ---- */
+
+static inline struct mla_slot *slot_at(u64 pos)
+{
+	return (struct mla_slot *)(slots + (pos & slot_mask) * (u64)MLA_SLOT_BYTES);
+}
+
+/* Claims the next slot; NULL when the ring is full (counted). */
+static struct mla_slot *claim(u64 *at)
+{
+	u64 pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
+
+	for (;;) {
+		struct mla_slot *s = slot_at(pos);
+		u64 seq = __atomic_load_n(&s->seq, __ATOMIC_ACQUIRE);
+		int64_t d = (int64_t)(seq - pos);
+
+		if (d == 0) {
+			if (__atomic_compare_exchange_n(&H->head, &pos, pos + 1, 1, __ATOMIC_RELAXED,
+							__ATOMIC_RELAXED)) {
+				__atomic_store_n(&s->pid, my_pid, __ATOMIC_RELAXED);
+				*at = pos;
+				return s;
+			}
+		} else if (d < 0) {
+			count_lost(ML_RING_FULL);
+			return NULL;
+		} else {
+			pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
+		}
+	}
+}
+
+/* Publishes a slot. A compare-and-swap: the recorder may have given up on
+ * it (only once this process was dead, so never in practice). */
+static inline void publish(struct mla_slot *s, u64 pos)
+{
+	u64 expected = pos;
+
+	__atomic_compare_exchange_n(&s->seq, &expected, pos + 1, 0, __ATOMIC_RELEASE,
+				    __ATOMIC_RELAXED);
+}
+
+static inline void header(struct mla_slot *s, u8 kind, u64 addr, u64 size, u64 old,
+			  u64 old_size, u64 ts)
+{
+	struct memleak_event *e = &s->ev;
+
+	if (unlikely(!T.tid))
+		T.tid = sys_gettid();
+	e->ts_ns = ts;
+	e->addr = addr;
+	e->size = size;
+	e->old_addr = old;
+	e->old_size = old_size;
+	e->pid = my_pid;
+	e->tid = T.tid;
+	e->kind = kind;
+	e->flags = 0;
+	e->nframes = 0;
+	e->stack_err = 0;
+	s->len = MEMLEAK_HDR_SIZE;
+}
+
+/* ---- stack walks: bpf/memleak.bpf.c's, reading the stack directly,
+ * every read checked against the stack it belongs to ---- */
+
+struct walk {
+	u64 pc, sp, bp;
+	u64 lo, hi;       /* readable: the stack being walked */
+	u32 n, max;
+	u32 hint;
+	u32 exact, interrupted;
+	u32 reason;
+	struct unwind_proc *proc;
+	u64 *frames;
+	u8 *flags;
+};
+
+static int stack_bounds(void)
+{
+	pthread_attr_t a;
+	void *addr;
+	size_t size;
+
+	if (T.stack_known)
+		return T.stack_known == 1;
+	T.stack_known = 2;
+	/* Allocates (the affinity mask, and /proc/self/maps for the main
+	 * thread): nested calls. */
+	T.depth++;
+	if (pthread_getattr_np(pthread_self(), &a) == 0) {
+		if (pthread_attr_getstack(&a, &addr, &size) == 0) {
+			T.stack_lo = (u64)addr;
+			T.stack_hi = (u64)addr + size;
+			T.stack_known = 1;
+		}
+		pthread_attr_destroy(&a);
+	}
+	T.depth--;
+	return T.stack_known == 1;
+}
+
+/* Sets the readable range to the stack holding sp: the thread's, or its
+ * signal stack. */
+static int enter_stack(struct walk *w, u64 sp)
+{
+	stack_t ss;
+
+	if (stack_bounds() && sp >= T.stack_lo && sp < T.stack_hi) {
+		w->lo = sp;
+		w->hi = T.stack_hi;
+		return 1;
+	}
+	if (sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) && sp >= (u64)ss.ss_sp &&
+	    sp < (u64)ss.ss_sp + ss.ss_size) {
+		w->lo = sp;
+		w->hi = (u64)ss.ss_sp + ss.ss_size;
+		return 1;
+	}
+	return 0;
+}
+
+static inline int rd(struct walk *w, u64 addr, u64 *out)
+{
+	if (addr < w->lo || addr > w->hi - 8)
+		return 0;
+	*out = *(volatile u64 *)addr;
+	return 1;
+}
+
+static u32 find_map(struct unwind_proc *proc, u64 at, u32 hint)
+{
+	u32 n = proc->nmaps, lo = 0, hi, mid;
+
+	if (n > UNWIND_MAX_MAPS)
+		return UNWIND_MAX_MAPS;
+	if (hint < n && at >= proc->maps[hint].start && at < proc->maps[hint].end)
+		return hint;
+	if (!n || at < proc->maps[0].start)
+		return UNWIND_MAX_MAPS;
+	hi = n;
+	while (hi - lo > 1) {
+		mid = lo + (hi - lo) / 2;
+		if (proc->maps[mid].start <= at)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return at < proc->maps[lo].end ? lo : UNWIND_MAX_MAPS;
+}
+
+static u32 find_row(u32 first, u32 n, u32 rel)
+{
+	u32 lo = first, hi = first + n, mid, cap = H->row_capacity;
+
+	if (hi > cap || hi < lo || rows[lo].pc > rel)
+		return UR_INVALID;
+	while (hi - lo > 1) {
+		mid = lo + (hi - lo) / 2;
+		if (rows[mid].pc <= rel)
+			lo = mid;
+		else
+			hi = mid;
+	}
+	return rows[lo].info;
+}
+
+#define UR_NONE 7
+#define UR_NONE_RULE(reason) ((u32)(reason) << 3 | UR_NONE)
+
+/* The probe's rule cache, one per process: entries are checked against
+ * the address and the table's generation, so a torn entry reads as a
+ * miss. */
+#define CACHE_SLOTS 4096
+static struct {
+	u64 at;
+	u64 val;
+} rule_cache[CACHE_SLOTS];
+
+static u32 rule_at(struct walk *w, u64 at)
+{
+	struct unwind_proc *proc = w->proc;
+	u64 h = at * 0x9E3779B97F4A7C15ULL;
+	u32 key = h >> 52, check = (u32)h ^ proc->gen, idx, rule;
+	u64 cat = __atomic_load_n(&rule_cache[key].at, __ATOMIC_RELAXED);
+	u64 cval = __atomic_load_n(&rule_cache[key].val, __ATOMIC_RELAXED);
+	struct unwind_map *m;
+
+	if (cat == at && (cval >> 32) == check)
+		return (u32)cval;
+	idx = find_map(proc, at, w->hint);
+	if (idx >= UNWIND_MAX_MAPS) {
+		rule = UR_NONE_RULE(proc->flags & UPF_MAPS_FULL ? UE_MAPS_FULL : UE_NO_MAPPING);
+	} else {
+		w->hint = idx;
+		m = &proc->maps[idx];
+		if (!m->nrows)
+			rule = UR_NONE_RULE(m->first_row < UE_NR ? m->first_row : UE_NONE);
+		else if (at - m->bias > 0xffffffffULL)
+			rule = UR_INVALID;
+		else
+			rule = find_row(m->first_row, m->nrows, (u32)(at - m->bias));
+	}
+	__atomic_store_n(&rule_cache[key].val, (u64)check << 32 | rule, __ATOMIC_RELAXED);
+	__atomic_store_n(&rule_cache[key].at, at, __ATOMIC_RELAXED);
+	return rule;
+}
+
+static int end(struct walk *w, u32 reason)
+{
+	w->reason = reason;
+	return 1;
+}
+
+static int fp_step(struct walk *w)
+{
+	u64 bp = w->bp, ra, next;
+
+	if (!bp || bp < w->sp || !rd(w, bp + 8, &ra) || !rd(w, bp, &next))
+		return end(w, UE_FP_END);
+	if (!ra)
+		return end(w, UE_FP_END);
+	w->pc = ra;
+	w->sp = bp + 16;
+	w->bp = next;
+	w->exact = 0;
+	w->interrupted = 0;
+	return 0;
+}
+
+/* One frame of a walk with rows: the probe's uw_step(). */
+static int row_step(struct walk *w)
+{
+	u64 pc, cfa, ra, bp, sp, at;
+	u32 i, rule, why;
+	int64_t slot;
+
+	i = w->n;
+	if (i >= w->max || i >= MEMLEAK_MAX_FRAMES) {
+		*w->flags |= MEF_STACK_FULL;
+		return end(w, UE_MAX_DEPTH);
+	}
+	pc = w->pc;
+	w->frames[i] = w->interrupted ? pc + 1 : pc;
+	w->n = i + 1;
+	at = w->exact ? pc : pc - 1;
+	rule = rule_at(w, at);
+	sp = w->sp;
+	switch (rule & UR_KIND_MASK) {
+	case UR_END:
+		return end(w, UE_COMPLETE);
+	case UR_NONE:
+		why = rule >> 3;
+		if (H->unwind_mode == MU_AUTO && (why == UE_NO_UNWIND_INFO || why == UE_ROWS_FULL))
+			return fp_step(w);
+		return end(w, why);
+	case UR_SIGNAL: {
+		u64 nsp;
+
+		w->frames[i] = pc + 1;
+		if (!rd(w, sp + UR_SIGNAL_RIP, &ra) || !rd(w, sp + UR_SIGNAL_RBP, &bp) ||
+		    !rd(w, sp + UR_SIGNAL_RSP, &nsp))
+			return end(w, UE_READ_FAILED);
+		if (!ra)
+			return end(w, UE_NULL_RA);
+		/* The interrupted code's stack: the thread's, or a signal
+		 * stack. */
+		if (!enter_stack(w, nsp))
+			return end(w, UE_READ_FAILED);
+		w->pc = ra;
+		w->bp = bp;
+		w->sp = nsp;
+		w->exact = 1;
+		w->interrupted = 1;
+		return 0;
+	}
+	case UR_CFA_RSP:
+		cfa = sp;
+		break;
+	case UR_CFA_RBP:
+		cfa = w->bp;
+		break;
+	case UR_PLT:
+		cfa = sp + ((pc & 15) >= UR_PLT_PUSHED_FROM ? 8 : 0);
+		break;
+	default:
+		return end(w, UE_INVALID_ROW);
+	}
+	cfa += (int64_t)((int32_t)rule >> UR_CFA_SHIFT);
+	slot = (int8_t)(rule >> UR_RBP_SHIFT);
+	bp = w->bp;
+	if (!rd(w, cfa - 8, &ra))
+		return end(w, UE_READ_FAILED);
+	if (slot && !rd(w, cfa + slot * 8, &bp))
+		return end(w, UE_READ_FAILED);
+	if (!ra)
+		return end(w, UE_NULL_RA);
+	if (cfa <= sp)
+		return end(w, UE_NOT_PROGRESSING);
+	w->pc = ra;
+	w->sp = cfa;
+	w->bp = bp;
+	w->exact = 0;
+	w->interrupted = 0;
+	return 0;
+}
+
+/* This process's table, or NULL. Found again whenever the recorder wrote
+ * any table since the last look. */
+static struct mla_table *my_table(void)
+{
+	u64 gen = __atomic_load_n(&H->tables_gen, __ATOMIC_ACQUIRE);
+
+	if (gen != table_gen_seen || table_idx == ~0u) {
+		table_gen_seen = gen;
+		table_idx = ~0u;
+		for (u32 i = 0; i < H->ntables; i++) {
+			if (__atomic_load_n(&tables[i].pid, __ATOMIC_RELAXED) == my_pid) {
+				table_idx = i;
+				break;
+			}
+		}
+	}
+	return table_idx == ~0u ? NULL : &tables[table_idx];
+}
+
+/* Walks the caller's stack into the slot's event. */
+static void walk_stack(struct mla_slot *s, const struct regs *r)
+{
+	struct memleak_event *e = &s->ev;
+	struct walk w;
+	struct mla_table *t;
+	u32 reason = UE_NONE;
+
+	w.frames = e->frames;
+	w.flags = &e->flags;
+	w.max = H->max_frames;
+	if (H->unwind_mode == MU_FP) {
+		w.n = 1;
+		e->frames[0] = r->pc;
+		w.sp = r->sp;
+		w.bp = r->bp;
+		if (!enter_stack(&w, r->sp)) {
+			reason = UE_READ_FAILED;
+		} else {
+			for (;;) {
+				u64 bp = w.bp, next, ra;
+
+				if (w.n >= w.max || w.n >= MEMLEAK_MAX_FRAMES) {
+					e->flags |= MEF_STACK_FULL;
+					break;
+				}
+				if (!bp || (bp & 7) || !rd(&w, bp, &next) || !rd(&w, bp + 8, &ra) || !ra)
+					break;
+				e->frames[w.n++] = ra;
+				if (next <= bp)
+					break;
+				w.bp = next;
+			}
+			reason = e->flags & MEF_STACK_FULL ? UE_MAX_DEPTH : UE_FP_END;
+		}
+		e->nframes = w.n;
+	} else if (!(t = my_table())) {
+		e->frames[0] = r->pc;
+		e->nframes = 1;
+		reason = UE_NO_TABLE;
+	} else {
+		/* The recorder may rewrite the table meanwhile (a dlopen): a
+		 * walk that saw it change is done again. */
+		for (int tries = 0;; tries++) {
+			u32 seq = __atomic_load_n(&t->seq, __ATOMIC_ACQUIRE);
+
+			w.pc = r->pc;
+			w.sp = r->sp;
+			w.bp = r->bp;
+			w.n = 0;
+			w.hint = 0;
+			w.exact = 1;
+			w.interrupted = 0;
+			w.reason = UE_NONE;
+			w.proc = &t->proc;
+			e->flags &= ~MEF_STACK_FULL;
+			if (!(seq & 1)) {
+				if (!enter_stack(&w, r->sp)) {
+					e->frames[0] = r->pc;
+					w.n = 1;
+					w.reason = UE_READ_FAILED;
+				} else {
+					for (int i = 0; i <= MEMLEAK_MAX_FRAMES; i++)
+						if (row_step(&w))
+							break;
+				}
+			}
+			__atomic_thread_fence(__ATOMIC_ACQUIRE);
+			if (!(seq & 1) && __atomic_load_n(&t->seq, __ATOMIC_RELAXED) == seq)
+				break;
+			if (tries == 3) {
+				e->frames[0] = r->pc;
+				w.n = 1;
+				w.reason = UE_NO_TABLE;
+				break;
+			}
+		}
+		e->nframes = w.n;
+		reason = w.reason;
+	}
+	if (reason >= UE_NR)
+		reason = UE_NONE;
+	e->flags |= reason << MEF_END_SHIFT;
+	s->len = MEMLEAK_HDR_SIZE + e->nframes * 8;
+}
+
+/* ---- recording ---- */
+
+#define SIZE_MASK ((1ULL << 48) - 1)
+
+static inline int traced(void)
+{
+	return on && !T.depth;
+}
+
+/* An allocation that returned `addr`, with the stack at `r`. */
+static void record_alloc(u8 kind, u64 addr, u64 size, const struct regs *r)
+{
+	struct mla_slot *s;
+	u64 pos;
+
+	if (!addr) {
+		count_lost(ML_FAILED_ALLOC);
+		return;
+	}
+	if (size < H->min_size || size > H->max_size)
+		return;
+	s = claim(&pos);
+	if (!s)
+		return;
+	header(s, kind, addr, size, 0, 0, event_time());
+	walk_stack(s, r);
+	publish(s, pos);
+}
+
+/* A release, recorded before the block is released: another thread can
+ * get the address from the allocator only after that. */
+static void record_free(u8 kind, u64 addr, u64 size)
+{
+	struct mla_slot *s;
+	u64 pos;
+
+	s = claim(&pos);
+	if (!s)
+		return;
+	header(s, kind, addr, size, 0, 0, event_time());
+	publish(s, pos);
+}
+
+/* A call that releases one block and returns another (realloc, mremap),
+ * claimed before the call for the same reason; `done` fills it after. */
+static struct mla_slot *claim_move(u64 *pos)
+{
+	struct mla_slot *s = claim(pos);
+
+	if (s)
+		header(s, 0, 0, 0, 0, 0, event_time());
+	return s;
+}
+
+static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, u64 old,
+		      u64 old_size, const struct regs *r)
+{
+	struct memleak_event *e;
+
+	if (!s)
+		return;
+	e = &s->ev;
+	if (!addr && !((kind == MK_REALLOC || kind == MK_REALLOCARRAY) && old && size == 0)) {
+		/* A failed call changes nothing. */
+		count_lost(ML_FAILED_ALLOC);
+		s->len = 0;
+	} else if (!old && (size < H->min_size || size > H->max_size)) {
+		s->len = 0;
+	} else {
+		e->kind = kind;
+		e->addr = addr;
+		e->size = size;
+		e->old_addr = old;
+		e->old_size = old_size;
+		if (addr)
+			walk_stack(s, r);
+	}
+	publish(s, pos);
+}
+
+/* A nested malloc, calloc or realloc directly inside a libc wrapper: the
+ * wrapper's block is one of these, and its size is this one's. */
+static inline void note_inner(void *p, u64 size)
+{
+	if (T.depth == 1 && T.wrapper) {
+		u32 i = T.n_inner++ & 3;
+
+		T.inner_addr[i] = (u64)p;
+		T.inner_size[i] = size;
+	}
+}
+
+static u64 inner_size_of(u64 addr)
+{
+	u64 size = ~0ULL;
+
+	for (u32 i = 0; i < 4; i++)
+		if (i < T.n_inner && T.inner_addr[i] == addr)
+			size = T.inner_size[i];
+	return size;
+}
+
+/* ---- the malloc family ---- */
+
+static inline u64 clamp(u64 size)
+{
+	return size > SIZE_MASK ? SIZE_MASK : size;
+}
+
+EXPORT void *malloc(size_t n)
+{
+	struct regs r;
+	void *p;
+
+	if (unlikely(!ready()))
+		return boot_alloc(n);
+	if (!traced()) {
+		p = real.malloc(n);
+		note_inner(p, n);
+		return p;
+	}
+	CALLER(r);
+	T.depth++;
+	p = real.malloc(n);
+	T.depth--;
+	record_alloc(MK_MALLOC, (u64)p, clamp(n), &r);
+	return p;
+}
+
+EXPORT void free(void *p)
+{
+	if (unlikely(is_boot(p)) || !p)
+		return;
+	if (unlikely(!ready()))
+		return;
+	if (!traced()) {
+		real.free(p);
+		return;
+	}
+	record_free(MK_FREE, (u64)p, 0);
+	T.depth++;
+	real.free(p);
+	T.depth--;
+}
+
+EXPORT void *calloc(size_t n, size_t m)
+{
+	struct regs r;
+	u64 size = n && m > SIZE_MASK / n ? SIZE_MASK : (u64)n * m;
+	void *p;
+
+	if (unlikely(!ready())) {
+		p = boot_alloc(n * m);
+		if (p)
+			memset(p, 0, n * m);
+		return p;
+	}
+	if (!traced()) {
+		p = real.calloc(n, m);
+		note_inner(p, size);
+		return p;
+	}
+	CALLER(r);
+	T.depth++;
+	p = real.calloc(n, m);
+	T.depth--;
+	record_alloc(MK_CALLOC, (u64)p, size, &r);
+	return p;
+}
+
+static void *do_realloc(void *old, size_t size, u8 kind, size_t n, size_t m, const struct regs *r)
+{
+	struct mla_slot *s;
+	u64 pos;
+	void *p;
+
+	s = claim_move(&pos);
+	T.depth++;
+	p = kind == MK_REALLOC ? real.realloc(old, size) : real.reallocarray(old, n, m);
+	T.depth--;
+	done_move(s, pos, kind, (u64)p, size, (u64)old, 0, r);
+	return p;
+}
+
+EXPORT void *realloc(void *old, size_t size)
+{
+	struct regs r;
+	void *p;
+
+	if (unlikely(is_boot(old) || !ready())) {
+		p = ready() ? malloc(size) : boot_alloc(size);
+		if (p && old) {
+			size_t have = boot_size(old);
+			memcpy(p, old, have < size ? have : size);
+		}
+		return p;
+	}
+	if (!traced()) {
+		p = real.realloc(old, size);
+		note_inner(p, size);
+		return p;
+	}
+	CALLER(r);
+	return do_realloc(old, size, MK_REALLOC, 0, 0, &r);
+}
+
+EXPORT void *reallocarray(void *old, size_t n, size_t m)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return NULL;
+	if (!traced())
+		return real.reallocarray(old, n, m);
+	CALLER(r);
+	return do_realloc(old, n * m, MK_REALLOCARRAY, n, m, &r);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size)
+{
+	struct regs r;
+	int ret;
+
+	if (unlikely(!ready()))
+		return ENOMEM;
+	if (!traced())
+		return real.posix_memalign(out, align, size);
+	CALLER(r);
+	T.depth++;
+	ret = real.posix_memalign(out, align, size);
+	T.depth--;
+	record_alloc(MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
+	return ret;
+}
+
+#define ALIGNED(name, kind)                                          \
+	EXPORT void *name(size_t align, size_t size)                 \
+	{                                                            \
+		struct regs r;                                       \
+		void *p;                                             \
+		if (unlikely(!ready()))                              \
+			return NULL;                                 \
+		if (!traced())                                       \
+			return real.name(align, size);               \
+		CALLER(r);                                           \
+		T.depth++;                                           \
+		p = real.name(align, size);                          \
+		T.depth--;                                           \
+		record_alloc(kind, (u64)p, clamp(size), &r);         \
+		return p;                                            \
+	}
+ALIGNED(memalign, MK_MEMALIGN)
+ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
+
+#define PAGED(name, kind)                                            \
+	EXPORT void *name(size_t size)                               \
+	{                                                            \
+		struct regs r;                                       \
+		void *p;                                             \
+		if (unlikely(!ready()))                              \
+			return NULL;                                 \
+		if (!traced())                                       \
+			return real.name(size);                      \
+		CALLER(r);                                           \
+		T.depth++;                                           \
+		p = real.name(size);                                 \
+		T.depth--;                                           \
+		record_alloc(kind, (u64)p, clamp(size), &r);         \
+		return p;                                            \
+	}
+PAGED(valloc, MK_VALLOC)
+PAGED(pvalloc, MK_PVALLOC)
+
+/* ---- mappings ---- */
+
+static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off,
+		     const struct regs *r)
+{
+	void *p;
+
+	T.depth++;
+	p = real.mmap(addr, len, prot, flags, fd, off);
+	T.depth--;
+	record_alloc(MK_MMAP, p == MAP_FAILED ? 0 : (u64)p, clamp(len), r);
+	return p;
+}
+
+EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	if (!traced())
+		return real.mmap(addr, len, prot, flags, fd, off);
+	CALLER(r);
+	return do_mmap(addr, len, prot, flags, fd, off, &r);
+}
+
+EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
+	if (!traced())
+		return real.mmap(addr, len, prot, flags, fd, off);
+	CALLER(r);
+	return do_mmap(addr, len, prot, flags, fd, off, &r);
+}
+
+EXPORT int munmap(void *addr, size_t len)
+{
+	int ret;
+
+	if (unlikely(!ready()))
+		return (int)syscall(SYS_munmap, addr, len);
+	if (!traced() || !addr)
+		return real.munmap(addr, len);
+	record_free(MK_MUNMAP, (u64)addr, len);
+	T.depth++;
+	ret = real.munmap(addr, len);
+	T.depth--;
+	return ret;
+}
+
+EXPORT void *mremap(void *old, size_t old_size, size_t size, int flags, ...)
+{
+	struct regs r;
+	struct mla_slot *s;
+	void *fixed, *p;
+	va_list ap;
+	u64 pos;
+
+	va_start(ap, flags);
+	fixed = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
+	va_end(ap);
+	if (unlikely(!ready()))
+		return (void *)syscall(SYS_mremap, old, old_size, size, flags, fixed);
+	if (!traced())
+		return real.mremap(old, old_size, size, flags, fixed);
+	CALLER(r);
+	s = claim_move(&pos);
+	T.depth++;
+	p = real.mremap(old, old_size, size, flags, fixed);
+	T.depth--;
+	done_move(s, pos, MK_MREMAP, p == MAP_FAILED ? 0 : (u64)p, size, (u64)old, old_size, &r);
+	return p;
+}
+
+/* ---- libc's allocating wrappers: the outermost call, so that the stack
+ * starts at their caller, and the block's size is the nested call's ---- */
+
+static inline void wrapper_enter(void)
+{
+	T.depth++;
+	T.wrapper = 1;
+	T.n_inner = 0;
+}
+
+static inline void wrapper_leave(void)
+{
+	T.wrapper = 0;
+	T.depth--;
+}
+
+/* The block's size, once the wrapper returned; the addresses are
+ * forgotten (a leak scan must not find them here). */
+static u64 wrapper_size(u64 addr)
+{
+	u64 size = inner_size_of(addr);
+
+	memset(T.inner_addr, 0, sizeof(T.inner_addr));
+	T.n_inner = 0;
+	return size;
+}
+
+EXPORT char *strdup(const char *s)
+{
+	struct regs r;
+	char *p;
+
+	if (unlikely(!ready())) {
+		size_t n = strlen(s) + 1;
+		p = boot_alloc(n);
+		if (p)
+			memcpy(p, s, n);
+		return p;
+	}
+	if (!traced())
+		return real.strdup(s);
+	CALLER(r);
+	wrapper_enter();
+	p = real.strdup(s);
+	wrapper_leave();
+	record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+	return p;
+}
+
+EXPORT char *strndup(const char *s, size_t n)
+{
+	struct regs r;
+	char *p;
+
+	if (unlikely(!ready()))
+		return NULL;
+	if (!traced())
+		return real.strndup(s, n);
+	CALLER(r);
+	wrapper_enter();
+	p = real.strndup(s, n);
+	wrapper_leave();
+	record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+	return p;
+}
+
+static int do_vasprintf(char **out, const char *fmt, va_list ap, const struct regs *r)
+{
+	int ret;
+	u64 addr = 0;
+
+	wrapper_enter();
+	ret = real.vasprintf(out, fmt, ap);
+	wrapper_leave();
+	if (ret >= 0 && out)
+		addr = (u64)*out;
+	record_alloc(MK_MALLOC, addr, wrapper_size(addr), r);
+	return ret;
+}
+
+EXPORT int vasprintf(char **out, const char *fmt, va_list ap)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return -1;
+	if (!traced())
+		return real.vasprintf(out, fmt, ap);
+	CALLER(r);
+	return do_vasprintf(out, fmt, ap, &r);
+}
+
+EXPORT int asprintf(char **out, const char *fmt, ...)
+{
+	struct regs r;
+	va_list ap;
+	int ret;
+
+	va_start(ap, fmt);
+	if (unlikely(!ready())) {
+		ret = -1;
+	} else if (!traced()) {
+		ret = real.vasprintf(out, fmt, ap);
+	} else {
+		CALLER(r);
+		ret = do_vasprintf(out, fmt, ap, &r);
+	}
+	va_end(ap);
+	return ret;
+}
+
+static ssize_t do_getdelim(char **line, size_t *n, int delim, FILE *f, const struct regs *r)
+{
+	u64 entry = line ? (u64)*line : 0, addr = 0, size;
+	ssize_t ret;
+
+	wrapper_enter();
+	ret = real.getdelim(line, n, delim, f);
+	wrapper_leave();
+	if (line)
+		addr = (u64)*line;
+	size = wrapper_size(addr);
+	if (size == ~0ULL)
+		return ret; /* the caller's buffer, reused as it was */
+	if (entry) {
+		struct mla_slot *s;
+		u64 pos;
+
+		s = claim_move(&pos);
+		done_move(s, pos, MK_REALLOC, addr, size, entry, 0, r);
+	} else {
+		record_alloc(MK_MALLOC, addr, size, r);
+	}
+	return ret;
+}
+
+EXPORT ssize_t getdelim(char **line, size_t *n, int delim, FILE *f)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return -1;
+	if (!traced())
+		return real.getdelim(line, n, delim, f);
+	CALLER(r);
+	return do_getdelim(line, n, delim, f, &r);
+}
+
+/* Named by an asm label: stdio.h defines getline inline when optimizing. */
+EXPORT ssize_t agent_getline(char **line, size_t *n, FILE *f) __asm__("getline");
+EXPORT ssize_t agent_getline(char **line, size_t *n, FILE *f)
+{
+	struct regs r;
+
+	if (unlikely(!ready()))
+		return -1;
+	if (!traced())
+		return real.getdelim(line, n, '\n', f);
+	CALLER(r);
+	return do_getdelim(line, n, '\n', f, &r);
+}
+
+/* ---- C++ operators (Itanium ABI). The next definitions are looked up
+ * at the first call: libstdc++ may be loaded after the agent started. An
+ * exception thrown by operator new passes through ours: the nesting
+ * depth is restored by a cleanup. ---- */
+
+static void depth_restore(u32 *saved)
+{
+	T.depth = *saved;
+}
+
+static void *next_of(void **cache, const char *name)
+{
+	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
+
+	if (!f) {
+		T.depth++;
+		f = dlsym(RTLD_NEXT, name);
+		T.depth--;
+		if (!f) {
+			static const char msg[] = "memleak agent: no next definition of a C++ operator\n";
+			write(2, msg, sizeof(msg) - 1);
+			abort();
+		}
+		__atomic_store_n(cache, f, __ATOMIC_RELEASE);
+	}
+	return f;
+}
+
+typedef void *(*new1_t)(size_t);
+typedef void *(*new2_t)(size_t, u64);
+typedef void *(*new3_t)(size_t, u64, u64);
+typedef void (*del1_t)(void *);
+typedef void (*del2_t)(void *, u64);
+typedef void (*del3_t)(void *, u64, u64);
+
+#define NEW(sym, kind, ARGS, CALLARGS, TYPE)                                        \
+	EXPORT void *sym ARGS                                                      \
+	{                                                                          \
+		static void *next;                                                 \
+		struct regs r;                                                     \
+		void *p;                                                           \
+		TYPE f;                                                            \
+		if (unlikely(!ready()))                                            \
+			return boot_alloc(size);                                   \
+		f = (TYPE)next_of(&next, #sym);                                    \
+		if (!traced()) {                                                   \
+			p = f CALLARGS;                                            \
+			return p;                                                  \
+		}                                                                  \
+		CALLER(r);                                                         \
+		{                                                                  \
+			u32 saved __attribute__((cleanup(depth_restore), unused)) = T.depth; \
+			T.depth++;                                                 \
+			p = f CALLARGS;                                            \
+		}                                                                  \
+		record_alloc(kind, (u64)p, clamp(size), &r);                       \
+		return p;                                                          \
+	}
+
+NEW(_Znwm, MK_NEW, (size_t size), (size), new1_t)
+NEW(_ZnwmRKSt9nothrow_t, MK_NEW, (size_t size, u64 b), (size, b), new2_t)
+NEW(_ZnwmSt11align_val_t, MK_NEW, (size_t size, u64 b), (size, b), new2_t)
+NEW(_ZnwmSt11align_val_tRKSt9nothrow_t, MK_NEW, (size_t size, u64 b, u64 c), (size, b, c), new3_t)
+NEW(_Znam, MK_NEW_ARRAY, (size_t size), (size), new1_t)
+NEW(_ZnamRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b), (size, b), new2_t)
+NEW(_ZnamSt11align_val_t, MK_NEW_ARRAY, (size_t size, u64 b), (size, b), new2_t)
+NEW(_ZnamSt11align_val_tRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b, u64 c), (size, b, c),
+    new3_t)
+
+/* operator delete is recorded at its entry, like free(), and the free()
+ * inside it is nested. */
+#define DELETE(sym, kind, ARGS, CALLARGS, TYPE)                                     \
+	EXPORT void sym ARGS                                                       \
+	{                                                                          \
+		static void *next;                                                 \
+		TYPE f;                                                            \
+		if (unlikely(is_boot(p) || !ready()))                              \
+			return;                                                    \
+		f = (TYPE)next_of(&next, #sym);                                    \
+		if (!traced() || !p) {                                             \
+			f CALLARGS;                                                \
+			return;                                                    \
+		}                                                                  \
+		record_free(kind, (u64)p, 0);                                      \
+		{                                                                  \
+			u32 saved __attribute__((cleanup(depth_restore), unused)) = T.depth; \
+			T.depth++;                                                 \
+			f CALLARGS;                                                \
+		}                                                                  \
+	}
+
+DELETE(_ZdlPv, MK_DELETE, (void *p), (p), del1_t)
+DELETE(_ZdlPvm, MK_DELETE, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdlPvRKSt9nothrow_t, MK_DELETE, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdlPvSt11align_val_t, MK_DELETE, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdlPvmSt11align_val_t, MK_DELETE, (void *p, u64 b, u64 c), (p, b, c), del3_t)
+DELETE(_ZdlPvSt11align_val_tRKSt9nothrow_t, MK_DELETE, (void *p, u64 b, u64 c), (p, b, c), del3_t)
+DELETE(_ZdaPv, MK_DELETE_ARRAY, (void *p), (p), del1_t)
+DELETE(_ZdaPvm, MK_DELETE_ARRAY, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdaPvRKSt9nothrow_t, MK_DELETE_ARRAY, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdaPvSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b), (p, b), del2_t)
+DELETE(_ZdaPvmSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c), del3_t)
+DELETE(_ZdaPvSt11align_val_tRKSt9nothrow_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c),
+       del3_t)

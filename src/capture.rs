@@ -1,0 +1,183 @@
+//! `record --capture`: how a command's allocator calls are captured.
+//!
+//! - `bpf`: uprobes on the allocator functions, in the kernel (every
+//!   target: `-p`, static and setuid programs, `--kernel`).
+//! - `preload`: memleak's agent (`agent/agent.c`), preloaded into the
+//!   command with `LD_PRELOAD`, writes the same records into memory shared
+//!   with the recorder ([`memleak_recorder::agent`]). No trap per call: a
+//!   malloc+free pair costs a fraction of what the probes cost.
+//!
+//! The rest of the recording is the same for both: the BPF program still
+//! records the processes' lifecycle (exec, fork, exit) and stops them at
+//! ld.so's notifications, and the recorder builds the unwind tables the
+//! agent walks stacks with, as it builds them for the probe.
+
+use std::io::Write;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::path::{Path, PathBuf};
+
+use anyhow::{Context, Result};
+use memleak_recorder::agent::{self, Shared};
+
+/// The agent, built by build.rs.
+const AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libmemleak_agent.so"));
+
+/// `--capture`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Capture {
+    /// `preload` for a command that can take it, `bpf` otherwise.
+    Auto,
+    /// Kernel uprobes on the allocator functions.
+    Bpf,
+    /// memleak's agent inside the command (LD_PRELOAD).
+    Preload,
+}
+
+/// The capture that runs, and why when `auto` did not pick `preload`.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Chosen {
+    Bpf(Option<String>),
+    Preload,
+}
+
+impl Chosen {
+    /// The name in meta.json.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Chosen::Bpf(_) => "bpf",
+            Chosen::Preload => "preload",
+        }
+    }
+}
+
+/// What decides the capture, from the other options.
+pub struct Situation<'a> {
+    pub argv: &'a [String],
+    pub kernel: bool,
+    pub custom_allocator: bool,
+    pub count_only: bool,
+}
+
+/// Picks the capture. `preload` asked for where it cannot work is an
+/// error; `auto` says in a note why it fell back to `bpf`.
+pub fn choose(asked: Capture, s: &Situation<'_>) -> Result<Chosen> {
+    let why_not = if s.argv.is_empty() {
+        Some("only a command memleak starts can be preloaded (-p uses bpf)".to_string())
+    } else if s.kernel {
+        Some("--kernel needs the probes".to_string())
+    } else if s.custom_allocator {
+        Some("--object and --symbols-prefix need the probes".to_string())
+    } else if s.count_only {
+        Some("--count-only measures the probes".to_string())
+    } else {
+        match executable(&s.argv[0]) {
+            None => None,
+            Some(exe) => match inspect(&exe) {
+                Ok(Kind::Dynamic) => None,
+                Ok(Kind::Static) => Some(format!(
+                    "{} is statically linked: nothing can be preloaded",
+                    exe.display()
+                )),
+                Ok(Kind::SetId) => Some(format!(
+                    "{} is setuid or setgid: ld.so ignores LD_PRELOAD",
+                    exe.display()
+                )),
+                Err(_) => None,
+            },
+        }
+    };
+    Ok(match (asked, why_not) {
+        (Capture::Bpf, _) => Chosen::Bpf(None),
+        (Capture::Preload, Some(why)) => anyhow::bail!("--capture preload: {why}"),
+        (Capture::Preload, None) => Chosen::Preload,
+        (Capture::Auto, Some(why)) => Chosen::Bpf(Some(why)),
+        (Capture::Auto, None) => Chosen::Preload,
+    })
+}
+
+enum Kind {
+    Dynamic,
+    Static,
+    SetId,
+}
+
+/// The file a command name runs, as execvp finds it.
+fn executable(cmd: &str) -> Option<PathBuf> {
+    if cmd.contains('/') {
+        return Some(PathBuf::from(cmd));
+    }
+    let path = std::env::var_os("PATH")?;
+    std::env::split_paths(&path)
+        .map(|d| d.join(cmd))
+        .find(|p| p.is_file())
+}
+
+/// Whether an executable can be preloaded: an ELF file with an
+/// interpreter (`PT_INTERP`), not setuid or setgid. A script runs its
+/// interpreter, which can.
+fn inspect(exe: &Path) -> std::io::Result<Kind> {
+    use std::os::unix::fs::PermissionsExt;
+    let meta = std::fs::metadata(exe)?;
+    if meta.permissions().mode() & 0o6000 != 0 {
+        return Ok(Kind::SetId);
+    }
+    let data = std::fs::read(exe)?;
+    if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
+        return Ok(Kind::Dynamic);
+    }
+    let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
+    let phoff = u64::from_le_bytes(data[32..40].try_into().unwrap_or_default()) as usize;
+    let (phentsize, phnum) = (u16_at(54), u16_at(56));
+    let interp = (0..phnum).any(|i| {
+        let at = phoff + i * phentsize;
+        data.get(at..at + 4)
+            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap_or_default()) == 3)
+    });
+    Ok(if interp { Kind::Dynamic } else { Kind::Static })
+}
+
+/// The agent of one recording: its code and the shared memory.
+pub struct Agent {
+    so: OwnedFd,
+    pub shared: Shared,
+}
+
+impl Agent {
+    /// Makes the shared memory and a copy of the agent the command can
+    /// load.
+    pub fn new(cfg: &agent::Config) -> Result<Agent> {
+        let shared = Shared::create(cfg).context("making the agent's shared memory")?;
+        // SAFETY: a name and flags; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"memleak-agent.so".as_ptr(), libc::MFD_CLOEXEC) };
+        if fd < 0 {
+            anyhow::bail!(
+                "memfd_create: {}",
+                crate::output::describe(&std::io::Error::last_os_error())
+            );
+        }
+        // SAFETY: a fresh fd, owned from here.
+        let so = unsafe { OwnedFd::from_raw_fd(fd) };
+        std::fs::File::from(so.try_clone()?)
+            .write_all(AGENT_SO)
+            .context("writing the agent")?;
+        Ok(Agent { so, shared })
+    }
+
+    /// The environment the command gets: the agent first in LD_PRELOAD
+    /// (before the user's: a preloaded allocator is then what the agent's
+    /// calls reach), and where the shared memory is.
+    pub fn env(&self) -> Vec<(String, String)> {
+        let me = std::process::id();
+        let mut preload = format!("/proc/{me}/fd/{}", self.so.as_raw_fd());
+        if let Some(user) = std::env::var_os("LD_PRELOAD") {
+            let user = user.to_string_lossy();
+            if !user.trim().is_empty() {
+                preload = format!("{preload}:{user}");
+            }
+        }
+        vec![
+            ("LD_PRELOAD".to_string(), preload),
+            (agent::ENV.to_string(), self.shared.env_value()),
+        ]
+    }
+}
