@@ -34,32 +34,33 @@ mod bpf {
     /// memleak binary carries and preloads into commands.
     fn agent(out: &std::path::Path) {
         let so = out.join("libmemleak_agent.so");
-        let status = std::process::Command::new(std::env::var("CC_AGENT").unwrap_or("clang".into()))
-            .args([
-                "-O2",
-                "-g",
-                "-shared",
-                "-fPIC",
-                "-fno-omit-frame-pointer",
-                "-mno-omit-leaf-frame-pointer",
-                // operator new may throw through the agent's frames.
-                "-fexceptions",
-                // glibc's headers declare arguments nonnull that callers
-                // do pass NULL.
-                "-fno-delete-null-pointer-checks",
-                "-fvisibility=hidden",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                "-Wno-pointer-bool-conversion",
-                "-Werror",
-                "-o",
-            ])
-            .arg(&so)
-            .arg("agent/agent.c")
-            .args(["-ldl", "-lpthread"])
-            .status()
-            .expect("running clang for the agent");
+        let status =
+            std::process::Command::new(std::env::var("CC_AGENT").unwrap_or("clang".into()))
+                .args([
+                    "-O2",
+                    "-g",
+                    "-shared",
+                    "-fPIC",
+                    "-fno-omit-frame-pointer",
+                    "-mno-omit-leaf-frame-pointer",
+                    // operator new may throw through the agent's frames.
+                    "-fexceptions",
+                    // glibc's headers declare arguments nonnull that callers
+                    // do pass NULL.
+                    "-fno-delete-null-pointer-checks",
+                    "-fvisibility=hidden",
+                    "-Wall",
+                    "-Wextra",
+                    "-Wno-unused-parameter",
+                    "-Wno-pointer-bool-conversion",
+                    "-Werror",
+                    "-o",
+                ])
+                .arg(&so)
+                .arg("agent/agent.c")
+                .args(["-ldl", "-lpthread"])
+                .status()
+                .expect("running clang for the agent");
         assert!(status.success(), "building agent/agent.c failed");
         println!("cargo:rerun-if-changed=agent");
     }

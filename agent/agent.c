@@ -38,6 +38,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <linux/futex.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -92,8 +93,11 @@ static u64 table_gen_seen = ~0ull;
 
 struct thread {
 	u32 tid;
-	u32 depth;     /* agent calls in progress */
-	u32 wrapper;   /* the outermost one is a libc wrapper */
+	u32 depth;     /* 1 inside an outermost call, 2 inside a wrapper's
+			* nested allocation */
+	u32 wrapper;   /* the outermost call is a libc wrapper */
+	u64 outer_frame; /* the outermost call's frame, and the return */
+	u64 outer_ret;   /* address it saved there */
 	u32 n_inner;
 	u64 inner_addr[4];
 	u64 inner_size[4];
@@ -111,13 +115,6 @@ static TLS struct thread T;
 struct regs {
 	u64 pc, sp, bp;
 };
-#define CALLER(r)                                                  \
-	do {                                                       \
-		u64 *fa__ = __builtin_frame_address(0);            \
-		(r).pc = (u64)__builtin_return_address(0);         \
-		(r).sp = (u64)fa__ + 16;                           \
-		(r).bp = fa__[0];                                  \
-	} while (0)
 
 /* ---- bootstrap allocator: dlsym() allocates before `real` is known ---- */
 
@@ -290,10 +287,38 @@ static inline struct mla_slot *slot_at(u64 pos)
 	return (struct mla_slot *)(slots + (pos & slot_mask) * (u64)MLA_SLOT_BYTES);
 }
 
-/* Claims the next slot; NULL when the ring is full (counted). */
+/* Wakes the recorder if it sleeps between drains. */
+static void wake_recorder(void)
+{
+	if (__atomic_load_n(&H->sleeping, __ATOMIC_RELAXED)) {
+		__atomic_fetch_add(&H->wake_seq, 1, __ATOMIC_RELEASE);
+		syscall(SYS_futex, &H->wake_seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+	}
+}
+
+/* The ring is full: wait for the recorder to make room, as a writer to a
+ * full pipe waits (heaptrack's way), rather than lose the event. Gives up,
+ * and stops recording, if the recording ended or the recorder is gone. */
+static int wait_for_room(u32 waits)
+{
+	static const struct timespec nap = { 0, 50000 };
+
+	if (!__atomic_load_n(&H->stop, __ATOMIC_RELAXED) &&
+	    !(waits % 64 == 63 && kill((pid_t)H->recorder_pid, 0) != 0 && errno == ESRCH)) {
+		wake_recorder();
+		nanosleep(&nap, NULL);
+		return 1;
+	}
+	on = 0;
+	return 0;
+}
+
+/* Claims the next slot; NULL when recording stopped with the ring full
+ * (counted). */
 static struct mla_slot *claim(u64 *at)
 {
 	u64 pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
+	u32 waits = 0;
 
 	for (;;) {
 		struct mla_slot *s = slot_at(pos);
@@ -305,11 +330,20 @@ static struct mla_slot *claim(u64 *at)
 							__ATOMIC_RELAXED)) {
 				__atomic_store_n(&s->pid, my_pid, __ATOMIC_RELAXED);
 				*at = pos;
+				/* Half full: the recorder, asleep until its next
+				 * poll, is woken (checked every 256 claims). */
+				if (!(pos & 255) &&
+				    pos - __atomic_load_n(&H->tail, __ATOMIC_RELAXED) > slot_mask / 2)
+					wake_recorder();
 				return s;
 			}
 		} else if (d < 0) {
-			count_lost(ML_RING_FULL);
-			return NULL;
+			/* Full. The liveness check inside runs every 64 naps. */
+			if (!wait_for_room(waits++)) {
+				count_lost(ML_RING_FULL);
+				return NULL;
+			}
+			pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
 		} else {
 			pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
 		}
@@ -372,8 +406,7 @@ static int stack_bounds(void)
 		return T.stack_known == 1;
 	T.stack_known = 2;
 	/* Allocates (the affinity mask, and /proc/self/maps for the main
-	 * thread): nested calls. */
-	T.depth++;
+	 * thread): nested calls, inside the outermost call's window. */
 	if (pthread_getattr_np(pthread_self(), &a) == 0) {
 		if (pthread_attr_getstack(&a, &addr, &size) == 0) {
 			T.stack_lo = (u64)addr;
@@ -382,7 +415,6 @@ static int stack_bounds(void)
 		}
 		pthread_attr_destroy(&a);
 	}
-	T.depth--;
 	return T.stack_known == 1;
 }
 
@@ -700,10 +732,53 @@ static void walk_stack(struct mla_slot *s, const struct regs *r)
 
 #define SIZE_MASK ((1ULL << 48) - 1)
 
-static inline int traced(void)
+/* The state an outermost call replaces, restored when it ends (by a
+ * cleanup: also when an exception leaves operator new). */
+struct outer {
+	u32 depth, wrapper;
+	u64 frame, ret;
+};
+
+/* Whether a call whose frame is `fa` is nested in the thread's outermost
+ * call: that call is still in progress, below on the same stack, with its
+ * return address where it left it. A call abandoned by longjmp (out of a
+ * printf handler inside asprintf, say) fails the test, as does a signal
+ * handler's call on a signal stack above, and each is outermost: the
+ * probe's return_pending() in another form. */
+static inline int nested(u64 *fa)
 {
-	return on && !T.depth;
+	return T.depth && (u64)fa < T.outer_frame &&
+	       *(volatile u64 *)(T.outer_frame + 8) == T.outer_ret;
 }
+
+static inline struct outer enter(u64 *fa, u32 wrapper)
+{
+	struct outer s = { T.depth, T.wrapper, T.outer_frame, T.outer_ret };
+
+	T.depth = 1;
+	T.wrapper = wrapper;
+	T.n_inner = 0;
+	T.outer_frame = (u64)fa;
+	T.outer_ret = fa[1];
+	return s;
+}
+
+static void leave(struct outer *s)
+{
+	T.depth = s->depth;
+	T.wrapper = s->wrapper;
+	T.outer_frame = s->frame;
+	T.outer_ret = s->ret;
+}
+
+/* Starts an outermost call in the calling entry point, or says it is
+ * nested (or the process is not traced). */
+#define OUTER(wrapper)                                                        \
+	u64 *fa__ = __builtin_frame_address(0);                               \
+	if (!on || nested(fa__))                                              \
+		goto pass;                                                    \
+	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
+	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(fa__, wrapper)
 
 /* An allocation that returned `addr`, with the stack at `r`. */
 static void record_alloc(u8 kind, u64 addr, u64 size, const struct regs *r)
@@ -740,7 +815,7 @@ static void record_free(u8 kind, u64 addr, u64 size)
 }
 
 /* A call that releases one block and returns another (realloc, mremap),
- * claimed before the call for the same reason; `done` fills it after. */
+ * claimed before the call for the same reason; done_move() fills it. */
 static struct mla_slot *claim_move(u64 *pos)
 {
 	struct mla_slot *s = claim(pos);
@@ -776,17 +851,23 @@ static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, 
 	publish(s, pos);
 }
 
-/* A nested malloc, calloc or realloc directly inside a libc wrapper: the
- * wrapper's block is one of these, and its size is this one's. */
-static inline void note_inner(void *p, u64 size)
-{
-	if (T.depth == 1 && T.wrapper) {
-		u32 i = T.n_inner++ & 3;
-
-		T.inner_addr[i] = (u64)p;
-		T.inner_size[i] = size;
-	}
-}
+/* Nested malloc, calloc and realloc directly inside a libc wrapper: the
+ * wrapper's block is one of theirs, and its size is theirs. What they
+ * call in turn is not directly inside. */
+#define INNER(call, size)                                                  \
+	do {                                                               \
+		if (T.depth == 1 && T.wrapper) {                           \
+			u32 i__;                                           \
+			T.depth = 2;                                       \
+			p = call;                                          \
+			T.depth = 1;                                       \
+			i__ = T.n_inner++ & 3;                             \
+			T.inner_addr[i__] = (u64)p;                        \
+			T.inner_size[i__] = (size);                        \
+		} else {                                                   \
+			p = call;                                          \
+		}                                                          \
+	} while (0)
 
 static u64 inner_size_of(u64 addr)
 {
@@ -796,270 +877,6 @@ static u64 inner_size_of(u64 addr)
 		if (i < T.n_inner && T.inner_addr[i] == addr)
 			size = T.inner_size[i];
 	return size;
-}
-
-/* ---- the malloc family ---- */
-
-static inline u64 clamp(u64 size)
-{
-	return size > SIZE_MASK ? SIZE_MASK : size;
-}
-
-EXPORT void *malloc(size_t n)
-{
-	struct regs r;
-	void *p;
-
-	if (unlikely(!ready()))
-		return boot_alloc(n);
-	if (!traced()) {
-		p = real.malloc(n);
-		note_inner(p, n);
-		return p;
-	}
-	CALLER(r);
-	T.depth++;
-	p = real.malloc(n);
-	T.depth--;
-	record_alloc(MK_MALLOC, (u64)p, clamp(n), &r);
-	return p;
-}
-
-EXPORT void free(void *p)
-{
-	if (unlikely(is_boot(p)) || !p)
-		return;
-	if (unlikely(!ready()))
-		return;
-	if (!traced()) {
-		real.free(p);
-		return;
-	}
-	record_free(MK_FREE, (u64)p, 0);
-	T.depth++;
-	real.free(p);
-	T.depth--;
-}
-
-EXPORT void *calloc(size_t n, size_t m)
-{
-	struct regs r;
-	u64 size = n && m > SIZE_MASK / n ? SIZE_MASK : (u64)n * m;
-	void *p;
-
-	if (unlikely(!ready())) {
-		p = boot_alloc(n * m);
-		if (p)
-			memset(p, 0, n * m);
-		return p;
-	}
-	if (!traced()) {
-		p = real.calloc(n, m);
-		note_inner(p, size);
-		return p;
-	}
-	CALLER(r);
-	T.depth++;
-	p = real.calloc(n, m);
-	T.depth--;
-	record_alloc(MK_CALLOC, (u64)p, size, &r);
-	return p;
-}
-
-static void *do_realloc(void *old, size_t size, u8 kind, size_t n, size_t m, const struct regs *r)
-{
-	struct mla_slot *s;
-	u64 pos;
-	void *p;
-
-	s = claim_move(&pos);
-	T.depth++;
-	p = kind == MK_REALLOC ? real.realloc(old, size) : real.reallocarray(old, n, m);
-	T.depth--;
-	done_move(s, pos, kind, (u64)p, size, (u64)old, 0, r);
-	return p;
-}
-
-EXPORT void *realloc(void *old, size_t size)
-{
-	struct regs r;
-	void *p;
-
-	if (unlikely(is_boot(old) || !ready())) {
-		p = ready() ? malloc(size) : boot_alloc(size);
-		if (p && old) {
-			size_t have = boot_size(old);
-			memcpy(p, old, have < size ? have : size);
-		}
-		return p;
-	}
-	if (!traced()) {
-		p = real.realloc(old, size);
-		note_inner(p, size);
-		return p;
-	}
-	CALLER(r);
-	return do_realloc(old, size, MK_REALLOC, 0, 0, &r);
-}
-
-EXPORT void *reallocarray(void *old, size_t n, size_t m)
-{
-	struct regs r;
-
-	if (unlikely(!ready()))
-		return NULL;
-	if (!traced())
-		return real.reallocarray(old, n, m);
-	CALLER(r);
-	return do_realloc(old, n * m, MK_REALLOCARRAY, n, m, &r);
-}
-
-EXPORT int posix_memalign(void **out, size_t align, size_t size)
-{
-	struct regs r;
-	int ret;
-
-	if (unlikely(!ready()))
-		return ENOMEM;
-	if (!traced())
-		return real.posix_memalign(out, align, size);
-	CALLER(r);
-	T.depth++;
-	ret = real.posix_memalign(out, align, size);
-	T.depth--;
-	record_alloc(MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
-	return ret;
-}
-
-#define ALIGNED(name, kind)                                          \
-	EXPORT void *name(size_t align, size_t size)                 \
-	{                                                            \
-		struct regs r;                                       \
-		void *p;                                             \
-		if (unlikely(!ready()))                              \
-			return NULL;                                 \
-		if (!traced())                                       \
-			return real.name(align, size);               \
-		CALLER(r);                                           \
-		T.depth++;                                           \
-		p = real.name(align, size);                          \
-		T.depth--;                                           \
-		record_alloc(kind, (u64)p, clamp(size), &r);         \
-		return p;                                            \
-	}
-ALIGNED(memalign, MK_MEMALIGN)
-ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
-
-#define PAGED(name, kind)                                            \
-	EXPORT void *name(size_t size)                               \
-	{                                                            \
-		struct regs r;                                       \
-		void *p;                                             \
-		if (unlikely(!ready()))                              \
-			return NULL;                                 \
-		if (!traced())                                       \
-			return real.name(size);                      \
-		CALLER(r);                                           \
-		T.depth++;                                           \
-		p = real.name(size);                                 \
-		T.depth--;                                           \
-		record_alloc(kind, (u64)p, clamp(size), &r);         \
-		return p;                                            \
-	}
-PAGED(valloc, MK_VALLOC)
-PAGED(pvalloc, MK_PVALLOC)
-
-/* ---- mappings ---- */
-
-static void *do_mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off,
-		     const struct regs *r)
-{
-	void *p;
-
-	T.depth++;
-	p = real.mmap(addr, len, prot, flags, fd, off);
-	T.depth--;
-	record_alloc(MK_MMAP, p == MAP_FAILED ? 0 : (u64)p, clamp(len), r);
-	return p;
-}
-
-EXPORT void *mmap(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-	struct regs r;
-
-	if (unlikely(!ready()))
-		return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-	if (!traced())
-		return real.mmap(addr, len, prot, flags, fd, off);
-	CALLER(r);
-	return do_mmap(addr, len, prot, flags, fd, off, &r);
-}
-
-EXPORT void *mmap64(void *addr, size_t len, int prot, int flags, int fd, off_t off)
-{
-	struct regs r;
-
-	if (unlikely(!ready()))
-		return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off);
-	if (!traced())
-		return real.mmap(addr, len, prot, flags, fd, off);
-	CALLER(r);
-	return do_mmap(addr, len, prot, flags, fd, off, &r);
-}
-
-EXPORT int munmap(void *addr, size_t len)
-{
-	int ret;
-
-	if (unlikely(!ready()))
-		return (int)syscall(SYS_munmap, addr, len);
-	if (!traced() || !addr)
-		return real.munmap(addr, len);
-	record_free(MK_MUNMAP, (u64)addr, len);
-	T.depth++;
-	ret = real.munmap(addr, len);
-	T.depth--;
-	return ret;
-}
-
-EXPORT void *mremap(void *old, size_t old_size, size_t size, int flags, ...)
-{
-	struct regs r;
-	struct mla_slot *s;
-	void *fixed, *p;
-	va_list ap;
-	u64 pos;
-
-	va_start(ap, flags);
-	fixed = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
-	va_end(ap);
-	if (unlikely(!ready()))
-		return (void *)syscall(SYS_mremap, old, old_size, size, flags, fixed);
-	if (!traced())
-		return real.mremap(old, old_size, size, flags, fixed);
-	CALLER(r);
-	s = claim_move(&pos);
-	T.depth++;
-	p = real.mremap(old, old_size, size, flags, fixed);
-	T.depth--;
-	done_move(s, pos, MK_MREMAP, p == MAP_FAILED ? 0 : (u64)p, size, (u64)old, old_size, &r);
-	return p;
-}
-
-/* ---- libc's allocating wrappers: the outermost call, so that the stack
- * starts at their caller, and the block's size is the nested call's ---- */
-
-static inline void wrapper_enter(void)
-{
-	T.depth++;
-	T.wrapper = 1;
-	T.n_inner = 0;
-}
-
-static inline void wrapper_leave(void)
-{
-	T.wrapper = 0;
-	T.depth--;
 }
 
 /* The block's size, once the wrapper returned; the addresses are
@@ -1073,86 +890,303 @@ static u64 wrapper_size(u64 addr)
 	return size;
 }
 
-EXPORT char *strdup(const char *s)
+static inline u64 clamp(u64 size)
 {
-	struct regs r;
-	char *p;
+	return size > SIZE_MASK ? SIZE_MASK : size;
+}
 
-	if (unlikely(!ready())) {
-		size_t n = strlen(s) + 1;
-		p = boot_alloc(n);
-		if (p)
-			memcpy(p, s, n);
+/* ---- the malloc family ---- */
+
+EXPORT void *malloc(size_t n)
+{
+	void *p;
+
+	if (unlikely(!ready()))
+		return boot_alloc(n);
+	{
+		OUTER(0);
+		p = real.malloc(n);
+		record_alloc(MK_MALLOC, (u64)p, clamp(n), &r);
 		return p;
 	}
-	if (!traced())
-		return real.strdup(s);
-	CALLER(r);
-	wrapper_enter();
-	p = real.strdup(s);
-	wrapper_leave();
-	record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+pass:
+	INNER(real.malloc(n), n);
 	return p;
 }
 
-EXPORT char *strndup(const char *s, size_t n)
+EXPORT void free(void *p)
 {
-	struct regs r;
+	if (unlikely(is_boot(p)) || !p)
+		return;
+	if (unlikely(!ready()))
+		return;
+	{
+		OUTER(0);
+		record_free(MK_FREE, (u64)p, 0);
+		real.free(p);
+		return;
+	}
+pass:
+	real.free(p);
+}
+
+EXPORT void *calloc(size_t n, size_t m)
+{
+	u64 size = n && m > SIZE_MASK / n ? SIZE_MASK : (u64)n * m;
+	void *p;
+
+	if (unlikely(!ready())) {
+		p = boot_alloc(n * m);
+		if (p)
+			memset(p, 0, n * m);
+		return p;
+	}
+	{
+		OUTER(0);
+		p = real.calloc(n, m);
+		record_alloc(MK_CALLOC, (u64)p, size, &r);
+		return p;
+	}
+pass:
+	INNER(real.calloc(n, m), size);
+	return p;
+}
+
+EXPORT void *realloc(void *old, size_t size)
+{
+	struct mla_slot *s;
+	void *p;
+	u64 pos;
+
+	if (unlikely(is_boot(old) || !ready())) {
+		p = ready() ? malloc(size) : boot_alloc(size);
+		if (p && old) {
+			size_t have = boot_size(old);
+			memcpy(p, old, have < size ? have : size);
+		}
+		return p;
+	}
+	{
+		OUTER(0);
+		s = claim_move(&pos);
+		p = real.realloc(old, size);
+		done_move(s, pos, MK_REALLOC, (u64)p, size, (u64)old, 0, &r);
+		return p;
+	}
+pass:
+	INNER(real.realloc(old, size), size);
+	return p;
+}
+
+EXPORT void *reallocarray(void *old, size_t n, size_t m)
+{
+	struct mla_slot *s;
+	void *p;
+	u64 pos;
+
+	if (unlikely(!ready()))
+		return NULL;
+	{
+		OUTER(0);
+		s = claim_move(&pos);
+		p = real.reallocarray(old, n, m);
+		done_move(s, pos, MK_REALLOCARRAY, (u64)p, (u64)n * m, (u64)old, 0, &r);
+		return p;
+	}
+pass:
+	return real.reallocarray(old, n, m);
+}
+
+EXPORT int posix_memalign(void **out, size_t align, size_t size)
+{
+	int ret;
+
+	if (unlikely(!ready()))
+		return ENOMEM;
+	{
+		OUTER(0);
+		ret = real.posix_memalign(out, align, size);
+		record_alloc(MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
+		return ret;
+	}
+pass:
+	return real.posix_memalign(out, align, size);
+}
+
+#define ALIGNED(name, kind)                                          \
+	EXPORT void *name(size_t align, size_t size)                 \
+	{                                                            \
+		void *p;                                             \
+		if (unlikely(!ready()))                              \
+			return NULL;                                 \
+		{                                                    \
+			OUTER(0);                                    \
+			p = real.name(align, size);                  \
+			record_alloc(kind, (u64)p, clamp(size), &r); \
+			return p;                                    \
+		}                                                    \
+	pass:                                                        \
+		return real.name(align, size);                       \
+	}
+ALIGNED(memalign, MK_MEMALIGN)
+ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
+
+#define PAGED(name, kind)                                            \
+	EXPORT void *name(size_t size)                               \
+	{                                                            \
+		void *p;                                             \
+		if (unlikely(!ready()))                              \
+			return NULL;                                 \
+		{                                                    \
+			OUTER(0);                                    \
+			p = real.name(size);                         \
+			record_alloc(kind, (u64)p, clamp(size), &r); \
+			return p;                                    \
+		}                                                    \
+	pass:                                                        \
+		return real.name(size);                              \
+	}
+PAGED(valloc, MK_VALLOC)
+PAGED(pvalloc, MK_PVALLOC)
+
+/* ---- mappings ---- */
+
+#define MMAP(name)                                                                      \
+	EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_t off) \
+	{                                                                               \
+		void *p;                                                                \
+		if (unlikely(!ready()))                                                 \
+			return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off); \
+		{                                                                       \
+			OUTER(0);                                                       \
+			p = real.mmap(addr, len, prot, flags, fd, off);                 \
+			record_alloc(MK_MMAP, p == MAP_FAILED ? 0 : (u64)p, clamp(len), &r); \
+			return p;                                                       \
+		}                                                                       \
+	pass:                                                                           \
+		return real.mmap(addr, len, prot, flags, fd, off);                      \
+	}
+MMAP(mmap)
+MMAP(mmap64)
+
+EXPORT int munmap(void *addr, size_t len)
+{
+	if (unlikely(!ready()))
+		return (int)syscall(SYS_munmap, addr, len);
+	if (!addr)
+		goto pass;
+	{
+		OUTER(0);
+		record_free(MK_MUNMAP, (u64)addr, len);
+		return real.munmap(addr, len);
+	}
+pass:
+	return real.munmap(addr, len);
+}
+
+EXPORT void *mremap(void *old, size_t old_size, size_t size, int flags, ...)
+{
+	struct mla_slot *s;
+	void *fixed, *p;
+	va_list ap;
+	u64 pos;
+
+	va_start(ap, flags);
+	fixed = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
+	va_end(ap);
+	if (unlikely(!ready()))
+		return (void *)syscall(SYS_mremap, old, old_size, size, flags, fixed);
+	{
+		OUTER(0);
+		s = claim_move(&pos);
+		p = real.mremap(old, old_size, size, flags, fixed);
+		done_move(s, pos, MK_MREMAP, p == MAP_FAILED ? 0 : (u64)p, size, (u64)old, old_size,
+			  &r);
+		return p;
+	}
+pass:
+	return real.mremap(old, old_size, size, flags, fixed);
+}
+
+/* ---- libc's allocating wrappers: the outermost call, so that the stack
+ * starts at their caller, and the block's size is the nested call's ---- */
+
+EXPORT char *strdup(const char *str)
+{
+	char *p;
+
+	if (unlikely(!ready())) {
+		size_t n = strlen(str) + 1;
+		p = boot_alloc(n);
+		if (p)
+			memcpy(p, str, n);
+		return p;
+	}
+	{
+		OUTER(1);
+		p = real.strdup(str);
+		record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+		return p;
+	}
+pass:
+	return real.strdup(str);
+}
+
+EXPORT char *strndup(const char *str, size_t n)
+{
 	char *p;
 
 	if (unlikely(!ready()))
 		return NULL;
-	if (!traced())
-		return real.strndup(s, n);
-	CALLER(r);
-	wrapper_enter();
-	p = real.strndup(s, n);
-	wrapper_leave();
-	record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
-	return p;
+	{
+		OUTER(1);
+		p = real.strndup(str, n);
+		record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+		return p;
+	}
+pass:
+	return real.strndup(str, n);
 }
 
 static int do_vasprintf(char **out, const char *fmt, va_list ap, const struct regs *r)
 {
-	int ret;
-	u64 addr = 0;
+	int ret = real.vasprintf(out, fmt, ap);
+	u64 addr = ret >= 0 ? (u64)*out : 0;
 
-	wrapper_enter();
-	ret = real.vasprintf(out, fmt, ap);
-	wrapper_leave();
-	if (ret >= 0 && out)
-		addr = (u64)*out;
 	record_alloc(MK_MALLOC, addr, wrapper_size(addr), r);
 	return ret;
 }
 
 EXPORT int vasprintf(char **out, const char *fmt, va_list ap)
 {
-	struct regs r;
-
 	if (unlikely(!ready()))
 		return -1;
-	if (!traced())
-		return real.vasprintf(out, fmt, ap);
-	CALLER(r);
-	return do_vasprintf(out, fmt, ap, &r);
+	{
+		OUTER(1);
+		return do_vasprintf(out, fmt, ap, &r);
+	}
+pass:
+	return real.vasprintf(out, fmt, ap);
 }
 
 EXPORT int asprintf(char **out, const char *fmt, ...)
 {
-	struct regs r;
 	va_list ap;
 	int ret;
 
 	va_start(ap, fmt);
 	if (unlikely(!ready())) {
 		ret = -1;
-	} else if (!traced()) {
-		ret = real.vasprintf(out, fmt, ap);
-	} else {
-		CALLER(r);
-		ret = do_vasprintf(out, fmt, ap, &r);
+		goto done;
 	}
+	{
+		OUTER(1);
+		ret = do_vasprintf(out, fmt, ap, &r);
+		goto done;
+	}
+pass:
+	ret = real.vasprintf(out, fmt, ap);
+done:
 	va_end(ap);
 	return ret;
 }
@@ -1160,11 +1194,8 @@ EXPORT int asprintf(char **out, const char *fmt, ...)
 static ssize_t do_getdelim(char **line, size_t *n, int delim, FILE *f, const struct regs *r)
 {
 	u64 entry = line ? (u64)*line : 0, addr = 0, size;
-	ssize_t ret;
+	ssize_t ret = real.getdelim(line, n, delim, f);
 
-	wrapper_enter();
-	ret = real.getdelim(line, n, delim, f);
-	wrapper_leave();
 	if (line)
 		addr = (u64)*line;
 	size = wrapper_size(addr);
@@ -1184,48 +1215,39 @@ static ssize_t do_getdelim(char **line, size_t *n, int delim, FILE *f, const str
 
 EXPORT ssize_t getdelim(char **line, size_t *n, int delim, FILE *f)
 {
-	struct regs r;
-
 	if (unlikely(!ready()))
 		return -1;
-	if (!traced())
-		return real.getdelim(line, n, delim, f);
-	CALLER(r);
-	return do_getdelim(line, n, delim, f, &r);
+	{
+		OUTER(1);
+		return do_getdelim(line, n, delim, f, &r);
+	}
+pass:
+	return real.getdelim(line, n, delim, f);
 }
 
 /* Named by an asm label: stdio.h defines getline inline when optimizing. */
 EXPORT ssize_t agent_getline(char **line, size_t *n, FILE *f) __asm__("getline");
 EXPORT ssize_t agent_getline(char **line, size_t *n, FILE *f)
 {
-	struct regs r;
-
 	if (unlikely(!ready()))
 		return -1;
-	if (!traced())
-		return real.getdelim(line, n, '\n', f);
-	CALLER(r);
-	return do_getdelim(line, n, '\n', f, &r);
+	{
+		OUTER(1);
+		return do_getdelim(line, n, '\n', f, &r);
+	}
+pass:
+	return real.getdelim(line, n, '\n', f);
 }
 
 /* ---- C++ operators (Itanium ABI). The next definitions are looked up
- * at the first call: libstdc++ may be loaded after the agent started. An
- * exception thrown by operator new passes through ours: the nesting
- * depth is restored by a cleanup. ---- */
-
-static void depth_restore(u32 *saved)
-{
-	T.depth = *saved;
-}
+ * at the first call: libstdc++ may be loaded after the agent started. ---- */
 
 static void *next_of(void **cache, const char *name)
 {
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		T.depth++;
 		f = dlsym(RTLD_NEXT, name);
-		T.depth--;
 		if (!f) {
 			static const char msg[] = "memleak agent: no next definition of a C++ operator\n";
 			write(2, msg, sizeof(msg) - 1);
@@ -1243,28 +1265,22 @@ typedef void (*del1_t)(void *);
 typedef void (*del2_t)(void *, u64);
 typedef void (*del3_t)(void *, u64, u64);
 
-#define NEW(sym, kind, ARGS, CALLARGS, TYPE)                                        \
-	EXPORT void *sym ARGS                                                      \
-	{                                                                          \
-		static void *next;                                                 \
-		struct regs r;                                                     \
-		void *p;                                                           \
-		TYPE f;                                                            \
-		if (unlikely(!ready()))                                            \
-			return boot_alloc(size);                                   \
-		f = (TYPE)next_of(&next, #sym);                                    \
-		if (!traced()) {                                                   \
-			p = f CALLARGS;                                            \
-			return p;                                                  \
-		}                                                                  \
-		CALLER(r);                                                         \
-		{                                                                  \
-			u32 saved __attribute__((cleanup(depth_restore), unused)) = T.depth; \
-			T.depth++;                                                 \
-			p = f CALLARGS;                                            \
-		}                                                                  \
-		record_alloc(kind, (u64)p, clamp(size), &r);                       \
-		return p;                                                          \
+/* The lookup is inside the outermost call's window: dlsym allocates. */
+#define NEW(sym, kind, ARGS, CALLARGS, TYPE)                               \
+	EXPORT void *sym ARGS                                             \
+	{                                                                 \
+		static void *next;                                        \
+		void *p;                                                  \
+		if (unlikely(!ready()))                                   \
+			return boot_alloc(size);                          \
+		{                                                         \
+			OUTER(0);                                         \
+			p = ((TYPE)next_of(&next, #sym))CALLARGS;         \
+			record_alloc(kind, (u64)p, clamp(size), &r);      \
+			return p;                                         \
+		}                                                         \
+	pass:                                                             \
+		return ((TYPE)next_of(&next, #sym))CALLARGS;              \
 	}
 
 NEW(_Znwm, MK_NEW, (size_t size), (size), new1_t)
@@ -1279,24 +1295,22 @@ NEW(_ZnamSt11align_val_tRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b, u64 c
 
 /* operator delete is recorded at its entry, like free(), and the free()
  * inside it is nested. */
-#define DELETE(sym, kind, ARGS, CALLARGS, TYPE)                                     \
-	EXPORT void sym ARGS                                                       \
-	{                                                                          \
-		static void *next;                                                 \
-		TYPE f;                                                            \
-		if (unlikely(is_boot(p) || !ready()))                              \
-			return;                                                    \
-		f = (TYPE)next_of(&next, #sym);                                    \
-		if (!traced() || !p) {                                             \
-			f CALLARGS;                                                \
-			return;                                                    \
-		}                                                                  \
-		record_free(kind, (u64)p, 0);                                      \
-		{                                                                  \
-			u32 saved __attribute__((cleanup(depth_restore), unused)) = T.depth; \
-			T.depth++;                                                 \
-			f CALLARGS;                                                \
-		}                                                                  \
+#define DELETE(sym, kind, ARGS, CALLARGS, TYPE)                            \
+	EXPORT void sym ARGS                                              \
+	{                                                                 \
+		static void *next;                                        \
+		if (unlikely(is_boot(p) || !ready()))                     \
+			return;                                           \
+		if (!p)                                                   \
+			goto pass;                                        \
+		{                                                         \
+			OUTER(0);                                         \
+			record_free(kind, (u64)p, 0);                     \
+			((TYPE)next_of(&next, #sym))CALLARGS;             \
+			return;                                           \
+		}                                                         \
+	pass:                                                             \
+		((TYPE)next_of(&next, #sym))CALLARGS;                     \
 	}
 
 DELETE(_ZdlPv, MK_DELETE, (void *p), (p), del1_t)

@@ -58,7 +58,10 @@ struct mla_header {
 	__u32 flags;         /* 88 */
 	__u32 npids;         /* 92: used entries of pids[] */
 	__u64 tables_gen;    /* 96: bumped after every table write */
-	__u8 pad0[152];
+	__u32 stop;          /* 104: the recording ended: record nothing more */
+	__u32 wake_seq;      /* 108: a futex the recorder sleeps on */
+	__u32 sleeping;      /* 112: the recorder is asleep on wake_seq */
+	__u8 pad0[140];
 	__u64 head;          /* 256: next position to claim */
 	__u8 pad1[56];
 	__u64 tail;          /* 320: next position the recorder reads */
@@ -95,6 +98,7 @@ struct mla_slot {
 
 #define MLA_SLOT_BYTES 1088
 
+_Static_assert(offsetof(struct mla_header, stop) == 104, "stop");
 _Static_assert(offsetof(struct mla_header, head) == 256, "head");
 _Static_assert(offsetof(struct mla_header, tail) == 320, "tail");
 _Static_assert(offsetof(struct mla_header, lost) == 384, "lost");

@@ -182,11 +182,8 @@ impl Child {
                 .filter_map(|b| CString::new(b).ok())
                 .collect()
         });
-        let mut envp_ptrs: Vec<*const libc::c_char> = envp
-            .iter()
-            .flatten()
-            .map(|c| c.as_ptr())
-            .collect();
+        let mut envp_ptrs: Vec<*const libc::c_char> =
+            envp.iter().flatten().map(|c| c.as_ptr()).collect();
         envp_ptrs.push(std::ptr::null());
         let cargs: Vec<CString> = argv
             .iter()

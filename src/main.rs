@@ -32,9 +32,9 @@ macro_rules! say_inline {
 
 mod analyze_cmd;
 #[cfg(feature = "bpf")]
-mod child;
-#[cfg(feature = "bpf")]
 mod capture;
+#[cfg(feature = "bpf")]
+mod child;
 mod diff_cmd;
 mod exit_status;
 mod info_cmd;

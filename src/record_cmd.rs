@@ -36,11 +36,12 @@ use memleak_recorder::scan::Stopped;
     after_help = "Examples:\n  memleak record -p 1234 -o trace.parquet\n  memleak record -o trace.parquet -- ./server --port 80\n  memleak record -c \"./a.out arg\" -o trace.parquet"
 )]
 pub struct RecordArgs {
-    /// How allocator calls are captured: memleak's agent inside the
-    /// command (preload: LD_PRELOAD, a tenth of the probes' cost), kernel
-    /// uprobes (bpf: any process, static and setuid programs, -p,
-    /// --kernel), or preload where it can work and bpf elsewhere (auto).
-    #[arg(long, value_enum, default_value = "auto")]
+    /// How allocator calls are captured: kernel uprobes (bpf: any
+    /// process, -p, static and setuid programs, --kernel), or memleak's
+    /// agent inside a command it starts (preload: LD_PRELOAD, no trap per
+    /// call; see docs/design.md for what it does not see yet), or preload
+    /// where it can work and bpf elsewhere (auto).
+    #[arg(long, value_enum, default_value = "bpf")]
     pub capture: Capture,
     /// Trace processes by pid (comma-separated or repeated).
     #[arg(short, long, value_delimiter = ',')]
@@ -748,16 +749,27 @@ fn record(
     // agent's; `last`: the command is gone, a record it left half-written
     // is skipped.
     let drain = |timeout: Duration, last: bool| -> Result<()> {
-        probes::drain(&rb, timeout)?;
+        if let Some(a) = &agent {
+            // The agents wake us when the ring fills; the probe's ring
+            // has lifecycle events only, which can wait for the poll.
+            if !timeout.is_zero() {
+                a.borrow().shared.wait(timeout);
+            }
+            probes::drain(&rb, Duration::ZERO)?;
+        } else {
+            probes::drain(&rb, timeout)?;
+        }
         if let Some(a) = &agent {
             let mut rec = recorder.borrow_mut();
-            a.borrow_mut().shared.drain(last, &mut |d| match rec.handle(d) {
-                Ok(()) => true,
-                Err(e) => {
-                    failure.borrow_mut().get_or_insert(e);
-                    false
-                }
-            });
+            a.borrow_mut()
+                .shared
+                .drain(last, &mut |d| match rec.handle(d) {
+                    Ok(()) => true,
+                    Err(e) => {
+                        failure.borrow_mut().get_or_insert(e);
+                        false
+                    }
+                });
             for ev in lifecycle.borrow_mut().drain(..) {
                 rec.handle(&ev)?;
             }
@@ -982,6 +994,9 @@ fn record(
             };
             scan_lines.borrow_mut().push(line);
         }
+    }
+    if let Some(a) = &agent {
+        a.borrow().shared.stop();
     }
     // Whatever is still in the ring happened before we stopped: keep it.
     let command_gone = exit.is_some() || matches!(target, Target::Pids(_));

@@ -154,6 +154,90 @@ mod o2 {
     );
 }
 
+/// The fixtures recorded by memleak's in-process agent (`--capture
+/// preload`): the same expected files as the probes', frame by frame, with
+/// complete stacks, and nothing lost.
+mod preload {
+    use super::common;
+    use common::fixtures::{check_fixture_complete, Build, Fixture};
+
+    macro_rules! preload_tests {
+        ($build:expr; $($name:ident),* $(,)?) => {$(
+            #[test]
+            fn $name() {
+                if !common::can_record() {
+                    return;
+                }
+                let fx = Fixture::load_built(stringify!($name), $build);
+                check_fixture_complete(&fx, &["--capture", "preload"]);
+            }
+        )*};
+    }
+
+    preload_tests!(
+        Build::FramePointer;
+        seed, realloc, aligned, mmap, big, short, inline, odd, cxx_new, strdup, dl_main, execer,
+        fork_execer, deep, longjmp, siglongjmp, sighandler, diff_leak
+    );
+
+    mod omit_frame_pointer {
+        use super::*;
+        preload_tests!(
+            Build::OmitFramePointer;
+            seed, realloc, aligned, mmap, big, short, inline, odd, cxx_new, strdup, dl_main,
+            execer, fork_execer, deep, longjmp, siglongjmp, sighandler
+        );
+    }
+
+    /// The trace says which capture ran.
+    #[test]
+    fn meta_names_the_capture() {
+        if !common::can_record() {
+            return;
+        }
+        let fx = Fixture::load("seed");
+        let (_dir, trace) = fx.record(&["--capture", "preload"]);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap())
+                .unwrap();
+        assert_eq!(meta["capture"], "preload");
+        let (_dir, trace) = fx.record(&["--capture", "bpf"]);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap())
+                .unwrap();
+        assert_eq!(meta["capture"], "bpf");
+    }
+
+    /// A program that handles signals on a signal stack above its stack:
+    /// the probes must decline the calls there (7, counted as lost), the
+    /// agent records them all.
+    #[test]
+    fn sigalt_loses_nothing() {
+        if !common::can_record() {
+            return;
+        }
+        let fx = Fixture::load("sigalt");
+        let (_dir, trace) = fx.record(&["--capture", "preload"]);
+        let meta: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap())
+                .unwrap();
+        let lost = &meta["counters"]["lost"];
+        let total: u64 = lost
+            .as_object()
+            .into_iter()
+            .flatten()
+            .filter(|(k, _)| k.as_str() != "failed_alloc")
+            .map(|(_, v)| v.as_u64().unwrap())
+            .sum();
+        assert_eq!(total, 0, "sigalt under preload lost events: {lost}");
+        assert_eq!(
+            meta["counters"]["events"]["malloc"], 4,
+            "{}",
+            meta["counters"]
+        );
+    }
+}
+
 /// The same with the child followed: its exit is recorded, and its copies
 /// of the parent's blocks are still not its leaks.
 #[test]

@@ -56,7 +56,10 @@ struct Header {
     flags: u32,
     npids: AtomicU32,
     tables_gen: AtomicU64,
-    _pad0: [u8; 152],
+    stop: AtomicU32,
+    wake_seq: AtomicU32,
+    sleeping: AtomicU32,
+    _pad0: [u8; 140],
     head: AtomicU64,
     _pad1: [u8; 56],
     tail: AtomicU64,
@@ -69,6 +72,7 @@ struct Header {
 }
 
 const _: () = assert!(std::mem::offset_of!(Header, tables_gen) == 96);
+const _: () = assert!(std::mem::offset_of!(Header, stop) == 104);
 const _: () = assert!(std::mem::offset_of!(Header, head) == 256);
 const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
@@ -169,7 +173,8 @@ impl Shared {
             nslots
         };
         let tables_off = HEADER_BYTES as u64;
-        let rows_off = page_up(tables_off + u64::from(TABLES) * std::mem::size_of::<Table>() as u64);
+        let rows_off =
+            page_up(tables_off + u64::from(TABLES) * std::mem::size_of::<Table>() as u64);
         let ring_off = page_up(rows_off + u64::from(ROWS) * 8);
         let total = page_up(ring_off + nslots * SLOT_BYTES as u64);
         // SAFETY: a name and flags; the fd returned is ours.
@@ -290,6 +295,41 @@ impl Shared {
     /// Records lost because the process that was writing them died.
     pub fn unfinished(&self) -> u64 {
         self.unfinished
+    }
+
+    /// Sleeps until an agent finds the ring half full, or `timeout`.
+    pub fn wait(&self, timeout: Duration) {
+        let h = self.header();
+        let seq = h.wake_seq.load(Ordering::Acquire);
+        h.sleeping.store(1, Ordering::SeqCst);
+        let head = h.head.load(Ordering::SeqCst);
+        if head.saturating_sub(self.tail) < self.nslots / 2 {
+            let ts = libc::timespec {
+                tv_sec: timeout.as_secs() as libc::time_t,
+                tv_nsec: timeout.subsec_nanos() as libc::c_long,
+            };
+            // SAFETY: a futex word in the shared mapping (not private: the
+            // agents wake it from other processes); the timeout is valid.
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    h.wake_seq.as_ptr(),
+                    libc::FUTEX_WAIT,
+                    seq,
+                    &ts as *const libc::timespec,
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
+        h.sleeping.store(0, Ordering::SeqCst);
+    }
+
+    /// Tells the agents the recording is over: they record nothing more
+    /// (a command left running with --detach, a process the recorder
+    /// lost), and none waits for room in the ring.
+    pub fn stop(&self) {
+        self.header().stop.store(1, Ordering::SeqCst);
     }
 
     /// Processes whose agent started.
@@ -473,7 +513,8 @@ impl UnwindSink for AgentTables {
 
     fn remove_process(&mut self, pid: u32) -> io::Result<()> {
         let h = self.map.header();
-        if let Some(i) = (0..h.ntables).find(|&i| self.table(i).pid.load(Ordering::Relaxed) == pid) {
+        if let Some(i) = (0..h.ntables).find(|&i| self.table(i).pid.load(Ordering::Relaxed) == pid)
+        {
             self.table(i).pid.store(0, Ordering::Release);
             h.tables_gen.fetch_add(1, Ordering::Release);
         }
