@@ -45,13 +45,14 @@
 #include "agent.h"
 
 #define EXPORT __attribute__((visibility("default"), noinline))
-#define TLS __thread __attribute__((tls_model("initial-exec")))
 #define likely(x) __builtin_expect(!!(x), 1)
 #define unlikely(x) __builtin_expect(!!(x), 0)
 
 typedef __u64 u64;
 typedef __u32 u32;
 typedef __u8 u8;
+
+#define T (*self)
 
 /* ---- the next definitions ---- */
 
@@ -105,8 +106,8 @@ struct thread {
 	u64 clock_ns, clock_coarse;
 	u32 clock_uses;
 	u32 stack_known;
+	u32 off; /* not traced */
 };
-static TLS struct thread T;
 
 /* The caller's registers at our return, as the probe sees them at the
  * allocator's: pc is the return address, sp where it returns to, rbp the
@@ -150,6 +151,71 @@ static void count_lost(u32 reason)
 		__atomic_fetch_add(&H->lost[reason], 1, __ATOMIC_RELAXED);
 }
 
+/* Per-thread state, reached through a pthread key, not a __thread
+ * variable: a module with TLS makes ld.so give every thread's DTV one more
+ * entry, and the program's own runtime allocations would no longer be
+ * those the probes (and valgrind) see. The first 32 keys need no
+ * allocation, and pthread_getspecific() is a few loads. */
+static pthread_key_t key;
+#define POOL 256
+static struct thread pool[POOL];
+static u64 pool_used[POOL / 64];
+/* A thread that got no state is not traced (counted). */
+static struct thread untraced;
+
+static void thread_gone(void *p)
+{
+	struct thread *t = p;
+
+	if (t >= pool && t < pool + POOL) {
+		u64 i = (u64)(t - pool);
+		__atomic_fetch_and(&pool_used[i / 64], ~(1ull << (i % 64)), __ATOMIC_RELEASE);
+	} else if (t != &untraced) {
+		syscall(SYS_munmap, t, sizeof(*t));
+	}
+}
+
+static struct thread *new_thread(void)
+{
+	struct thread *t = NULL;
+
+	for (u32 w = 0; w < POOL / 64 && !t; w++) {
+		u64 used = __atomic_load_n(&pool_used[w], __ATOMIC_RELAXED);
+
+		while (~used) {
+			u32 b = (u32)__builtin_ctzll(~used);
+
+			if (__atomic_compare_exchange_n(&pool_used[w], &used, used | (1ull << b), 0,
+							__ATOMIC_ACQUIRE, __ATOMIC_RELAXED)) {
+				t = &pool[w * 64 + b];
+				break;
+			}
+		}
+	}
+	if (!t) {
+		t = (void *)syscall(SYS_mmap, NULL, sizeof(*t), PROT_READ | PROT_WRITE,
+				    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+		if ((long)t < 0 && (long)t > -4096)
+			t = NULL;
+	}
+	if (t) {
+		memset(t, 0, sizeof(*t));
+		if (pthread_setspecific(key, t) == 0)
+			return t;
+		thread_gone(t);
+	}
+	count_lost(ML_INFLIGHT_FULL);
+	untraced.off = 1;
+	return &untraced;
+}
+
+static inline struct thread *me(void)
+{
+	struct thread *t = pthread_getspecific(key);
+
+	return likely(t != NULL) ? t : new_thread();
+}
+
 static u32 sys_gettid(void)
 {
 	return (u32)syscall(SYS_gettid);
@@ -191,8 +257,11 @@ static struct mla_header *map_shared(const char *spec)
 
 static void after_fork(void)
 {
+	struct thread *t = pthread_getspecific(key);
+
 	my_pid = (u32)syscall(SYS_getpid);
-	T.tid = 0;
+	if (t)
+		t->tid = 0;
 	table_idx = ~0u;
 	table_gen_seen = ~0ull;
 	on = H && pid_traced(my_pid);
@@ -224,6 +293,8 @@ static void init(void)
 	RESOLVE(strndup);
 	RESOLVE(vasprintf);
 	RESOLVE(getdelim);
+	if (pthread_key_create(&key, thread_gone) != 0)
+		return; /* never ready: everything passes through the boot path */
 	spec = getenv(MLA_ENV);
 	H = spec ? map_shared(spec) : NULL;
 	if (H) {
@@ -262,7 +333,7 @@ static u64 ts_of(const struct timespec *t)
 	return (u64)t->tv_sec * 1000000000ull + (u64)t->tv_nsec;
 }
 
-static u64 event_time(void)
+static u64 event_time(struct thread *self)
 {
 	struct timespec t;
 	u64 coarse;
@@ -360,7 +431,7 @@ static inline void publish(struct mla_slot *s, u64 pos)
 				    __ATOMIC_RELAXED);
 }
 
-static inline void header(struct mla_slot *s, u8 kind, u64 addr, u64 size, u64 old,
+static inline void header(struct thread *self, struct mla_slot *s, u8 kind, u64 addr, u64 size, u64 old,
 			  u64 old_size, u64 ts)
 {
 	struct memleak_event *e = &s->ev;
@@ -392,11 +463,12 @@ struct walk {
 	u32 exact, interrupted;
 	u32 reason;
 	struct unwind_proc *proc;
+	struct thread *self;
 	u64 *frames;
 	u8 *flags;
 };
 
-static int stack_bounds(void)
+static int stack_bounds(struct thread *self)
 {
 	pthread_attr_t a;
 	void *addr;
@@ -422,9 +494,10 @@ static int stack_bounds(void)
  * signal stack. */
 static int enter_stack(struct walk *w, u64 sp)
 {
+	struct thread *self = w->self;
 	stack_t ss;
 
-	if (stack_bounds() && sp >= T.stack_lo && sp < T.stack_hi) {
+	if (stack_bounds(self) && sp >= T.stack_lo && sp < T.stack_hi) {
 		w->lo = sp;
 		w->hi = T.stack_hi;
 		return 1;
@@ -643,13 +716,14 @@ static struct mla_table *my_table(void)
 }
 
 /* Walks the caller's stack into the slot's event. */
-static void walk_stack(struct mla_slot *s, const struct regs *r)
+static void walk_stack(struct thread *self, struct mla_slot *s, const struct regs *r)
 {
 	struct memleak_event *e = &s->ev;
 	struct walk w;
 	struct mla_table *t;
 	u32 reason = UE_NONE;
 
+	w.self = self;
 	w.frames = e->frames;
 	w.flags = &e->flags;
 	w.max = H->max_frames;
@@ -735,6 +809,7 @@ static void walk_stack(struct mla_slot *s, const struct regs *r)
 /* The state an outermost call replaces, restored when it ends (by a
  * cleanup: also when an exception leaves operator new). */
 struct outer {
+	struct thread *self;
 	u32 depth, wrapper;
 	u64 frame, ret;
 };
@@ -745,15 +820,15 @@ struct outer {
  * printf handler inside asprintf, say) fails the test, as does a signal
  * handler's call on a signal stack above, and each is outermost: the
  * probe's return_pending() in another form. */
-static inline int nested(u64 *fa)
+static inline int nested(struct thread *self, u64 *fa)
 {
 	return T.depth && (u64)fa < T.outer_frame &&
 	       *(volatile u64 *)(T.outer_frame + 8) == T.outer_ret;
 }
 
-static inline struct outer enter(u64 *fa, u32 wrapper)
+static inline struct outer enter(struct thread *self, u64 *fa, u32 wrapper)
 {
-	struct outer s = { T.depth, T.wrapper, T.outer_frame, T.outer_ret };
+	struct outer s = { self, T.depth, T.wrapper, T.outer_frame, T.outer_ret };
 
 	T.depth = 1;
 	T.wrapper = wrapper;
@@ -765,6 +840,8 @@ static inline struct outer enter(u64 *fa, u32 wrapper)
 
 static void leave(struct outer *s)
 {
+	struct thread *self = s->self;
+
 	T.depth = s->depth;
 	T.wrapper = s->wrapper;
 	T.outer_frame = s->frame;
@@ -775,13 +852,14 @@ static void leave(struct outer *s)
  * nested (or the process is not traced). */
 #define OUTER(wrapper)                                                        \
 	u64 *fa__ = __builtin_frame_address(0);                               \
-	if (!on || nested(fa__))                                              \
+	struct thread *self = me();                                           \
+	if (!on || self->off || nested(self, fa__))                           \
 		goto pass;                                                    \
 	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
-	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(fa__, wrapper)
+	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(self, fa__, wrapper)
 
 /* An allocation that returned `addr`, with the stack at `r`. */
-static void record_alloc(u8 kind, u64 addr, u64 size, const struct regs *r)
+static void record_alloc(struct thread *self, u8 kind, u64 addr, u64 size, const struct regs *r)
 {
 	struct mla_slot *s;
 	u64 pos;
@@ -795,14 +873,14 @@ static void record_alloc(u8 kind, u64 addr, u64 size, const struct regs *r)
 	s = claim(&pos);
 	if (!s)
 		return;
-	header(s, kind, addr, size, 0, 0, event_time());
-	walk_stack(s, r);
+	header(self, s, kind, addr, size, 0, 0, event_time(self));
+	walk_stack(self, s, r);
 	publish(s, pos);
 }
 
 /* A release, recorded before the block is released: another thread can
  * get the address from the allocator only after that. */
-static void record_free(u8 kind, u64 addr, u64 size)
+static void record_free(struct thread *self, u8 kind, u64 addr, u64 size)
 {
 	struct mla_slot *s;
 	u64 pos;
@@ -810,22 +888,22 @@ static void record_free(u8 kind, u64 addr, u64 size)
 	s = claim(&pos);
 	if (!s)
 		return;
-	header(s, kind, addr, size, 0, 0, event_time());
+	header(self, s, kind, addr, size, 0, 0, event_time(self));
 	publish(s, pos);
 }
 
 /* A call that releases one block and returns another (realloc, mremap),
- * claimed before the call for the same reason; done_move() fills it. */
-static struct mla_slot *claim_move(u64 *pos)
+ * claimed before the call for the same reason; done_move(self, ) fills it. */
+static struct mla_slot *claim_move(struct thread *self, u64 *pos)
 {
 	struct mla_slot *s = claim(pos);
 
 	if (s)
-		header(s, 0, 0, 0, 0, 0, event_time());
+		header(self, s, 0, 0, 0, 0, 0, event_time(self));
 	return s;
 }
 
-static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, u64 old,
+static void done_move(struct thread *self, struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, u64 old,
 		      u64 old_size, const struct regs *r)
 {
 	struct memleak_event *e;
@@ -846,7 +924,7 @@ static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, 
 		e->old_addr = old;
 		e->old_size = old_size;
 		if (addr)
-			walk_stack(s, r);
+			walk_stack(self, s, r);
 	}
 	publish(s, pos);
 }
@@ -856,6 +934,7 @@ static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, 
  * call in turn is not directly inside. */
 #define INNER(call, size)                                                  \
 	do {                                                               \
+		struct thread *self = me();                                \
 		if (T.depth == 1 && T.wrapper) {                           \
 			u32 i__;                                           \
 			T.depth = 2;                                       \
@@ -869,7 +948,7 @@ static void done_move(struct mla_slot *s, u64 pos, u8 kind, u64 addr, u64 size, 
 		}                                                          \
 	} while (0)
 
-static u64 inner_size_of(u64 addr)
+static u64 inner_size_of(struct thread *self, u64 addr)
 {
 	u64 size = ~0ULL;
 
@@ -881,9 +960,9 @@ static u64 inner_size_of(u64 addr)
 
 /* The block's size, once the wrapper returned; the addresses are
  * forgotten (a leak scan must not find them here). */
-static u64 wrapper_size(u64 addr)
+static u64 wrapper_size(struct thread *self, u64 addr)
 {
-	u64 size = inner_size_of(addr);
+	u64 size = inner_size_of(self, addr);
 
 	memset(T.inner_addr, 0, sizeof(T.inner_addr));
 	T.n_inner = 0;
@@ -906,7 +985,7 @@ EXPORT void *malloc(size_t n)
 	{
 		OUTER(0);
 		p = real.malloc(n);
-		record_alloc(MK_MALLOC, (u64)p, clamp(n), &r);
+		record_alloc(self, MK_MALLOC, (u64)p, clamp(n), &r);
 		return p;
 	}
 pass:
@@ -922,7 +1001,7 @@ EXPORT void free(void *p)
 		return;
 	{
 		OUTER(0);
-		record_free(MK_FREE, (u64)p, 0);
+		record_free(self, MK_FREE, (u64)p, 0);
 		real.free(p);
 		return;
 	}
@@ -944,7 +1023,7 @@ EXPORT void *calloc(size_t n, size_t m)
 	{
 		OUTER(0);
 		p = real.calloc(n, m);
-		record_alloc(MK_CALLOC, (u64)p, size, &r);
+		record_alloc(self, MK_CALLOC, (u64)p, size, &r);
 		return p;
 	}
 pass:
@@ -968,9 +1047,9 @@ EXPORT void *realloc(void *old, size_t size)
 	}
 	{
 		OUTER(0);
-		s = claim_move(&pos);
+		s = claim_move(self, &pos);
 		p = real.realloc(old, size);
-		done_move(s, pos, MK_REALLOC, (u64)p, size, (u64)old, 0, &r);
+		done_move(self, s, pos, MK_REALLOC, (u64)p, size, (u64)old, 0, &r);
 		return p;
 	}
 pass:
@@ -988,9 +1067,9 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		return NULL;
 	{
 		OUTER(0);
-		s = claim_move(&pos);
+		s = claim_move(self, &pos);
 		p = real.reallocarray(old, n, m);
-		done_move(s, pos, MK_REALLOCARRAY, (u64)p, (u64)n * m, (u64)old, 0, &r);
+		done_move(self, s, pos, MK_REALLOCARRAY, (u64)p, (u64)n * m, (u64)old, 0, &r);
 		return p;
 	}
 pass:
@@ -1006,7 +1085,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 	{
 		OUTER(0);
 		ret = real.posix_memalign(out, align, size);
-		record_alloc(MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
+		record_alloc(self, MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
 		return ret;
 	}
 pass:
@@ -1022,7 +1101,7 @@ pass:
 		{                                                    \
 			OUTER(0);                                    \
 			p = real.name(align, size);                  \
-			record_alloc(kind, (u64)p, clamp(size), &r); \
+			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
 		}                                                    \
 	pass:                                                        \
@@ -1040,7 +1119,7 @@ ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
 		{                                                    \
 			OUTER(0);                                    \
 			p = real.name(size);                         \
-			record_alloc(kind, (u64)p, clamp(size), &r); \
+			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
 		}                                                    \
 	pass:                                                        \
@@ -1060,7 +1139,7 @@ PAGED(pvalloc, MK_PVALLOC)
 		{                                                                       \
 			OUTER(0);                                                       \
 			p = real.mmap(addr, len, prot, flags, fd, off);                 \
-			record_alloc(MK_MMAP, p == MAP_FAILED ? 0 : (u64)p, clamp(len), &r); \
+			record_alloc(self, MK_MMAP, p == MAP_FAILED ? 0 : (u64)p, clamp(len), &r); \
 			return p;                                                       \
 		}                                                                       \
 	pass:                                                                           \
@@ -1077,7 +1156,7 @@ EXPORT int munmap(void *addr, size_t len)
 		goto pass;
 	{
 		OUTER(0);
-		record_free(MK_MUNMAP, (u64)addr, len);
+		record_free(self, MK_MUNMAP, (u64)addr, len);
 		return real.munmap(addr, len);
 	}
 pass:
@@ -1098,9 +1177,9 @@ EXPORT void *mremap(void *old, size_t old_size, size_t size, int flags, ...)
 		return (void *)syscall(SYS_mremap, old, old_size, size, flags, fixed);
 	{
 		OUTER(0);
-		s = claim_move(&pos);
+		s = claim_move(self, &pos);
 		p = real.mremap(old, old_size, size, flags, fixed);
-		done_move(s, pos, MK_MREMAP, p == MAP_FAILED ? 0 : (u64)p, size, (u64)old, old_size,
+		done_move(self, s, pos, MK_MREMAP, p == MAP_FAILED ? 0 : (u64)p, size, (u64)old, old_size,
 			  &r);
 		return p;
 	}
@@ -1125,7 +1204,7 @@ EXPORT char *strdup(const char *str)
 	{
 		OUTER(1);
 		p = real.strdup(str);
-		record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
@@ -1141,19 +1220,19 @@ EXPORT char *strndup(const char *str, size_t n)
 	{
 		OUTER(1);
 		p = real.strndup(str, n);
-		record_alloc(MK_MALLOC, (u64)p, wrapper_size((u64)p), &r);
+		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
 	return real.strndup(str, n);
 }
 
-static int do_vasprintf(char **out, const char *fmt, va_list ap, const struct regs *r)
+static int do_vasprintf(struct thread *self, char **out, const char *fmt, va_list ap, const struct regs *r)
 {
 	int ret = real.vasprintf(out, fmt, ap);
 	u64 addr = ret >= 0 ? (u64)*out : 0;
 
-	record_alloc(MK_MALLOC, addr, wrapper_size(addr), r);
+	record_alloc(self, MK_MALLOC, addr, wrapper_size(self, addr), r);
 	return ret;
 }
 
@@ -1163,7 +1242,7 @@ EXPORT int vasprintf(char **out, const char *fmt, va_list ap)
 		return -1;
 	{
 		OUTER(1);
-		return do_vasprintf(out, fmt, ap, &r);
+		return do_vasprintf(self, out, fmt, ap, &r);
 	}
 pass:
 	return real.vasprintf(out, fmt, ap);
@@ -1181,7 +1260,7 @@ EXPORT int asprintf(char **out, const char *fmt, ...)
 	}
 	{
 		OUTER(1);
-		ret = do_vasprintf(out, fmt, ap, &r);
+		ret = do_vasprintf(self, out, fmt, ap, &r);
 		goto done;
 	}
 pass:
@@ -1191,24 +1270,24 @@ done:
 	return ret;
 }
 
-static ssize_t do_getdelim(char **line, size_t *n, int delim, FILE *f, const struct regs *r)
+static ssize_t do_getdelim(struct thread *self, char **line, size_t *n, int delim, FILE *f, const struct regs *r)
 {
 	u64 entry = line ? (u64)*line : 0, addr = 0, size;
 	ssize_t ret = real.getdelim(line, n, delim, f);
 
 	if (line)
 		addr = (u64)*line;
-	size = wrapper_size(addr);
+	size = wrapper_size(self, addr);
 	if (size == ~0ULL)
 		return ret; /* the caller's buffer, reused as it was */
 	if (entry) {
 		struct mla_slot *s;
 		u64 pos;
 
-		s = claim_move(&pos);
-		done_move(s, pos, MK_REALLOC, addr, size, entry, 0, r);
+		s = claim_move(self, &pos);
+		done_move(self, s, pos, MK_REALLOC, addr, size, entry, 0, r);
 	} else {
-		record_alloc(MK_MALLOC, addr, size, r);
+		record_alloc(self, MK_MALLOC, addr, size, r);
 	}
 	return ret;
 }
@@ -1219,7 +1298,7 @@ EXPORT ssize_t getdelim(char **line, size_t *n, int delim, FILE *f)
 		return -1;
 	{
 		OUTER(1);
-		return do_getdelim(line, n, delim, f, &r);
+		return do_getdelim(self, line, n, delim, f, &r);
 	}
 pass:
 	return real.getdelim(line, n, delim, f);
@@ -1233,7 +1312,7 @@ EXPORT ssize_t agent_getline(char **line, size_t *n, FILE *f)
 		return -1;
 	{
 		OUTER(1);
-		return do_getdelim(line, n, '\n', f, &r);
+		return do_getdelim(self, line, n, '\n', f, &r);
 	}
 pass:
 	return real.getdelim(line, n, '\n', f);
@@ -1276,7 +1355,7 @@ typedef void (*del3_t)(void *, u64, u64);
 		{                                                         \
 			OUTER(0);                                         \
 			p = ((TYPE)next_of(&next, #sym))CALLARGS;         \
-			record_alloc(kind, (u64)p, clamp(size), &r);      \
+			record_alloc(self, kind, (u64)p, clamp(size), &r);      \
 			return p;                                         \
 		}                                                         \
 	pass:                                                             \
@@ -1305,7 +1384,7 @@ NEW(_ZnamSt11align_val_tRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b, u64 c
 			goto pass;                                        \
 		{                                                         \
 			OUTER(0);                                         \
-			record_free(kind, (u64)p, 0);                     \
+			record_free(self, kind, (u64)p, 0);                     \
 			((TYPE)next_of(&next, #sym))CALLARGS;             \
 			return;                                           \
 		}                                                         \

@@ -176,16 +176,25 @@ mod preload {
 
     preload_tests!(
         Build::FramePointer;
-        seed, realloc, aligned, mmap, big, short, inline, odd, cxx_new, strdup, dl_main, execer,
-        fork_execer, deep, longjmp, siglongjmp, sighandler, diff_leak
+        seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
+        dl_main, execer, fork_execer, deep, longjmp, siglongjmp, sighandler, diff_leak, churn
     );
 
     mod omit_frame_pointer {
         use super::*;
         preload_tests!(
             Build::OmitFramePointer;
-            seed, realloc, aligned, mmap, big, short, inline, odd, cxx_new, strdup, dl_main,
-            execer, fork_execer, deep, longjmp, siglongjmp, sighandler
+            seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new,
+            strdup, dl_main, execer, fork_execer, deep, longjmp, siglongjmp, sighandler
+        );
+    }
+
+    mod o2 {
+        use super::*;
+        preload_tests!(
+            Build::O2;
+            seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new,
+            strdup, dl_main, execer, fork_execer, deep, longjmp, siglongjmp, sighandler
         );
     }
 
