@@ -18,6 +18,7 @@ use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use memleak_recorder::agent::{self, Shared};
+use memleak_recorder::unwind::{ProcTable, Row, UnwindSink};
 
 /// The agent, built by build.rs.
 const AGENT_SO: &[u8] = include_bytes!(concat!(env!("OUT_DIR"), "/libmemleak_agent.so"));
@@ -135,6 +136,54 @@ fn inspect(exe: &Path) -> std::io::Result<Kind> {
     });
     Ok(if interp { Kind::Dynamic } else { Kind::Static })
 }
+
+/// Writes unwind tables to the agent and to the probe: a process that
+/// runs without the agent after an exec is recorded by the probes, which
+/// walk its stacks with the same tables.
+pub struct BothTables<A, B>(pub A, pub B);
+
+impl<A: UnwindSink, B: UnwindSink> UnwindSink for BothTables<A, B> {
+    fn row_capacity(&self) -> u32 {
+        self.0.row_capacity().min(self.1.row_capacity())
+    }
+
+    fn write_rows(&mut self, first: u32, rows: &[Row]) -> std::io::Result<()> {
+        self.0.write_rows(first, rows)?;
+        self.1.write_rows(first, rows)
+    }
+
+    fn set_process(&mut self, pid: u32, table: &ProcTable) -> std::io::Result<()> {
+        self.0.set_process(pid, table)?;
+        self.1.set_process(pid, table)
+    }
+
+    fn remove_process(&mut self, pid: u32) -> std::io::Result<()> {
+        self.0.remove_process(pid)?;
+        self.1.remove_process(pid)
+    }
+}
+
+/// Whether `pid`, its objects loaded, runs without the agent: it is
+/// statically linked, or ld.so loaded its initial objects and the agent
+/// is not among them (after an exec that dropped it from LD_PRELOAD).
+/// False while ld.so has not finished loading them.
+pub fn runs_without_agent(pid: u32) -> bool {
+    use memleak_recorder::providers::{search_order, SearchOrder};
+    match search_order(pid) {
+        Ok(SearchOrder::Static(_)) => true,
+        Ok(SearchOrder::Dynamic(_)) => {
+            memleak_recorder::procmaps::read_maps(pid).is_ok_and(|maps| {
+                !maps
+                    .iter()
+                    .any(|m| m.path.as_deref().is_some_and(|p| p.contains(AGENT_NAME)))
+            })
+        }
+        _ => false,
+    }
+}
+
+/// The name of the agent's memfd, as the maps show it.
+const AGENT_NAME: &str = "/memfd:memleak-agent.so";
 
 /// The agent of one recording: its code and the shared memory.
 pub struct Agent {

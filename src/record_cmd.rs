@@ -591,7 +591,10 @@ fn record(
     probes.attach_lifecycle()?;
     if let Some(u) = &unwinder {
         match &agent {
-            Some(a) => u.set_sink(Box::new(a.shared.sink())),
+            Some(a) => u.set_sink(Box::new(capture::BothTables(
+                a.shared.sink(),
+                probes.unwind_maps()?,
+            ))),
             None => u.set_sink(Box::new(probes.unwind_maps()?)),
         }
     }
@@ -804,6 +807,7 @@ fn record(
         }
         Ok(())
     };
+    let without_agent: RefCell<std::collections::HashSet<u32>> = RefCell::default();
     let mut on_stop = || -> Result<()> {
         // The child is stopped at exit, or in ld.so before it unmaps a
         // library, with its address space intact: drain what it did and
@@ -814,6 +818,18 @@ fn record(
         let mut rec = recorder.borrow_mut();
         let notes = &mut rec.meta_mut().notes;
         if !preload {
+            add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+        } else if capture::runs_without_agent(child_pid) {
+            // `env LD_PRELOAD=... prog`, or a program that cleared its
+            // environment before exec: the probes take over.
+            if without_agent.borrow_mut().insert(child_pid) {
+                let note = format!(
+                    "process {child_pid} runs without memleak's agent since an exec \
+                     (LD_PRELOAD no longer names it): recorded with the probes from then on"
+                );
+                say!("memleak: note: {note}");
+                notes.push(note);
+            }
             add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
         }
         rec.snapshot_maps(child_pid)?;

@@ -371,11 +371,24 @@ fn has_jemalloc() -> bool {
 /// command inherits it) or through `env` (a second exec); checks that the
 /// trace says where the allocator came from.
 fn record_with_jemalloc(fx: &Fixture, through_env: bool) -> (tempfile::TempDir, PathBuf) {
+    record_with_jemalloc_by(fx, through_env, "bpf")
+}
+
+/// [`record_with_jemalloc`] with `--capture capture`. With the agent the
+/// note is only there when `env` drops it from LD_PRELOAD (the probes take
+/// over); preloaded beside it, jemalloc is what the agent calls.
+fn record_with_jemalloc_by(
+    fx: &Fixture,
+    through_env: bool,
+    capture: &str,
+) -> (tempfile::TempDir, PathBuf) {
     let _guard = common::fixtures::recording_guard(false);
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     let mut cmd = common::fixtures::memleak();
-    cmd.args(["record", "-q", "-o"]).arg(&trace).arg("--");
+    cmd.args(["record", "-q", "--capture", capture, "-o"])
+        .arg(&trace)
+        .arg("--");
     if through_env {
         cmd.args(["env", &format!("LD_PRELOAD={JEMALLOC}")]);
     } else {
@@ -392,6 +405,10 @@ fn record_with_jemalloc(fx: &Fixture, through_env: bool) -> (tempfile::TempDir, 
         String::from_utf8_lossy(&out.stderr)
     );
     let t = memleak_trace::Trace::open(&trace).unwrap();
+    assert_eq!(t.meta().capture.as_deref(), Some(capture));
+    if capture == "preload" && !through_env {
+        return (dir, trace);
+    }
     assert!(
         t.meta()
             .notes
@@ -429,6 +446,31 @@ fn cxx_new_with_preloaded_jemalloc() {
     let fx = Fixture::load("cxx_new");
     let (_dir, trace) = record_with_jemalloc(&fx, false);
     check_trace(&fx, &trace, &["outstanding", "mappings"]);
+}
+
+/// Under the agent, jemalloc preloaded beside it (the agent's calls reach
+/// jemalloc), and preloaded by `env` instead of it (the probes take over
+/// after that exec): the same exact answers.
+#[test]
+fn preloaded_jemalloc_under_the_agent() {
+    if !common::can_record() || !has_jemalloc() {
+        return;
+    }
+    let fx = Fixture::load("cxx_new");
+    let (_dir, trace) = record_with_jemalloc_by(&fx, false, "preload");
+    check_trace(&fx, &trace, &["outstanding", "mappings"]);
+    let mut fx = Fixture::load("seed");
+    fx.expected["runtime"] = Fixture::load("cxx_new").expected["runtime"].clone();
+    let (_dir, trace) = record_with_jemalloc_by(&fx, true, "preload");
+    check_trace(&fx, &trace, &["outstanding", "mappings"]);
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert!(
+        meta.notes
+            .iter()
+            .any(|n| n.contains("without memleak's agent")),
+        "{:?}",
+        meta.notes
+    );
 }
 
 /// A frame prints as `function+0xOFFSET`, where OFFSET is the return
