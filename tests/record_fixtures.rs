@@ -255,9 +255,14 @@ fn fork_execer_follow_forks() {
         return;
     }
     let fx = Fixture::load("fork_execer");
-    let (_dir, trace) = fx.record(&["--follow-forks"]);
-    check_trace(&fx, &trace, &["outstanding"]);
+    for capture in CAPTURES {
+        let (_dir, trace) = fx.record(&["--follow-forks", "--capture", capture]);
+        check_trace(&fx, &trace, &["outstanding"]);
+    }
 }
+
+/// Both captures, for the tests that run each.
+const CAPTURES: [&str; 2] = ["bpf", "preload"];
 
 /// With --follow-forks the child is held at fork until its probes are in
 /// place, and its leaks are attributed to its own pid.
@@ -266,8 +271,14 @@ fn forker_follow_forks() {
     if !common::can_record() {
         return;
     }
+    for capture in CAPTURES {
+        forker_follow_forks_by(capture);
+    }
+}
+
+fn forker_follow_forks_by(capture: &str) {
     let fx = Fixture::load("forker");
-    let (_dir, trace) = fx.record(&["--follow-forks"]);
+    let (_dir, trace) = fx.record(&["--follow-forks", "--capture", capture]);
     let report = check_trace(&fx, &trace, &["outstanding", "child_outstanding"]);
     let pids = memleak_trace::Trace::open(&trace)
         .unwrap()
@@ -312,8 +323,10 @@ fn forker_parent_only() {
         return;
     }
     let fx = Fixture::load("forker");
-    let (_dir, trace) = fx.record(&[]);
-    check_trace(&fx, &trace, &["outstanding"]);
+    for capture in CAPTURES {
+        let (_dir, trace) = fx.record(&["--capture", capture]);
+        check_trace(&fx, &trace, &["outstanding"]);
+    }
 }
 
 /// `-O`: another allocator library. jemalloc is preloaded into the seed
