@@ -26,6 +26,7 @@
  * not recorded, as the probe's outermost-call rule says. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <alloca.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -141,6 +142,254 @@ static void *boot_alloc(size_t n)
 static size_t boot_size(const void *p)
 {
 	return *(const size_t *)((const char *)p - 16);
+}
+
+
+/* ---- the environment: the program sees the one it was given ----
+ *
+ * The recorder names the agent in LD_PRELOAD (as /proc/RECORDER/fd/N, a
+ * memfd whose name carries the shared memory's descriptor number). At
+ * start the agent takes itself out of the program's environment, so that
+ * a program that reads or copies it (perl's %ENV) allocates what it would
+ * untraced, and puts itself back into the environment of a program the
+ * process executes. An exec the agent does not see (libc's internal ones,
+ * from system() for example, are covered; a raw execve system call is
+ * not) runs the new program without it: the recorder then records that
+ * process with the probes. */
+
+extern char **environ;
+static char agent_entry[128]; /* our LD_PRELOAD entry */
+
+/* Finds the path ld.so loaded us by, and the shared memory's spec
+ * ("FD:PATH") from the name of the memfd behind it. */
+static int find_self(char *spec, size_t len)
+{
+	Dl_info info;
+	char link[256];
+	const char *at, *slash;
+	ssize_t n;
+	long fd;
+
+	if (!dladdr((void *)find_self, &info) || !info.dli_fname ||
+	    strlen(info.dli_fname) >= sizeof(agent_entry))
+		return 0;
+	strcpy(agent_entry, info.dli_fname);
+	n = readlink(agent_entry, link, sizeof(link) - 1);
+	if (n <= 0)
+		return 0;
+	link[n] = 0;
+	at = strstr(link, "memleak-agent.so.");
+	slash = strrchr(agent_entry, '/');
+	if (!at || !slash)
+		return 0;
+	fd = strtol(at + strlen("memleak-agent.so."), NULL, 10);
+	snprintf(spec, len, "%ld:%.*s/%ld", fd, (int)(slash - agent_entry), agent_entry, fd);
+	return 1;
+}
+
+static int is_sep(char c)
+{
+	return c == ':' || c == ' ';
+}
+
+/* Takes our entry out of LD_PRELOAD, in place; drops the variable if
+ * nothing else was in it. */
+static void strip_env(void)
+{
+	size_t alen = strlen(agent_entry);
+
+	if (!alen || !environ)
+		return;
+	for (char **e = environ; *e; e++) {
+		char *v, *w, *r;
+
+		if (strncmp(*e, "LD_PRELOAD=", 11))
+			continue;
+		v = *e + 11;
+		w = v;
+		r = v;
+		while (*r) {
+			char *start;
+			size_t len;
+
+			while (is_sep(*r))
+				r++;
+			start = r;
+			while (*r && !is_sep(*r))
+				r++;
+			len = (size_t)(r - start);
+			if (!len || (len == alen && !memcmp(start, agent_entry, len)))
+				continue;
+			if (w != v)
+				*w++ = ':';
+			memmove(w, start, len);
+			w += len;
+		}
+		*w = 0;
+		if (!*v) {
+			char **d = e;
+
+			do
+				d[0] = d[1];
+			while (*d++);
+		}
+		return;
+	}
+}
+
+static size_t env_count(char *const *envp)
+{
+	size_t n = 0;
+
+	while (envp && envp[n])
+		n++;
+	return n;
+}
+
+static const char *env_preload(char *const *envp)
+{
+	for (size_t i = 0; envp && envp[i]; i++)
+		if (!strncmp(envp[i], "LD_PRELOAD=", 11))
+			return envp[i] + 11;
+	return NULL;
+}
+
+/* `envp` with our entry first in LD_PRELOAD, into `out` (n + 2 slots) and
+ * `ld` (room for the new variable). */
+static char **augment(char *const *envp, char **out, char *ld)
+{
+	const char *old = env_preload(envp);
+	size_t i = 0, j = 0;
+
+	strcpy(ld, "LD_PRELOAD=");
+	strcat(ld, agent_entry);
+	if (old && *old) {
+		strcat(ld, ":");
+		strcat(ld, old);
+	}
+	for (; envp && envp[i]; i++)
+		out[j++] = strncmp(envp[i], "LD_PRELOAD=", 11) ? envp[i] : ld;
+	if (!old)
+		out[j++] = ld;
+	out[j] = NULL;
+	return out;
+}
+
+/* Declares `name`: `envp` with the agent in it, on this frame's stack,
+ * when the process is traced. */
+#define AGENT_ENV(name, envp)                                                     \
+	char *const *name = (envp);                                               \
+	if (on && agent_entry[0] && !H->stop) {                                   \
+		const char *old__ = env_preload(envp);                            \
+		char **out__ = alloca((env_count(envp) + 2) * sizeof(char *));    \
+		char *ld__ = alloca(strlen(agent_entry) + (old__ ? strlen(old__) : 0) + 16); \
+		name = augment((envp), out__, ld__);                              \
+	}
+
+/* Runs `call` with environ holding the agent (for the calls that read
+ * environ themselves). */
+#define WITH_AGENT_ENVIRON(type, call)                                  \
+	({                                                              \
+		char **saved__ = environ;                               \
+		AGENT_ENV(e__, saved__);                                \
+		environ = (char **)e__;                                 \
+		type r__ = call;                                        \
+		int errno__ = errno;                                    \
+		environ = saved__;                                      \
+		errno = errno__;                                        \
+		r__;                                                    \
+	})
+
+typedef int (*execve_t)(const char *, char *const[], char *const[]);
+typedef int (*execvp_t)(const char *, char *const[]);
+typedef int (*execvpe_t)(const char *, char *const[], char *const[]);
+typedef int (*spawn_t)(pid_t *, const char *, const void *, const void *, char *const[],
+		       char *const[]);
+typedef int (*system_t)(const char *);
+typedef FILE *(*popen_t)(const char *, const char *);
+
+#define NEXT(type, name) ((type)dlsym(RTLD_NEXT, name))
+
+EXPORT int execve(const char *path, char *const argv[], char *const envp[])
+{
+	AGENT_ENV(e, envp);
+	return NEXT(execve_t, "execve")(path, argv, e);
+}
+
+EXPORT int execvpe(const char *file, char *const argv[], char *const envp[])
+{
+	AGENT_ENV(e, envp);
+	return NEXT(execvpe_t, "execvpe")(file, argv, e);
+}
+
+EXPORT int execv(const char *path, char *const argv[])
+{
+	return execve(path, argv, environ);
+}
+
+EXPORT int execvp(const char *file, char *const argv[])
+{
+	return execvpe(file, argv, environ);
+}
+
+/* The execl family: the arguments into an array on the stack. */
+#define VARARGS(argv, arg0, last)                                      \
+	size_t n__ = 1;                                                \
+	va_list ap__;                                                  \
+	va_start(ap__, arg0);                                          \
+	while (va_arg(ap__, char *))                                   \
+		n__++;                                                 \
+	va_end(ap__);                                                  \
+	char **argv = alloca((n__ + 1) * sizeof(char *));              \
+	argv[0] = (char *)arg0;                                        \
+	va_start(ap__, arg0);                                          \
+	for (size_t i__ = 1; i__ <= n__; i__++)                        \
+		argv[i__] = va_arg(ap__, char *);                      \
+	last;                                                          \
+	va_end(ap__)
+
+EXPORT int execl(const char *path, const char *arg0, ...)
+{
+	VARARGS(argv, arg0, (void)0);
+	return execve(path, argv, environ);
+}
+
+EXPORT int execlp(const char *file, const char *arg0, ...)
+{
+	VARARGS(argv, arg0, (void)0);
+	return execvpe(file, argv, environ);
+}
+
+EXPORT int execle(const char *path, const char *arg0, ...)
+{
+	char *const *envp;
+
+	VARARGS(argv, arg0, envp = va_arg(ap__, char *const *));
+	return execve(path, argv, envp);
+}
+
+EXPORT int posix_spawn(pid_t *pid, const char *path, const void *fa, const void *attr,
+		       char *const argv[], char *const envp[])
+{
+	AGENT_ENV(e, envp);
+	return NEXT(spawn_t, "posix_spawn")(pid, path, fa, attr, argv, e);
+}
+
+EXPORT int posix_spawnp(pid_t *pid, const char *file, const void *fa, const void *attr,
+			char *const argv[], char *const envp[])
+{
+	AGENT_ENV(e, envp);
+	return NEXT(spawn_t, "posix_spawnp")(pid, file, fa, attr, argv, e);
+}
+
+EXPORT int system(const char *cmd)
+{
+	return WITH_AGENT_ENVIRON(int, NEXT(system_t, "system")(cmd));
+}
+
+EXPORT FILE *popen(const char *cmd, const char *mode)
+{
+	return WITH_AGENT_ENVIRON(FILE *, NEXT(popen_t, "popen")(cmd, mode));
 }
 
 /* ---- init ---- */
@@ -273,7 +522,7 @@ static void after_fork(void)
 
 static void init(void)
 {
-	const char *spec;
+	char spec_buf[300];
 
 	state = ST_INITING;
 	RESOLVE(malloc);
@@ -295,8 +544,7 @@ static void init(void)
 	RESOLVE(getdelim);
 	if (pthread_key_create(&key, thread_gone) != 0)
 		return; /* never ready: everything passes through the boot path */
-	spec = getenv(MLA_ENV);
-	H = spec ? map_shared(spec) : NULL;
+	H = find_self(spec_buf, sizeof(spec_buf)) ? map_shared(spec_buf) : NULL;
 	if (H) {
 		slots = (char *)H + H->ring_off;
 		slot_mask = H->nslots - 1;
@@ -306,6 +554,7 @@ static void init(void)
 	}
 	state = ST_READY;
 	after_fork();
+	strip_env();
 }
 
 __attribute__((constructor)) static void agent_start(void)

@@ -32,9 +32,10 @@
 /* Processes the agent may record in (the command, and the processes it
  * forks under --follow-forks). */
 #define MLA_MAX_PIDS 4096
-/* The environment variable that names the memfd, as "FD:PATH": the
- * inherited descriptor, else the path (/proc/RECORDER/fd/N). */
-#define MLA_ENV "MEMLEAK_AGENT_SHM"
+/* The agent's own memfd is named MLA_NAME followed by the number of the
+ * shared memory's descriptor, in the recorder and, inherited, in the
+ * command. */
+#define MLA_NAME "memleak-agent.so."
 
 /* mla_header.flags */
 #define MLA_F_FOLLOW_FORKS 1u

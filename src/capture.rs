@@ -196,8 +196,13 @@ impl Agent {
     /// load.
     pub fn new(cfg: &agent::Config) -> Result<Agent> {
         let shared = Shared::create(cfg).context("making the agent's shared memory")?;
+        // Named after the shared memory's descriptor (agent/agent.h,
+        // MLA_NAME): the agent finds it from the path it was loaded by,
+        // and the command's environment gets no variable of ours.
+        let name = std::ffi::CString::new(format!("memleak-agent.so.{}", shared.raw_fd()))
+            .expect("no NUL in a number");
         // SAFETY: a name and flags; the fd returned is ours.
-        let fd = unsafe { libc::memfd_create(c"memleak-agent.so".as_ptr(), libc::MFD_CLOEXEC) };
+        let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
         if fd < 0 {
             anyhow::bail!(
                 "memfd_create: {}",
@@ -214,7 +219,7 @@ impl Agent {
 
     /// The environment the command gets: the agent first in LD_PRELOAD
     /// (before the user's: a preloaded allocator is then what the agent's
-    /// calls reach), and where the shared memory is.
+    /// calls reach). The agent takes itself out again at start.
     pub fn env(&self) -> Vec<(String, String)> {
         let me = std::process::id();
         let mut preload = format!("/proc/{me}/fd/{}", self.so.as_raw_fd());
@@ -224,9 +229,6 @@ impl Agent {
                 preload = format!("{preload}:{user}");
             }
         }
-        vec![
-            ("LD_PRELOAD".to_string(), preload),
-            (agent::ENV.to_string(), self.shared.env_value()),
-        ]
+        vec![("LD_PRELOAD".to_string(), preload)]
     }
 }

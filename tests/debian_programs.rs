@@ -20,7 +20,7 @@ mod common;
 use std::path::Path;
 use std::process::Command;
 
-use common::fixtures::record_command;
+use common::fixtures::record_command_with;
 use memleak_analyze::report::{analyze, AnalyzeOptions};
 use memleak_analyze::{Filter, KindScope};
 
@@ -126,7 +126,16 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
         .chain(record_env.iter().cloned())
         .collect();
     let args: Vec<&std::ffi::OsStr> = cmd.iter().map(std::ffi::OsStr::new).collect();
-    let (_dir, trace) = record_command(&args, &env);
+    // The probes, and memleak's agent inside the program: both equal
+    // valgrind.
+    for capture in ["bpf", "preload"] {
+        let (_dir, trace) = record_command_with(&args, &env, &["--capture", capture]);
+        let cmd = format!("{cmd:?} --capture {capture}");
+        check_trace(&cmd, &trace, &vg);
+    }
+}
+
+fn check_trace(cmd: &str, trace: &Path, vg: &Valgrind) {
     let opts = AnalyzeOptions {
         filter: Filter {
             kind: KindScope::Heap,
@@ -134,12 +143,12 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
         },
         ..AnalyzeOptions::default()
     };
-    let report = analyze(&trace, &opts).unwrap();
+    let report = analyze(trace, &opts).unwrap();
     let heap = report.summary.outstanding_by_class.heap;
     assert_eq!(
         (heap.bytes, heap.allocations),
         (vg.bytes, vg.blocks),
-        "{cmd:?}: heap outstanding at exit against valgrind's in use at exit"
+        "{cmd}: heap outstanding at exit against valgrind's in use at exit"
     );
     let stacks: Vec<_> = report.stacks.iter().filter(|s| s.count > 0).collect();
     let complete: u64 = stacks
@@ -149,14 +158,14 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
         .sum();
     assert!(
         complete * 100 >= heap.bytes * 98,
-        "{cmd:?}: {complete} of {} heap bytes have a complete stack",
+        "{cmd}: {complete} of {} heap bytes have a complete stack",
         heap.bytes
     );
     for s in &stacks {
         for f in &s.frames {
             assert!(
                 f.path.is_some(),
-                "{cmd:?}: frame {:#x} of stack {} is in no object",
+                "{cmd}: frame {:#x} of stack {} is in no object",
                 f.addr,
                 s.stack_id
             );
@@ -165,7 +174,7 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
     // valgrind's biggest holder: the same bytes and blocks, from the same
     // function, in our stacks (split by call site where valgrind merges
     // them, so summed by the innermost function).
-    let (bytes, blocks, caller) = vg.top.expect("a loss record");
+    let (bytes, blocks, caller) = vg.top.clone().expect("a loss record");
     if caller.starts_with("???") {
         return; // a stripped program: valgrind names no function
     }
@@ -181,7 +190,7 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
         .fold((0, 0), |(b, c), s| (b + s.bytes, c + s.count));
     assert!(
         ours.0 >= bytes && ours.1 >= blocks,
-        "{cmd:?}: valgrind's top record ({bytes} bytes in {blocks} blocks from {caller}) \
+        "{cmd}: valgrind's top record ({bytes} bytes in {blocks} blocks from {caller}) \
          against {ours:?} of ours from that function"
     );
 }

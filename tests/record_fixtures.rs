@@ -387,9 +387,9 @@ fn record_with_jemalloc(fx: &Fixture, through_env: bool) -> (tempfile::TempDir, 
     record_with_jemalloc_by(fx, through_env, "bpf")
 }
 
-/// [`record_with_jemalloc`] with `--capture capture`. With the agent the
-/// note is only there when `env` drops it from LD_PRELOAD (the probes take
-/// over); preloaded beside it, jemalloc is what the agent calls.
+/// [`record_with_jemalloc`] with `--capture capture`. With the agent there
+/// is no note: jemalloc, preloaded beside it (or by `env`, whose exec the
+/// agent follows), is simply what its calls reach.
 fn record_with_jemalloc_by(
     fx: &Fixture,
     through_env: bool,
@@ -419,7 +419,7 @@ fn record_with_jemalloc_by(
     );
     let t = memleak_trace::Trace::open(&trace).unwrap();
     assert_eq!(t.meta().capture.as_deref(), Some(capture));
-    if capture == "preload" && !through_env {
+    if capture == "preload" {
         return (dir, trace);
     }
     assert!(
@@ -461,9 +461,8 @@ fn cxx_new_with_preloaded_jemalloc() {
     check_trace(&fx, &trace, &["outstanding", "mappings"]);
 }
 
-/// Under the agent, jemalloc preloaded beside it (the agent's calls reach
-/// jemalloc), and preloaded by `env` instead of it (the probes take over
-/// after that exec): the same exact answers.
+/// Under the agent, jemalloc preloaded beside it, and preloaded by `env`
+/// (the agent follows that exec): the same exact answers.
 #[test]
 fn preloaded_jemalloc_under_the_agent() {
     if !common::can_record() || !has_jemalloc() {
@@ -476,6 +475,23 @@ fn preloaded_jemalloc_under_the_agent() {
     fx.expected["runtime"] = Fixture::load("cxx_new").expected["runtime"].clone();
     let (_dir, trace) = record_with_jemalloc_by(&fx, true, "preload");
     check_trace(&fx, &trace, &["outstanding", "mappings"]);
+}
+
+/// A program the agent cannot enter (a static one, executed by `env`)
+/// is recorded by the probes from its exec on, with a note: the exact
+/// answer still.
+#[test]
+fn exec_of_a_static_program_under_the_agent() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("seed_static");
+    let (_dir, trace) = common::fixtures::record_command_with(
+        &[std::ffi::OsStr::new("env"), fx.binary().as_os_str()],
+        &[],
+        &["--capture", "preload"],
+    );
+    check_trace(&fx, &trace, &["outstanding"]);
     let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
     assert!(
         meta.notes

@@ -398,11 +398,19 @@ enum Which {
 fn check(name: &str, which: Which) {
     let fx = Fixture::load(name);
     let vg = run_valgrind(&fx);
-    let extra: Vec<&str> = if name == "forker" && record_supports("--follow-forks") {
-        vec!["--follow-forks"]
-    } else {
-        vec![]
-    };
+    // The probes, and memleak's agent inside the program: both must equal
+    // valgrind.
+    for capture in ["bpf", "preload"] {
+        check_capture(&fx, &vg, which, capture);
+    }
+}
+
+fn check_capture(fx: &Fixture, vg: &[VgProcess], which: Which, capture: &str) {
+    let name = &format!("{} --capture {capture}", fx.name);
+    let mut extra: Vec<&str> = vec!["--capture", capture];
+    if fx.name == "forker" && record_supports("--follow-forks") {
+        extra.push("--follow-forks");
+    }
     let (_dir, trace) = fx.record(&extra);
     let ours = read_trace(&trace);
 
@@ -426,12 +434,12 @@ fn check(name: &str, which: Which) {
             ours.pids
         )
     });
-    let mine = analyze_process(&fx, &trace, &ours, Some(pid));
+    let mine = analyze_process(fx, &trace, &ours, Some(pid));
 
     // Named exceptions.
     let mut exceptions = Vec::new();
     let untracked = if which == Which::Main {
-        expected_sum(&fx, "valgrind_untracked")
+        expected_sum(fx, "valgrind_untracked")
     } else {
         (0, 0)
     };
@@ -484,7 +492,7 @@ fn check(name: &str, which: Which) {
     // the per-process check above is not affected, but this one would
     // catch it.
     if which == Which::Main && ours.pids.len() > 1 {
-        let all = analyze_process(&fx, &trace, &ours, None);
+        let all = analyze_process(fx, &trace, &ours, None);
         let vg_all = vg
             .iter()
             .filter_map(|p| p.in_use)

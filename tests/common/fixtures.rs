@@ -117,12 +117,22 @@ pub fn record_command(
     cmd: &[&std::ffi::OsStr],
     env: &[(String, String)],
 ) -> (tempfile::TempDir, PathBuf) {
+    record_command_with(cmd, env, &[])
+}
+
+/// [`record_command`] with more options for `record`.
+pub fn record_command_with(
+    cmd: &[&std::ffi::OsStr],
+    env: &[(String, String)],
+    options: &[&str],
+) -> (tempfile::TempDir, PathBuf) {
     let _guard = recording_guard(false);
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     let out = memleak()
         .args(["record", "-q", "-o"])
         .arg(&trace)
+        .args(options)
         .arg("--")
         .args(cmd)
         .envs(env.iter().map(|(k, v)| (k, v)))

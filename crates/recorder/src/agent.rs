@@ -22,8 +22,6 @@ pub const MAGIC: u64 = 0x3154_4e45_4741_4c4d;
 pub const VERSION: u32 = 1;
 /// `MLA_MAX_PIDS`.
 pub const MAX_PIDS: usize = 4096;
-/// `MLA_ENV`: the variable that tells the agent where the memory is.
-pub const ENV: &str = "MEMLEAK_AGENT_SHM";
 /// `MLA_F_FOLLOW_FORKS`.
 pub const FOLLOW_FORKS: u32 = 1;
 /// `MLA_SLOT_BYTES`: a slot's header (16) and a whole event.
@@ -247,15 +245,6 @@ impl Shared {
             ends: vec![0; crate::event::UNWIND_ENDS.len()],
             unfinished: 0,
         })
-    }
-
-    /// The value of [`ENV`] for the command: the inherited descriptor,
-    /// and our own by path for a program that closed it.
-    pub fn env_value(&self) -> String {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: getpid has no preconditions.
-        let me = unsafe { libc::getpid() };
-        format!("{fd}:/proc/{me}/fd/{fd}")
     }
 
     /// The memfd.
