@@ -177,7 +177,8 @@ mod preload {
     preload_tests!(
         Build::FramePointer;
         seed, realloc, aligned, mmap, big, short, inline, odd, threads, storm, cxx_new, strdup,
-        dl_main, execer, fork_execer, deep, longjmp, siglongjmp, sighandler, diff_leak, churn
+        dl_main, execer, fork_execer, deep, longjmp, sigalt, siglongjmp, sighandler, diff_leak,
+        churn
     );
 
     mod omit_frame_pointer {
@@ -215,35 +216,6 @@ mod preload {
             serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap())
                 .unwrap();
         assert_eq!(meta["capture"], "bpf");
-    }
-
-    /// A program that handles signals on a signal stack above its stack:
-    /// the probes must decline the calls there (7, counted as lost), the
-    /// agent records them all.
-    #[test]
-    fn sigalt_loses_nothing() {
-        if !common::can_record() {
-            return;
-        }
-        let fx = Fixture::load("sigalt");
-        let (_dir, trace) = fx.record(&["--capture", "preload"]);
-        let meta: serde_json::Value =
-            serde_json::from_str(&std::fs::read_to_string(trace.join("meta.json")).unwrap())
-                .unwrap();
-        let lost = &meta["counters"]["lost"];
-        let total: u64 = lost
-            .as_object()
-            .into_iter()
-            .flatten()
-            .filter(|(k, _)| k.as_str() != "failed_alloc")
-            .map(|(_, v)| v.as_u64().unwrap())
-            .sum();
-        assert_eq!(total, 0, "sigalt under preload lost events: {lost}");
-        assert_eq!(
-            meta["counters"]["events"]["malloc"], 4,
-            "{}",
-            meta["counters"]
-        );
     }
 }
 

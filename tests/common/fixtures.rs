@@ -452,15 +452,41 @@ pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
         .filter(|(_, &n)| n > 0)
         .map(|(k, &n)| (k.clone(), n))
         .collect();
-    let expected_lost: BTreeMap<String, u64> = fx.expected["lost"]
+    // `lost_CAPTURE` when the captures differ (the probes must decline
+    // calls the agent records).
+    let capture = memleak_trace::Trace::open(trace)
+        .unwrap()
+        .meta()
+        .capture
+        .clone()
+        .unwrap_or_else(|| "bpf".into());
+    let lost_key = format!("lost_{capture}");
+    let lost_key = if fx.expected.get(&lost_key).is_some() {
+        lost_key.as_str()
+    } else {
+        "lost"
+    };
+    let expected_lost: BTreeMap<String, u64> = fx.expected[lost_key]
         .as_object()
         .into_iter()
         .flatten()
         .map(|(k, v)| (k.clone(), v.as_u64().unwrap()))
         .collect();
-    assert_eq!(lost, expected_lost, "{}: lost events", fx.name);
+    assert_eq!(lost, expected_lost, "{} ({capture}): lost events", fx.name);
     let (user, runtime) = fx.actual_groups(&report);
-    let expected = fx.expected_groups(keys);
+    let keys: Vec<String> = keys
+        .iter()
+        .map(|k| {
+            let own = format!("{k}_{capture}");
+            if fx.expected.get(&own).is_some() {
+                own
+            } else {
+                k.to_string()
+            }
+        })
+        .collect();
+    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let expected = fx.expected_groups(&keys);
     assert_eq!(
         user, expected,
         "{}: outstanding allocations by stack differ",
@@ -512,7 +538,7 @@ pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
         fx.name
     );
 
-    check_call_counts(fx, trace, &report);
+    check_call_counts(fx, trace, &report, &capture);
     report
 }
 
@@ -522,8 +548,14 @@ pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
 /// calls; failed calls (NULL) record nothing and are counted in meta.json.
 /// glibc's aligned_alloc is memalign (one address, one probe), and the libc
 /// wrappers (strdup, asprintf, getline) record a malloc.
-fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report) {
-    let Some(calls) = fx.expected["calls"].as_object() else {
+fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report, capture: &str) {
+    let own = format!("calls_{capture}");
+    let key = if fx.expected.get(&own).is_some() {
+        own.as_str()
+    } else {
+        "calls"
+    };
+    let Some(calls) = fx.expected[key].as_object() else {
         return;
     };
     if fx.expected.get("exec_into").is_some() {
