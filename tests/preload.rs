@@ -1,0 +1,171 @@
+//! `record --capture preload` against `--capture bpf` on programs the
+//! in-process agent must survive: 200 forked children, a dlopened second
+//! allocator, multi-threaded C++. Each is recorded both ways: the exact
+//! known leaks, nothing lost, and the same outstanding allocations, stack
+//! for stack, from both captures.
+#![cfg(feature = "bpf")]
+
+mod common;
+
+use std::collections::BTreeMap;
+
+use common::fixtures::{record_command_with, Build, Fixture, Group, RuntimeGroup};
+use memleak_analyze::report::{analyze, AnalyzeOptions};
+
+fn fixture(name: &str) -> Fixture {
+    Fixture {
+        name: name.to_string(),
+        expected: serde_json::json!({ "program": name, "args": [] }),
+        build: Build::FramePointer,
+    }
+}
+
+/// One recording of `fx` with `capture` and `options`.
+struct Recorded {
+    user: Vec<Group>,
+    runtime: Vec<RuntimeGroup>,
+    meta: memleak_trace::Meta,
+}
+
+fn record(fx: &Fixture, capture: &str, options: &[&str], env: &[(String, String)]) -> Recorded {
+    let mut opts = vec!["--capture", capture];
+    opts.extend_from_slice(options);
+    let (_dir, trace) = record_command_with(&[fx.binary().as_os_str()], env, &opts);
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert_eq!(meta.capture.as_deref(), Some(capture));
+    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    let (user, runtime) = fx.actual_groups(&report);
+    Recorded {
+        user,
+        runtime,
+        meta,
+    }
+}
+
+/// Outstanding bytes and blocks by the innermost frame's function.
+fn by_function(r: &Recorded) -> BTreeMap<String, (u64, u64)> {
+    let mut out: BTreeMap<String, (u64, u64)> = BTreeMap::new();
+    for g in &r.user {
+        let e = out.entry(g.frames[0].0.clone()).or_default();
+        e.0 += g.bytes;
+        e.1 += g.count;
+    }
+    out
+}
+
+fn losses(r: &Recorded) -> u64 {
+    r.meta
+        .counters
+        .lost
+        .iter()
+        .filter(|(k, _)| k.as_str() != "failed_alloc")
+        .map(|(_, &n)| n)
+        .sum()
+}
+
+/// Records `fx` both ways; checks nothing was lost and the outstanding
+/// allocations agree; returns the agent's recording.
+fn both(fx: &Fixture, options: &[&str], env: &[(String, String)]) -> Recorded {
+    let bpf = record(fx, "bpf", options, env);
+    let preload = record(fx, "preload", options, env);
+    assert_eq!(
+        losses(&bpf),
+        0,
+        "{} bpf: {:?}",
+        fx.name,
+        bpf.meta.counters.lost
+    );
+    assert_eq!(
+        losses(&preload),
+        0,
+        "{} preload: {:?}",
+        fx.name,
+        preload.meta.counters.lost
+    );
+    assert_eq!(
+        preload.user, bpf.user,
+        "{}: the program's outstanding allocations differ between the captures",
+        fx.name
+    );
+    // Two known differences (docs/accuracy.md): libc's internal mmap
+    // calls (thread stacks) are not calls the agent can see, and ld.so's
+    // bookkeeping for a dlopen is sized by the objects loaded, the agent
+    // one of them.
+    let comparable = |r: &&RuntimeGroup| {
+        !r.2.iter()
+            .any(|f| f == "allocate_stack" || f.contains("dl_open") || f.contains("dlopen"))
+    };
+    let mut a: Vec<_> = preload
+        .runtime
+        .iter()
+        .filter(comparable)
+        .map(|r| (r.0, r.1))
+        .collect();
+    let mut b: Vec<_> = bpf
+        .runtime
+        .iter()
+        .filter(comparable)
+        .map(|r| (r.0, r.1))
+        .collect();
+    a.sort();
+    b.sort();
+    assert_eq!(
+        a, b,
+        "{}: runtime allocations differ between the captures",
+        fx.name
+    );
+    preload
+}
+
+#[test]
+fn two_hundred_forked_children() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = fixture("forks");
+    let r = both(&fx, &["--follow-forks"], &[]);
+    assert_eq!(r.meta.pids.len(), 201, "every child recorded");
+    let f = by_function(&r);
+    assert_eq!(f.get("parent_leak"), Some(&(777, 1)), "{f:?}");
+    assert_eq!(f.get("child_leak"), Some(&(20_000, 200)), "{f:?}");
+    assert_eq!(f.len(), 2, "{f:?}");
+}
+
+#[test]
+fn a_dlopened_allocator() {
+    if !common::can_record() {
+        return;
+    }
+    if !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").exists() {
+        eprintln!("skipping: libjemalloc2 is not installed");
+        return;
+    }
+    let fx = fixture("dl_jemalloc");
+    // jemalloc's TLS is initial-exec: dlopen needs room in the static TLS.
+    let env = [(
+        "GLIBC_TUNABLES".to_string(),
+        "glibc.rtld.optional_static_tls=16384".to_string(),
+    )];
+    let r = both(&fx, &[], &env);
+    let f = by_function(&r);
+    assert_eq!(f.get("libc_leak"), Some(&(900, 3)), "{f:?}");
+    assert_eq!(f.len(), 1, "{f:?}");
+}
+
+#[test]
+fn multithreaded_cxx() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = fixture("cxx_threads");
+    let r = both(&fx, &[], &[]);
+    let f = by_function(&r);
+    for k in 0..4u64 {
+        assert_eq!(
+            f.get(&format!("leak_{k}")),
+            Some(&(24 * (k + 1), k + 1)),
+            "{f:?}"
+        );
+    }
+    assert_eq!(f.len(), 4, "{f:?}");
+}
