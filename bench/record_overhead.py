@@ -7,7 +7,9 @@ run, alternating ROUNDS times:
   bare        the workload alone
   floor       `memleak record --count-only`: the same probes at the same
               places, only counting hits (no state, event, stack or ring)
-  record      `memleak record` writing a trace
+  record      `memleak record --capture bpf` writing a trace (the probes)
+  preload     `memleak record --capture preload`: memleak's agent inside
+              the workload (LD_PRELOAD), the same trace
   heaptrack   `heaptrack -o FILE` (Debian's heaptrack: an LD_PRELOAD hook),
               the peer a user would pick for this job
   valgrind    `valgrind --tool=memcheck --leak-check=full` (with --peers;
@@ -24,7 +26,10 @@ BPF run-time statistics (kernel.bpf_stats_enabled) add two clock reads to
 every program run, floor and record alike, which flatters the ratio; they
 are switched off for the run and restored after.
 
-usage: bench/record_overhead.py [--pairs N] [--leaks N] [--depth N] [--rounds N]
+With --threads N the workload runs N threads of PAIRS pairs each: the
+thread figures are per thread, the end-to-end ones per pair of all.
+
+usage: bench/record_overhead.py [--pairs N] [--leaks N] [--depth N] [--rounds N] [--threads N]
                                 [--no-peers] [--valgrind] [--cflags "-O2 ..."]
                                 [--unwind auto|fp|dwarf] [--memleak PATH]
 """
@@ -37,6 +42,7 @@ def main():
     ap.add_argument("--pairs", type=int, default=2_000_000)
     ap.add_argument("--leaks", type=int, default=2000)
     ap.add_argument("--depth", type=int, default=0)
+    ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--memleak", default=os.path.join(ROOT, "target/release/memleak"))
     ap.add_argument("--no-peers", action="store_true", help="skip heaptrack")
@@ -49,9 +55,9 @@ def main():
     a = ap.parse_args()
     tmp = tempfile.mkdtemp(prefix="memleak-bench-")
     exe = os.path.join(tmp, "alloc_pairs")
-    subprocess.run(["gcc"] + a.cflags.split() + ["-o", exe,
+    subprocess.run(["gcc", "-pthread"] + a.cflags.split() + ["-o", exe,
                     os.path.join(ROOT, "bench/alloc_pairs.c")], check=True)
-    args = [exe, str(a.pairs), str(a.leaks), str(a.depth)]
+    args = [exe, str(a.pairs), str(a.leaks), str(a.depth), str(a.threads)]
     stats = "/proc/sys/kernel/bpf_stats_enabled"
     saved = open(stats).read().strip()
     try:
@@ -63,7 +69,7 @@ def main():
 
 def run(a, args, tmp):
     trace = os.path.join(tmp, "t.parquet")
-    modes = ["bare", "floor", "record"]
+    modes = ["bare", "floor", "record", "preload"]
     peers = []
     if not a.no_peers and shutil.which("heaptrack"):
         peers.append("heaptrack")
@@ -76,7 +82,9 @@ def run(a, args, tmp):
     wall_us = {m: [] for m in modes}
     e2e_wall_us = {m: [] for m in modes}
     e2e_cpu_us = {m: [] for m in modes}
-    cpu, lost, events, unwinds = [], [], [], []
+    cpu = {"record": [], "preload": []}
+    lost = {"record": [], "preload": []}
+    events, unwinds = [], []
 
     def timed(mode, cmd, pairs=a.pairs):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -89,22 +97,28 @@ def run(a, args, tmp):
                if len(l.split()) == 2 and all(w.isdigit() for w in l.split())][-1]
         wall_us[mode].append(int(out[0]) / pairs / 1000)
         cpu_us[mode].append(int(out[1]) / pairs / 1000)
-        e2e_wall_us[mode].append((t1 - t0) * 1e6 / pairs)
+        total = pairs * a.threads
+        e2e_wall_us[mode].append((t1 - t0) * 1e6 / total)
         used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
-        e2e_cpu_us[mode].append(used * 1e6 / pairs)
+        e2e_cpu_us[mode].append(used * 1e6 / total)
 
     ht = os.path.join(tmp, "heaptrack.out")
     for _ in range(a.rounds):
         timed("bare", args)
         timed("floor", [a.memleak, "record", "-q", "--count-only", "--force", "-o", trace, "--"] + args)
         unwind = ["--unwind", a.unwind] if a.unwind else []
-        timed("record", [a.memleak, "record", "-q", "--force"] + unwind + ["-o", trace, "--"] + args)
-        meta = json.load(open(os.path.join(trace, "meta.json")))
-        n = sum(meta["counters"]["events"].values())
-        events.append(n)
-        unwinds.append(meta.get("unwind"))
-        lost.append(sum(meta["counters"]["lost"].values()))
-        cpu.append(meta["recorder_cpu_ns"] / n)
+        for mode in ["record", "preload"]:
+            capture = "bpf" if mode == "record" else "preload"
+            timed(mode, [a.memleak, "record", "-q", "--force", "--capture", capture] + unwind
+                  + ["-o", trace, "--"] + args)
+            meta = json.load(open(os.path.join(trace, "meta.json")))
+            n = sum(meta["counters"]["events"].values())
+            if mode == "record":
+                events.append(n)
+                unwinds.append(meta.get("unwind"))
+            lost[mode].append(sum(v for k, v in meta["counters"]["lost"].items()
+                                  if k != "failed_alloc"))
+            cpu[mode].append(meta["recorder_cpu_ns"] / n)
         if "heaptrack" in peers:
             for f in os.listdir(tmp):
                 if f.startswith("heaptrack.out"):
@@ -112,11 +126,12 @@ def run(a, args, tmp):
             timed("heaptrack", ["heaptrack", "-o", ht] + args)
         if "valgrind" in peers:
             vp = max(a.pairs // a.valgrind_div, 1)
-            vargs = [args[0], str(vp), str(max(a.leaks // a.valgrind_div, 0)), args[3]]
+            vargs = [args[0], str(vp), str(max(a.leaks // a.valgrind_div, 0)), args[3], args[4]]
             timed("valgrind", ["valgrind", "-q", "--tool=memcheck", "--leak-check=full",
                                "--log-file=/dev/null"] + vargs, pairs=vp)
-    print(f"workload: {a.pairs} malloc(32)+free pairs + {a.leaks} leaks, {a.depth} frames deep, "
-          f"built with {a.cflags}, --unwind {a.unwind or 'default'}, {a.rounds} rounds, median")
+    print(f"workload: {a.threads} thread(s) x {a.pairs} malloc(32)+free pairs + {a.leaks} leaks, "
+          f"{a.depth} frames deep, built with {a.cflags}, --unwind {a.unwind or 'default'}, "
+          f"{a.rounds} rounds, median")
     print("| mode | µs per pair (thread CPU) | × bare | × floor | × heaptrack "
           "| µs per pair (end-to-end wall) | µs per pair (CPU of all processes) |")
     print("|---|---|---|---|---|---|---|")
@@ -129,8 +144,10 @@ def run(a, args, tmp):
         vs_floor = "–" if k == "bare" else f"{mc[k]/mc['floor']:.2f}"
         print(f"| {k} | {mc[k]:.3f} | {mc[k]/mc['bare']:.1f} | {vs_floor} | {vs_ht} "
               f"| {ew[k]:.3f} | {ec[k]:.3f} |")
-    print(f"events per run: {events[0]}; lost: {max(lost)}; recorder CPU per event: "
-          f"{statistics.median(cpu):.0f} ns (min {min(cpu):.0f}, max {max(cpu):.0f})")
+    for mode in ["record", "preload"]:
+        c = cpu[mode]
+        print(f"{mode}: events per run: {events[0]}; lost: {max(lost[mode])}; recorder CPU per "
+              f"event: {statistics.median(c):.0f} ns (min {min(c):.0f}, max {max(c):.0f})")
     print(f"stack walks (last run): {unwinds[-1]}")
 
 
