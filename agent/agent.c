@@ -717,47 +717,66 @@ struct walk {
 	u8 *flags;
 };
 
-static int stack_bounds(struct thread *self)
+/* The readable mapping holding `addr`, from /proc/self/maps, read with
+ * system calls only: no lock, no allocation. pthread_getattr_np() would
+ * be simpler but takes the thread's lock, which a caller of malloc may
+ * hold (Rust's runtime calls it at start, and it allocates inside). */
+static int mapping_of(u64 addr, u64 *lo, u64 *hi)
 {
-	pthread_attr_t a;
-	void *addr;
-	size_t size;
+	char buf[4096];
+	size_t have = 0;
+	int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	int found = 0;
 
-	if (T.stack_known)
-		return T.stack_known == 1;
-	T.stack_known = 2;
-	/* Allocates (the affinity mask, and /proc/self/maps for the main
-	 * thread): nested calls, inside the outermost call's window. */
-	if (pthread_getattr_np(pthread_self(), &a) == 0) {
-		if (pthread_attr_getstack(&a, &addr, &size) == 0) {
-			T.stack_lo = (u64)addr;
-			T.stack_hi = (u64)addr + size;
-			T.stack_known = 1;
+	if (fd < 0)
+		return 0;
+	for (;;) {
+		ssize_t n = syscall(SYS_read, fd, buf + have, sizeof(buf) - 1 - have);
+		char *line = buf, *nl;
+
+		if (n <= 0)
+			break;
+		have += (size_t)n;
+		buf[have] = 0;
+		while ((nl = memchr(line, '\n', have - (size_t)(line - buf)))) {
+			char *p = line;
+			u64 start = 0, end = 0;
+
+			for (; *p != '-'; p++)
+				start = start * 16 + (u64)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+			for (p++; *p != ' '; p++)
+				end = end * 16 + (u64)(*p <= '9' ? *p - '0' : (*p | 32) - 'a' + 10);
+			if (addr >= start && addr < end) {
+				found = p[1] == 'r';
+				*lo = start;
+				*hi = end;
+				goto out;
+			}
+			line = nl + 1;
 		}
-		pthread_attr_destroy(&a);
+		have -= (size_t)(line - buf);
+		memmove(buf, line, have);
 	}
-	return T.stack_known == 1;
+out:
+	syscall(SYS_close, fd);
+	return found;
 }
 
-/* Sets the readable range to the stack holding sp: the thread's, or its
- * signal stack. */
+/* Sets the readable range to the stack holding sp: the thread's, a
+ * signal stack, the main thread's grown further: the mapping holding sp,
+ * looked up again whenever sp leaves the one the thread saw last. */
 static int enter_stack(struct walk *w, u64 sp)
 {
 	struct thread *self = w->self;
-	stack_t ss;
 
-	if (stack_bounds(self) && sp >= T.stack_lo && sp < T.stack_hi) {
-		w->lo = sp;
-		w->hi = T.stack_hi;
-		return 1;
+	if (!(T.stack_known && sp >= T.stack_lo && sp < T.stack_hi)) {
+		T.stack_known = mapping_of(sp, &T.stack_lo, &T.stack_hi);
+		if (!T.stack_known)
+			return 0;
 	}
-	if (sigaltstack(NULL, &ss) == 0 && !(ss.ss_flags & SS_DISABLE) && sp >= (u64)ss.ss_sp &&
-	    sp < (u64)ss.ss_sp + ss.ss_size) {
-		w->lo = sp;
-		w->hi = (u64)ss.ss_sp + ss.ss_size;
-		return 1;
-	}
-	return 0;
+	w->lo = sp;
+	w->hi = T.stack_hi;
+	return 1;
 }
 
 static inline int rd(struct walk *w, u64 addr, u64 *out)

@@ -46,6 +46,9 @@ pub fn run(args: InfoArgs) -> anyhow::Result<ExitCode> {
 /// the output see no change. Keep new fields in order too.
 #[derive(Serialize)]
 struct Report<'a> {
+    /// How allocator calls were captured (`bpf` for traces from before
+    /// the agent, which do not say).
+    capture: &'a str,
     command: &'a [String],
     complete: bool,
     /// User stacks the recorder cut before data (`null`: not recorded).
@@ -136,6 +139,7 @@ fn report(trace: &Trace) -> Report<'_> {
     let exit = Exit::from_meta(m);
     let exit_signal = exit.and_then(Exit::signal);
     Report {
+        capture: m.capture.as_deref().unwrap_or("bpf"),
         command: &m.command,
         complete: m.complete,
         cut_stacks: m.cut_stacks,
@@ -202,6 +206,15 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
             "(unknown)".to_string()
         } else {
             r.command.join(" ")
+        }
+    )?;
+    writeln!(
+        out,
+        "capture:   {}",
+        match r.capture {
+            "preload" => "preload (memleak's agent inside the command)",
+            "bpf" => "bpf (kernel uprobes)",
+            other => other,
         }
     )?;
     let pids: Vec<String> = r.pids.iter().map(|p| p.to_string()).collect();

@@ -36,12 +36,12 @@ use memleak_recorder::scan::Stopped;
     after_help = "Examples:\n  memleak record -p 1234 -o trace.parquet\n  memleak record -o trace.parquet -- ./server --port 80\n  memleak record -c \"./a.out arg\" -o trace.parquet"
 )]
 pub struct RecordArgs {
-    /// How allocator calls are captured: kernel uprobes (bpf: any
-    /// process, -p, static and setuid programs, --kernel), or memleak's
-    /// agent inside a command it starts (preload: LD_PRELOAD, no trap per
-    /// call; see docs/design.md for what it does not see yet), or preload
-    /// where it can work and bpf elsewhere (auto).
-    #[arg(long, value_enum, default_value = "bpf")]
+    /// How allocator calls are captured: memleak's agent inside a
+    /// command it starts (preload: LD_PRELOAD, no kernel trap per call, a
+    /// twentieth of the probes' cost), kernel uprobes (bpf: any process,
+    /// -p, static and setuid programs, --kernel), or preload wherever it
+    /// can work and bpf elsewhere (auto).
+    #[arg(long, value_enum, default_value = "auto")]
     pub capture: Capture,
     /// Trace processes by pid (comma-separated or repeated).
     #[arg(short, long, value_delimiter = ',')]

@@ -40,7 +40,7 @@ fn record(dir: &Path, bin: &Path, pairs: &str, extra: &[&str]) -> (PathBuf, Stri
     let out = {
         let _guard = recording_guard(false);
         memleak()
-            .args(["record", "-q", "-o"])
+            .args(["record", "-q", "--capture", "bpf", "-o"])
             .arg(&trace)
             .args(extra)
             .arg("--")

@@ -169,3 +169,23 @@ fn multithreaded_cxx() {
     }
     assert_eq!(f.len(), 4, "{f:?}");
 }
+
+/// The ring the probes overflow (`lost_events_are_counted_and_reported`:
+/// 64 KiB, drained every 200 ms) makes the agent's writers wait instead:
+/// nothing lost, the exact answer.
+#[test]
+fn a_small_ring_makes_writers_wait_not_lose() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("threads");
+    let (_dir, trace) = fx.record(&[
+        "--capture",
+        "preload",
+        "--ring-size",
+        "64k",
+        "--poll-ms",
+        "200",
+    ]);
+    common::fixtures::check_trace(&fx, &trace, &["outstanding", "mappings"]);
+}

@@ -640,7 +640,16 @@ fn lost_events_are_counted_and_reported() {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     let out = memleak()
-        .args(["record", "--ring-size", "65536", "--poll-ms", "200", "-o"])
+        .args([
+            "record",
+            "--capture",
+            "bpf",
+            "--ring-size",
+            "65536",
+            "--poll-ms",
+            "200",
+            "-o",
+        ])
         .arg(&trace)
         .arg("--")
         .arg(fixtures_dir().join("threads"))
