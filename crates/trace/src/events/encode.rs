@@ -33,8 +33,6 @@
 //! The `write_speed` example compares this path with the Arrow writer's
 //! (docs/benchmarks.md, the writer cost).
 
-use crate::writer::SegmentSink;
-
 use arrow_array::types::Int8Type;
 use arrow_array::{Array, DictionaryArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
 use arrow_schema::{DataType, Field};
@@ -50,6 +48,7 @@ use parquet::file::statistics::Statistics;
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::ColumnPath;
 
+use crate::fsio::SegmentSink;
 use crate::schema::{EventKind, Table};
 
 /// A column encoded here, with its values of the row group being filled.
