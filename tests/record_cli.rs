@@ -167,7 +167,7 @@ fn attach_to_a_process_with_preloaded_jemalloc() {
     }
     let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
     if !Path::new(je).exists() {
-        eprintln!("skipping: {je} is not installed (libjemalloc2)");
+        common::skip(format_args!("{je} is not installed (libjemalloc2)"));
         return;
     }
     // Past pymalloc's 512-byte limit, so every iteration calls malloc.
