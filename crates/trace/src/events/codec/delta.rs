@@ -13,9 +13,7 @@ use super::varint::{put_uvarint, put_zigzag, uleb, zigzag};
 /// (those of the Parquet writer's settings: 32-value miniblocks keep an
 /// occasional long gap between times from widening many neighbours).
 const DELTA_BLOCK: usize = 128;
-
 const DELTA_MINIBLOCKS: usize = 4;
-
 const DELTA_MINIBLOCK: usize = DELTA_BLOCK / DELTA_MINIBLOCKS;
 
 /// A DELTA_BINARY_PACKED page body of `values` (the physical type's bits;

@@ -7,12 +7,10 @@ use parquet::errors::{ParquetError, Result};
 
 use super::varint::{put_zigzag, uleb, zigzag};
 
+/// Parquet's page types: the codes of the Thrift `PageType` enum.
 pub(crate) const PAGE_DATA: i32 = 0;
-
 pub(crate) const PAGE_INDEX: i32 = 1;
-
 pub(crate) const PAGE_DICTIONARY: i32 = 2;
-
 pub(crate) const PAGE_DATA_V2: i32 = 3;
 
 /// The fields of a Parquet `PageHeader` this module reads.
@@ -89,11 +87,8 @@ pub(crate) fn encoding_of(code: i32) -> Option<Encoding> {
 
 // Thrift compact protocol field types.
 const TRUE: u8 = 1;
-
 const FALSE: u8 = 2;
-
 const I32: u8 = 5;
-
 const STRUCT: u8 = 12;
 
 /// A reader of the Thrift compact protocol, enough for page headers.

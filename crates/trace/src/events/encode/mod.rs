@@ -23,12 +23,12 @@
 //!
 //! Pages are version 1, of the properties' row count (64Ki rows),
 //! compressed like the rest of the file where that pays (see
-//! [`ChunkEncoder::write_pages`](chunk::ChunkEncoder::write_pages)), so readers (DuckDB, pyarrow, the
-//! analyzer) see the same columns as before. Settings only Parquet's
-//! writers implement (version 2 pages, page statistics, bloom filters,
-//! chunk statistics beyond `ts_ns`'s, other encodings; the `write_speed`
-//! example and the analyzer's decoder tests ask for some) send a column
-//! through them instead.
+//! [`ChunkEncoder::write_pages`](chunk::ChunkEncoder::write_pages)), so
+//! readers (DuckDB, pyarrow, the analyzer) see the same columns as
+//! before. Settings only Parquet's writers implement (version 2 pages,
+//! page statistics, bloom filters, chunk statistics beyond `ts_ns`'s,
+//! other encodings; the `write_speed` example and the analyzer's decoder
+//! tests ask for some) send a column through them instead.
 //!
 //! The `write_speed` example compares this path with the Arrow writer's
 //! (docs/benchmarks.md, the writer cost).
@@ -67,7 +67,7 @@ pub(crate) struct EventsFile {
     rows: usize,
     row_groups: usize,
     /// Encodes the chunks of the columns encoded here.
-    chunks: ChunkEncoder,
+    encoder: ChunkEncoder,
 }
 
 impl EventsFile {
@@ -80,7 +80,7 @@ impl EventsFile {
             .max(8);
         let row_group_rows = props.max_row_group_row_count().unwrap_or(1 << 20).max(1);
         let compression = props.compression(&ColumnPath::from("kind"));
-        let chunks = ChunkEncoder::new(page_rows, compression)?;
+        let encoder = ChunkEncoder::new(page_rows, compression)?;
         let schema = Table::Events.schema();
         let custom: Vec<Option<Custom>> = schema
             .fields()
@@ -100,7 +100,7 @@ impl EventsFile {
             arrow: Vec::new(),
             rows: 0,
             row_groups: 0,
-            chunks,
+            encoder,
         })
     }
 
@@ -156,7 +156,7 @@ impl EventsFile {
                 Some(mut custom) => {
                     debug_assert_eq!(custom.len(), self.rows);
                     let descr = self.file.schema_descr().column(i);
-                    let chunk = self.chunks.encode(descr, &custom);
+                    let chunk = self.encoder.encode(descr, &custom);
                     custom.clear();
                     self.custom[i] = Some(custom);
                     Some(chunk?)
