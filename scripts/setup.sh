@@ -6,6 +6,7 @@ set -euo pipefail
 APT_PACKAGES=(
     clang llvm libelf-dev zlib1g-dev pkg-config make gcc g++ # build + BPF
     valgrind gdb libjemalloc2                                # fixture cross-checks, -O test
+    sqlite3 xz-utils                                         # programs of the valgrind comparison test
     python3 python3-pip python3-venv                         # DuckDB/pyarrow reader test
     linux-perf bpftool                                       # handy for debugging probes
     golang-go protobuf-compiler                              # pprof export test (go tool pprof, protoc)

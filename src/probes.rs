@@ -13,6 +13,7 @@ use libbpf_rs::{
     Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, TracepointCategory,
     UprobeMultiOpts,
 };
+use memleak_recorder::event::MAX_FRAMES;
 use memleak_recorder::targets::{LibraryProbes, ProbeMode};
 use memleak_recorder::unwind::{ProcTable, Row, UnwindSink, WalkMode};
 use memleak_trace::EventKind;
@@ -202,8 +203,6 @@ impl Drop for Probes<'_> {
         drop_links(links);
     }
 }
-
-const MAX_FRAMES: u32 = 127;
 
 impl<'obj> Probes<'obj> {
     pub fn load(object: &'obj mut MaybeUninit<OpenObject>, cfg: &ProbeConfig) -> Result<Self> {
@@ -812,7 +811,8 @@ mod tests {
         assert_eq!(offset_of!(E, nframes), offsets::NFRAMES);
         assert_eq!(offset_of!(E, stack_err), offsets::STACK_ERR);
         assert_eq!(offset_of!(E, frames), offsets::FRAMES);
-        assert_eq!(std::mem::size_of::<E>(), offsets::FRAMES + 127 * 8);
+        let frames = super::MAX_FRAMES as usize;
+        assert_eq!(std::mem::size_of::<E>(), offsets::FRAMES + frames * 8);
     }
 
     #[test]

@@ -100,7 +100,7 @@ pub struct RecordArgs {
     #[arg(long, value_enum, default_value = "auto")]
     pub unwind: Unwind,
     /// Frames captured per allocation stack, 1 to 127.
-    #[arg(long, value_name = "N", default_value_t = 127, value_parser = clap::value_parser!(u32).range(1..=127))]
+    #[arg(long, value_name = "N", default_value_t = memleak_recorder::event::MAX_FRAMES, value_parser = clap::value_parser!(u32).range(1..=i64::from(memleak_recorder::event::MAX_FRAMES)))]
     pub stack_depth: u32,
     /// Ring buffer size, 4 KiB to 1 GiB (k, M, G suffixes), rounded up to
     /// a power of two and to at least 64 KiB.

@@ -93,24 +93,32 @@ fn kill_9_keeps_all_but_the_last_second() {
         .spawn()
         .unwrap();
     let started = Instant::now();
-    // Readable within about a second of the start, while recording.
-    let mut live = None;
-    while started.elapsed() < Duration::from_millis(1800) {
-        std::thread::sleep(Duration::from_millis(100));
+    // Readable while recording: an events segment appears (at the first
+    // checkpoint) while the recorder runs. The deadline only catches a
+    // hang.
+    let deadline = started + Duration::from_secs(60);
+    let first_segment = loop {
         if trace.join("events").read_dir().is_ok_and(|mut d| {
             d.any(|e| e.is_ok_and(|e| e.path().extension().is_some_and(|x| x == "parquet")))
         }) {
-            live = Some(started.elapsed());
-            break;
+            break Ok(started.elapsed());
         }
-    }
-    let live = live.expect("no events segment within 1.8 s of the start");
-    match duckdb_rows(&trace) {
-        Some(n) => assert!(n > 0, "DuckDB reads no event of a live trace"),
-        None => eprintln!("note: python3 has no duckdb; live DuckDB read not checked"),
-    }
-    let out = memleak().arg("info").arg(&trace).output().unwrap();
-    assert!(out.status.success(), "info of a live trace: {out:?}");
+        if rec.try_wait().unwrap().is_some() {
+            break Err("the recorder ended before its first events segment");
+        }
+        if Instant::now() >= deadline {
+            break Err("hung: no events segment 60 s after the start");
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let live = first_segment.unwrap_or_else(|why| {
+        kill_and_reap(&mut rec);
+        kill_and_reap(&mut work);
+        panic!("{why}")
+    });
+    let live_rows = duckdb_rows(&trace);
+    let live_info = memleak().arg("info").arg(&trace).output().unwrap();
+    let still_recording = rec.try_wait().unwrap().is_none();
 
     std::thread::sleep(Duration::from_secs(3).saturating_sub(started.elapsed()));
     rec.kill().unwrap(); // SIGKILL
@@ -118,6 +126,18 @@ fn kill_9_keeps_all_but_the_last_second() {
     let _ = rec.wait();
     kill_and_reap(&mut work);
     eprintln!("first segment after {live:?}");
+    assert!(
+        still_recording,
+        "the recorder ended before the live reads were done"
+    );
+    match live_rows {
+        Some(n) => assert!(n > 0, "DuckDB reads no event of a live trace"),
+        None => common::skip("the live DuckDB read: python3 has no duckdb"),
+    }
+    assert!(
+        live_info.status.success(),
+        "info of a live trace: {live_info:?}"
+    );
 
     // What the trace holds of the workload, and what ran meanwhile.
     let t = memleak_trace::Trace::open(&trace).expect("a killed recorder's trace opens");

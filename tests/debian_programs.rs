@@ -115,7 +115,7 @@ fn check(cmd: &[&str], env: &[(&str, &str)]) {
 
 fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)]) {
     if !Path::new(cmd[0]).exists() {
-        eprintln!("skipping {}: not installed", cmd[0]);
+        common::skip(format_args!("{} is not installed", cmd[0]));
         return;
     }
     let vg = valgrind(cmd, env);

@@ -147,7 +147,9 @@ fn html_report_renders_in_chromium() {
         return;
     }
     if !Path::new(CHROMIUM).exists() {
-        eprintln!("skipping: {CHROMIUM} is not installed (Debian's chromium package)");
+        common::skip(format_args!(
+            "{CHROMIUM} is not installed (Debian's chromium package)"
+        ));
         return;
     }
     // seed: 10 x malloc(4), every other block freed: 20 bytes in 5

@@ -113,7 +113,7 @@ fn sigalt_survives_beside_a_system_wide_uretprobe() {
     }
     let tracing = Path::new("/sys/kernel/tracing");
     if !tracing.join("uprobe_events").exists() {
-        eprintln!("skipping: /sys/kernel/tracing/uprobe_events is not available");
+        common::skip("/sys/kernel/tracing/uprobe_events is not available (tracefs)");
         return;
     }
     // Alone: a uretprobe in every process would slow every other test.

@@ -227,7 +227,7 @@ fn has_go() -> bool {
         .output()
         .is_ok_and(|o| o.status.success());
     if !runs {
-        eprintln!("skipping the go tool pprof checks: go is not installed");
+        common::skip("the go tool pprof checks: go is not installed");
     }
     runs
 }

@@ -6,7 +6,7 @@ mod common;
 
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::fixtures::{build_steady, fixtures_dir, memleak};
 use common::procs::{
@@ -167,7 +167,7 @@ fn attach_to_a_process_with_preloaded_jemalloc() {
     }
     let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
     if !Path::new(je).exists() {
-        eprintln!("skipping: {je} is not installed (libjemalloc2)");
+        common::skip(format_args!("{je} is not installed (libjemalloc2)"));
         return;
     }
     // Past pymalloc's 512-byte limit, so every iteration calls malloc.
@@ -679,23 +679,18 @@ fn lost_events_are_counted_and_reported() {
     );
 }
 
-/// Runs `memleak record ARGS -o TRACE -- COMMAND` to its end (at most
-/// `secs`), with stderr in a file: a command left running would hold a
-/// pipe open. Returns the status, stderr, the time taken and the meta.
+/// Runs `memleak record ARGS -o TRACE -- COMMAND` to its end, with
+/// stderr in a file: a command left running would hold a pipe open.
+/// Returns the status, stderr and the meta. The 60 s deadline only
+/// catches a hang: the commands run longer than that (`sleep 100`) unless
+/// memleak ends them or leaves them running (`--detach`).
 fn record_until_done(
     dir: &Path,
     args: &[&str],
     command: &[&str],
-    secs: u64,
-) -> (
-    std::process::ExitStatus,
-    String,
-    Duration,
-    memleak_trace::Meta,
-) {
+) -> (std::process::ExitStatus, String, memleak_trace::Meta) {
     let trace = dir.join("t.parquet");
     let err_path = dir.join("stderr");
-    let started = Instant::now();
     let mut rec = memleak()
         .arg("record")
         .args(args)
@@ -707,12 +702,11 @@ fn record_until_done(
         .stderr(std::fs::File::create(&err_path).unwrap())
         .spawn()
         .unwrap();
-    let status = wait_within(&mut rec, secs, "memleak record");
-    let took = started.elapsed();
+    let status = wait_within(&mut rec, 60, "memleak record");
     let stderr = std::fs::read_to_string(&err_path).unwrap();
     let t = memleak_trace::Trace::open(&trace).unwrap_or_else(|e| panic!("{e}: {stderr}"));
     assert!(t.meta().complete, "{stderr}");
-    (status, stderr, took, t.meta().clone())
+    (status, stderr, t.meta().clone())
 }
 
 /// -d: the command is sent SIGTERM, recorded until it exits, and waited
@@ -723,7 +717,7 @@ fn duration_ends_the_command_with_sigterm() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (status, stderr, took, meta) = record_until_done(
+    let (status, stderr, meta) = record_until_done(
         dir.path(),
         &[
             "-d",
@@ -738,10 +732,9 @@ fn duration_ends_the_command_with_sigterm() {
             "20",
         ],
         &["sleep", "100"],
-        10,
     );
+    // Ended by memleak's SIGTERM, not by its own end 100 s later.
     assert_eq!(status.code(), Some(143), "{stderr}");
-    assert!(took < Duration::from_secs(8), "took {took:?}");
     assert_eq!(meta.exit_code, Some(143));
     assert_eq!(meta.exit_signal, Some(libc::SIGTERM));
     let pid = meta.pids[0];
@@ -769,7 +762,7 @@ fn kill_after_kills_a_command_that_ignores_sigterm() {
         return;
     }
     let dir = tempfile::tempdir().unwrap();
-    let (status, stderr, took, meta) = record_until_done(
+    let (status, stderr, meta) = record_until_done(
         dir.path(),
         &["-d", "1s", "--kill-after", "1s"],
         &[
@@ -778,10 +771,9 @@ fn kill_after_kills_a_command_that_ignores_sigterm() {
             // The ignored signal stays ignored across exec.
             "trap '' TERM; exec sleep 100",
         ],
-        20,
     );
+    // Killed by --kill-after's SIGKILL, having ignored the SIGTERM.
     assert_eq!(status.code(), Some(137), "{stderr}");
-    assert!(took < Duration::from_secs(10), "took {took:?}");
     assert_eq!(meta.exit_code, Some(137));
     assert_eq!(meta.exit_signal, Some(libc::SIGKILL));
     assert!(reaped(meta.pids[0]));
@@ -803,8 +795,8 @@ fn detach_leaves_the_command_running() {
     }
     become_subreaper();
     let dir = tempfile::tempdir().unwrap();
-    let (status, stderr, _, meta) =
-        record_until_done(dir.path(), &["--detach", "-d", "1s"], &["sleep", "100"], 10);
+    let (status, stderr, meta) =
+        record_until_done(dir.path(), &["--detach", "-d", "1s"], &["sleep", "100"]);
     let pid = meta.pids[0];
     let state = proc_state(pid);
     let tracer = std::fs::read_to_string(format!("/proc/{pid}/status"))
@@ -848,11 +840,10 @@ fn detach_leaves_no_thread_stopped() {
     become_subreaper();
     let dir = tempfile::tempdir().unwrap();
     let churn = fixtures_dir().join("dl_churn");
-    let (status, stderr, _, meta) = record_until_done(
+    let (status, stderr, meta) = record_until_done(
         dir.path(),
         &["--detach", "-d", "1s"],
         &[churn.to_str().unwrap()],
-        15,
     );
     let pid = meta.pids[0];
     // A stop caused by a SIGSTOP left queued comes at once: wait a little.

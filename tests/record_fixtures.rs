@@ -342,12 +342,12 @@ fn seed_with_jemalloc_via_object() {
 
 const JEMALLOC: &str = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
 
-/// Whether jemalloc is installed; if not, prints the one line that says
-/// why the calling test is skipped.
+/// Whether jemalloc is installed; if not, says why the calling test is
+/// skipped (`common::skip`).
 fn has_jemalloc() -> bool {
     let there = std::path::Path::new(JEMALLOC).exists();
     if !there {
-        eprintln!("skipping: {JEMALLOC} is not installed (libjemalloc2)");
+        common::skip(format_args!("{JEMALLOC} is not installed (libjemalloc2)"));
     }
     there
 }

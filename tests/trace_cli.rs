@@ -468,7 +468,7 @@ fn printing_commands(root: &Path) -> Vec<Vec<std::ffi::OsString>> {
 #[test]
 fn full_disk_on_stdout_is_one_error_line() {
     if !Path::new("/dev/full").exists() {
-        eprintln!("skipping: no /dev/full");
+        common::skip("no /dev/full");
         return;
     }
     let dir = tempfile::tempdir().unwrap();

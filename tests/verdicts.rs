@@ -99,8 +99,8 @@ fn memleak_verdicts(
     assert!(out.status.success(), "record failed: {out:?}");
     let t = memleak_trace::Trace::open(&trace).unwrap();
     if t.meta().scans.is_empty() {
-        eprintln!(
-            "skipping the memleak side: this memleak does not scan at exit (no scans in meta.json)"
+        common::skip(
+            "the memleak side: this memleak does not scan at exit (no scans in meta.json)",
         );
         return None;
     }

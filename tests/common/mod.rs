@@ -2,20 +2,23 @@
 pub mod elfsyms;
 pub mod fixtures;
 pub mod procs;
+pub mod skip;
 
-/// Whether this process can load BPF programs (root). If not, prints the
-/// one line that says why the calling test is skipped; it then returns.
+pub use skip::skip;
+
+/// Whether this process can load BPF programs (root). If not, says why
+/// the calling test is skipped ([`skip`]); it then returns.
 pub fn can_record() -> bool {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("skipping: recording needs root (or CAP_BPF and CAP_PERFMON)");
+    skip("recording needs root (or CAP_BPF and CAP_PERFMON)");
     false
 }
 
-/// Whether `tool` runs. If not, prints the one line that says why the
-/// calling test is skipped.
+/// Whether `tool` runs. If not, says why the calling test is skipped
+/// ([`skip`]).
 pub fn has_tool(tool: &str) -> bool {
     let runs = std::process::Command::new(tool)
         .arg("--version")
@@ -24,7 +27,7 @@ pub fn has_tool(tool: &str) -> bool {
         .status()
         .is_ok();
     if !runs {
-        eprintln!("skipping: {tool} is not installed");
+        skip(format_args!("{tool} is not installed"));
     }
     runs
 }
@@ -34,8 +37,8 @@ pub fn has_tool(tool: &str) -> bool {
 pub struct Tmpfs(tempfile::TempDir);
 
 impl Tmpfs {
-    /// Mounts one; `None` (with the line that says why the calling test
-    /// is skipped) if this process may not mount.
+    /// Mounts one; `None` (having said why the calling test is skipped,
+    /// [`skip`]) if this process may not mount.
     pub fn mount(options: &str) -> Option<Tmpfs> {
         let dir = tempfile::tempdir().unwrap();
         let ok = std::process::Command::new("mount")
@@ -45,7 +48,7 @@ impl Tmpfs {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipping: mounting a tmpfs ({options}) needs root");
+            skip(format_args!("mounting a tmpfs ({options}) needs root"));
             return None;
         }
         Some(Tmpfs(dir))

@@ -18,7 +18,7 @@ pub fn wait_within(
     }
     let _ = child.kill();
     let _ = child.wait();
-    panic!("{what} did not stop within {secs} s");
+    panic!("{what} hung: still running after {secs} s");
 }
 
 /// A process's state letter in /proc (R, S, T, t, Z...), None once gone.

@@ -32,6 +32,13 @@ pub mod offsets {
     pub const FRAMES: usize = 56;
 }
 
+/// Frames a stack holds at most: `MEMLEAK_MAX_FRAMES` in `bpf/memleak.h`,
+/// the length of `struct memleak_event`'s `frames` array. The limit of
+/// `record --stack-depth` and of the probes' stack size; a test below
+/// checks the header, and the memleak binary's layout test the
+/// skeleton's type.
+pub const MAX_FRAMES: u32 = 127;
+
 /// `flags` bit: the frames are a kernel stack.
 pub const FLAG_KERNEL_STACK: u8 = 1;
 /// `flags` bit: the stack filled the configured depth.
@@ -294,5 +301,20 @@ mod tests {
         assert_eq!(UnwindEnd::from_code(14), None);
         assert_eq!(UnwindEnd::from_flags(15 << FLAG_END_SHIFT), UnwindEnd::None);
         assert_eq!(UnwindEnd::from_flags(FLAG_KERNEL_STACK), UnwindEnd::None);
+    }
+
+    #[test]
+    fn frame_limit_matches_the_bpf_header() {
+        let header = include_str!("../../../bpf/memleak.h");
+        let defined: Vec<&str> = header
+            .lines()
+            .filter_map(|l| l.trim().strip_prefix("#define MEMLEAK_MAX_FRAMES"))
+            .map(str::trim)
+            .collect();
+        assert_eq!(
+            defined,
+            [MAX_FRAMES.to_string()],
+            "MEMLEAK_MAX_FRAMES in memleak.h"
+        );
     }
 }

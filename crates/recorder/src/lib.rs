@@ -43,4 +43,8 @@ pub mod symbolize;
 pub mod targets;
 pub mod unwind;
 
+#[cfg(test)]
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
+
 pub use pipeline::{Recorder, Stats, TableUpdate};

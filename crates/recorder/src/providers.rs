@@ -605,8 +605,7 @@ mod tests {
     fn a_preloaded_allocator_comes_first() {
         let je = "/usr/lib/x86_64-linux-gnu/libjemalloc.so.2";
         if !Path::new(je).exists() {
-            eprintln!("skipping: {je} is not installed (libjemalloc2)");
-            return;
+            return crate::skip::skip(format_args!("{je} is not installed (libjemalloc2)"));
         }
         struct Killed(std::process::Child);
         impl Drop for Killed {

@@ -1,6 +1,9 @@
 //! Probe placement: crafted code for every rule, then the real glibc and
 //! libstdc++ of the machine running the tests.
 
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
+
 use std::path::Path;
 
 use iced_x86::{Decoder, DecoderOptions};
@@ -452,7 +455,7 @@ const GLIBC_ALLOCATORS: &[(&str, ProbeKind)] = &[
 
 fn resolve_real(path: &str, syms: &[(&str, ProbeKind)]) -> Option<Vec<(ResolvedProbe, Vec<u8>)>> {
     if !Path::new(path).exists() {
-        eprintln!("{path} not present; skipping");
+        skip::skip(format_args!("{path} is not installed"));
         return None;
     }
     let elf = ElfFile::open(Path::new(path)).unwrap();
@@ -556,6 +559,7 @@ fn glibc_allocators() {
 #[test]
 fn glibc_symbol_lookup() {
     if !Path::new(LIBC).exists() {
+        skip::skip(format_args!("{LIBC} is not installed"));
         return;
     }
     let r = resolve(

@@ -4,6 +4,9 @@
 //! a tree lost at its root, a pointer behind an unreadable page), reports
 //! its blocks, and is stopped with ptrace and scanned.
 
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
+
 use std::collections::HashMap;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
@@ -35,7 +38,7 @@ fn build_shapes(dir: &std::path::Path) -> Option<std::path::PathBuf> {
 fn verdicts_of_known_pointer_shapes_in_a_stopped_process() {
     let dir = tempfile::tempdir().unwrap();
     let Some(exe) = build_shapes(dir.path()) else {
-        eprintln!("skipped: no C compiler (cc)");
+        skip::skip("no C compiler (cc)");
         return;
     };
     let child = Command::new(&exe)

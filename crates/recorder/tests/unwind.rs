@@ -2,6 +2,9 @@
 //! binutils' own CFI interpreter), on corrupt input, and the reference
 //! unwinder on real stopped processes built from `tests/unwind_fixtures/`.
 
+#[path = "../../../tests/common/skip.rs"]
+mod skip;
+
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::io::Read;
 use std::os::fd::AsRawFd;
@@ -32,7 +35,7 @@ const SYSTEM_OBJECTS: &[&str] = &[
 fn installed(path: &str) -> bool {
     let there = Path::new(path).exists();
     if !there {
-        eprintln!("skipping {path}: not installed");
+        skip::skip(format_args!("{path} is not installed"));
     }
     there
 }
@@ -265,7 +268,7 @@ fn expected(c: &Cells) -> Option<(Kind, i64, i64)> {
 #[test]
 fn rows_match_readelf_interpretation() {
     if Command::new("readelf").arg("--version").output().is_err() {
-        eprintln!("skipping: readelf is not installed");
+        skip::skip("readelf is not installed");
         return;
     }
     for &path in SYSTEM_OBJECTS {
@@ -433,7 +436,7 @@ fn compile(dir: &Path, src: &str, compiler: &str, flags: &[&str], name: &str) ->
     {
         Ok(s) => s,
         Err(_) => {
-            eprintln!("skipping: {compiler} is not installed");
+            skip::skip(format_args!("{compiler} is not installed"));
             return None;
         }
     };
@@ -446,7 +449,7 @@ fn is_root() -> bool {
     if unsafe { libc::geteuid() } == 0 {
         return true;
     }
-    eprintln!("skipping: stopping and reading another process needs root");
+    skip::skip("stopping and reading another process needs root");
     false
 }
 

@@ -9,7 +9,7 @@
 //!
 //! The dictionary column costs about twice the Int8 one: the writer looks
 //! every row's string up in its own dictionary again. That is why the
-//! trace writer encodes `kind` itself (src/events/encode.rs).
+//! trace writer encodes `kind` itself (src/events/encode/).
 
 use std::sync::Arc;
 use std::time::Instant;

@@ -1,6 +1,7 @@
 //! How memleak creates and replaces files, in one place: the trace's
-//! segments and `meta.json` (crate-private helpers), and every report the
-//! CLI writes for the user ([`replace_file`]).
+//! segments and `meta.json` (crate-private helpers, and the checksumming
+//! sink every segment is written through), and every report the CLI
+//! writes for the user ([`replace_file`]).
 //!
 //! A file is replaced by writing a temporary file beside it and renaming
 //! that over it, so a reader, a crash or a full disk never sees half of
@@ -10,6 +11,7 @@ use std::fs::{self, File, OpenOptions};
 use std::io::{self, BufWriter, Write};
 use std::os::unix::fs::{FileTypeExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 /// Creates a file readable by its owner only: traces hold addresses and
 /// command lines of other people's processes.
@@ -28,6 +30,45 @@ pub(crate) fn create_private(path: &Path) -> io::Result<File> {
 pub(crate) fn replace_atomically(path: &Path, tmp: &Path, bytes: &[u8]) -> io::Result<()> {
     let file = create_private(tmp)?;
     commit(file, tmp, path, |f| f.write_all(bytes))
+}
+
+/// A segment file being written. Every byte goes through a CRC-32 on its
+/// way to the file (segments are written front to back), so the checksum
+/// `meta.json` lists costs no second read.
+pub(crate) struct SegmentSink {
+    file: File,
+    crc: crc32fast::Hasher,
+    bytes: u64,
+}
+
+impl SegmentSink {
+    pub(crate) fn new(file: File) -> Self {
+        SegmentSink {
+            file,
+            crc: crc32fast::Hasher::new(),
+            bytes: 0,
+        }
+    }
+
+    /// Fsyncs the file, and returns its length and CRC-32: what
+    /// `meta.json` lists of a closed segment.
+    pub(crate) fn sync(self) -> io::Result<(u64, u32)> {
+        self.file.sync_all()?;
+        Ok((self.bytes, self.crc.finalize()))
+    }
+}
+
+impl Write for SegmentSink {
+    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
+        let n = self.file.write(buf)?;
+        self.crc.update(&buf[..n]);
+        self.bytes += n as u64;
+        Ok(n)
+    }
+
+    fn flush(&mut self) -> io::Result<()> {
+        self.file.flush()
+    }
 }
 
 /// A temporary file, removed unless it was renamed into place.
@@ -168,7 +209,10 @@ fn create_temporary(path: &Path) -> io::Result<(PathBuf, File)> {
         prefix.pop();
     }
     let pid = std::process::id();
-    let mut seed = crate::meta::clock_ns(libc::CLOCK_REALTIME) ^ u64::from(pid) << 32;
+    let now = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap_or_default();
+    let mut seed = now.as_nanos() as u64 ^ u64::from(pid) << 32;
     let mut last = None;
     for _ in 0..64 {
         // xorshift: a name another user cannot guess in advance.

@@ -35,6 +35,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod directory;
 pub mod error;
 pub mod events;
 pub mod fsio;

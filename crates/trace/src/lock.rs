@@ -97,13 +97,6 @@ impl TraceLock {
         &self.root
     }
 
-    /// Removes the trace this lock holds, as [`crate::writer::remove_trace`]
-    /// would, without letting go of it meanwhile: for a recorder that
-    /// recorded nothing and leaves nothing behind.
-    pub fn remove_trace(&self) -> Result<()> {
-        crate::writer::remove_locked(&self.root)
-    }
-
     /// Removes the lock file, keeping the lock: once a recording is
     /// complete, a trace needs no lock file. Whoever opened it meanwhile
     /// finds it gone when it gets the lock, and starts again.

@@ -29,7 +29,9 @@ fn duckdb_and_pyarrow_read_every_table() {
         .output()
         .is_ok_and(|o| o.status.success());
     if !have_readers {
-        eprintln!("skipping: python3 with duckdb and pyarrow is not installed (scripts/setup.sh installs them)");
+        common::skip::skip(
+            "python3 with duckdb and pyarrow is not installed (scripts/setup.sh installs them)",
+        );
         return;
     }
     let dir = tempfile::tempdir().unwrap();

@@ -141,7 +141,7 @@ fn many_segments_are_read_in_order() {
     }
 }
 
-/// The writer encodes the events columns itself (src/events/encode.rs):
+/// The writer encodes the events columns itself (src/events/encode/):
 /// check them across data pages (64Ki rows) and row groups, with one, two
 /// and all kinds in a chunk, constant, regular and arbitrary integers
 /// (every bit width up to 64), and nullable columns never, sometimes and

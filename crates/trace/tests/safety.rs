@@ -222,15 +222,15 @@ fn the_first_events_are_listed_early() {
     assert_eq!(read_events(&Trace::open(&root).unwrap()), events);
 }
 
-/// A tmpfs of `size`, unmounted when dropped; `None` (the test skips, with
-/// one line) when this process cannot mount one.
+/// A tmpfs of `size`, unmounted when dropped; `None` (the test skips,
+/// `common::skip::skip`) when this process cannot mount one.
 struct Tmpfs(tempfile::TempDir);
 
 impl Tmpfs {
     fn mount(size: &str) -> Option<Tmpfs> {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("skipping: mounting a tmpfs needs root");
+            common::skip::skip("mounting a tmpfs needs root");
             return None;
         }
         let dir = tempfile::tempdir().unwrap();
@@ -240,7 +240,7 @@ impl Tmpfs {
             .status()
             .is_ok_and(|s| s.success());
         if !ok {
-            eprintln!("skipping: cannot mount a tmpfs");
+            common::skip::skip("cannot mount a tmpfs");
             return None;
         }
         Some(Tmpfs(dir))

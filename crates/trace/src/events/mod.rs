@@ -10,7 +10,7 @@
 //! (which still writes the footer and schema).
 //!
 //! Reading them back is where an analysis spends its time, so the same
-//! encodings are decoded here too, next to the code that writes them:
+//! encodings are decoded here too, each beside its encoder in `codec`:
 //! `pages` parses the page headers, checks the page CRCs, decompresses
 //! and decodes the pages a trace uses (PLAIN, dictionaries, RLE/bit-packed
 //! levels and indices, DELTA_BINARY_PACKED, BYTE_STREAM_SPLIT), and
@@ -38,6 +38,7 @@
 //! # Ok::<(), memleak_trace::Error>(())
 //! ```
 
+mod codec;
 mod decode;
 pub(crate) mod encode;
 mod pages;

@@ -2,6 +2,9 @@
 //! and helpers to write traces and foreign files.
 #![allow(dead_code)]
 
+#[path = "../../../../tests/common/skip.rs"]
+pub mod skip;
+
 use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
