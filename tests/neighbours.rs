@@ -39,8 +39,10 @@ fn record_sigalt_repeatedly(extra: &[&str]) {
     for run in 0..RUNS {
         let dir = tempfile::tempdir().unwrap();
         let trace = dir.path().join("t.parquet");
+        // The probes: the agent (--capture preload) puts no uprobe in the
+        // program, so nothing here could crash it.
         let out = memleak()
-            .args(["record", "-q", "-o"])
+            .args(["record", "-q", "--capture", "bpf", "-o"])
             .arg(&trace)
             .args(extra)
             .arg("--")

@@ -682,7 +682,14 @@ fn beside_another_recording() {
     let other = dir.path().join("other.parquet");
     let rec = Other(
         common::fixtures::memleak()
-            .args(["record", "-q", "--shared-libraries", "-o"])
+            .args([
+                "record",
+                "-q",
+                "--capture",
+                "bpf",
+                "--shared-libraries",
+                "-o",
+            ])
             .arg(&other)
             .args(["--", "sleep", "120"])
             .spawn()
@@ -708,7 +715,7 @@ fn beside_another_recording() {
         let fx = Fixture::load(name);
         // On the system's files, shared with the other recording (a
         // command's private copies would share nothing with it).
-        let (_dir, trace) = fx.record_unguarded(&["--shared-libraries"]);
+        let (_dir, trace) = fx.record_unguarded(&["--capture", "bpf", "--shared-libraries"]);
         check_trace(&fx, &trace, &["outstanding", "mappings"]);
     }
     // The other recording is still running: the checks above ran beside it.

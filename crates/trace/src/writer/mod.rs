@@ -40,7 +40,7 @@ use crate::schema::{Event, EventKind, FrameRecord, MapRecord, ScanRecord, StackR
 use event_rows::EventRows;
 use options::{events_props, plain_props};
 use rows::{FrameRows, MapRows, Rows, ScanRows, StackRows};
-use segments::{in_progress, merge_segments, TableSegments};
+use segments::{in_progress, merge_segments, segment_name, TableSegments};
 
 pub use crate::directory::remove_trace;
 pub use options::WriterOptions;
@@ -340,6 +340,13 @@ impl TraceWriter {
             (Table::Scan, &mut self.scan.unmerged),
             (Table::Events, &mut self.events.unmerged),
         ] {
+            // A checkpoint that failed part way (a full disk) closed
+            // segments it never listed: they are not the trace's, and
+            // never merged.
+            let listed = manifest.get(table.name());
+            unmerged.retain(|&(i, _)| {
+                listed.is_some_and(|l| l.iter().any(|e| e.file == segment_name(i)))
+            });
             let large_last = unmerged.last().is_some_and(|&(_, rows)| rows >= full / 2);
             let rows: u64 = unmerged.iter().map(|&(_, r)| r).sum();
             if !(all || large_last || unmerged.len() >= n || rows >= full) {
@@ -348,6 +355,7 @@ impl TraceWriter {
             let small = &unmerged[..unmerged.len() - usize::from(large_last)];
             if small.len() >= 2 {
                 let entries = manifest.entry(table.name().to_string()).or_default();
+                // The listed unmerged segments are the last entries.
                 let first = entries.len() - unmerged.len();
                 let dir = root.join(table.name());
                 let (a, b) = (small[0].0, small[small.len() - 1].0);

@@ -174,7 +174,7 @@ impl<R: Rows> TableSegments<R> {
 }
 
 /// `part-NNNNN.parquet`.
-fn segment_name(index: u32) -> String {
+pub(super) fn segment_name(index: u32) -> String {
     format!("part-{index:05}.parquet")
 }
 
