@@ -392,6 +392,47 @@ EXPORT FILE *popen(const char *cmd, const char *mode)
 	return WITH_AGENT_ENVIRON(FILE *, NEXT(popen_t, "popen")(cmd, mode));
 }
 
+/* ---- stops for the recorder ----
+ *
+ * The recorder keeps the unwind tables and the maps in step with the
+ * process at its ptrace stops. The agent asks for one where they change:
+ * at its start (every initial object is mapped by then) and around dlopen
+ * and dlclose (after the one, before the other unmaps). It is a SIGSTOP to
+ * itself with the agent's value, which the tracing recorder takes and
+ * suppresses; never sent once the recording is over. */
+static void stop_for_recorder(void)
+{
+	siginfo_t si;
+
+	if (!on || !H || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+		return;
+	memset(&si, 0, sizeof(si));
+	si.si_signo = SIGSTOP;
+	si.si_code = SI_QUEUE;
+	si.si_pid = (pid_t)my_pid;
+	si.si_uid = getuid();
+	si.si_value.sival_int = MLA_STOP_VALUE;
+	syscall(SYS_rt_tgsigqueueinfo, (pid_t)my_pid, (pid_t)syscall(SYS_gettid), SIGSTOP, &si);
+}
+
+typedef void *(*dlopen_t)(const char *, int);
+typedef int (*dlclose_t)(void *);
+
+EXPORT void *dlopen(const char *file, int flags)
+{
+	void *h = ((dlopen_t)dlsym(RTLD_NEXT, "dlopen"))(file, flags);
+
+	if (h)
+		stop_for_recorder();
+	return h;
+}
+
+EXPORT int dlclose(void *h)
+{
+	stop_for_recorder();
+	return ((dlclose_t)dlsym(RTLD_NEXT, "dlclose"))(h);
+}
+
 /* ---- init ---- */
 
 static void count_lost(u32 reason)
@@ -555,6 +596,7 @@ static void init(void)
 	state = ST_READY;
 	after_fork();
 	strip_env();
+	stop_for_recorder();
 }
 
 __attribute__((constructor)) static void agent_start(void)
@@ -983,6 +1025,52 @@ static struct mla_table *my_table(void)
 	return table_idx == ~0u ? NULL : &tables[table_idx];
 }
 
+/* The walk with this process's table `t` into `e`. */
+static void walk_rows(struct memleak_event *e, struct walk *w, struct mla_table *t,
+		      const struct regs *r)
+{
+	/* The recorder may rewrite the table meanwhile (a dlopen): a walk
+	 * that saw it change is done again. */
+	for (int tries = 0;; tries++) {
+		u32 seq = __atomic_load_n(&t->seq, __ATOMIC_ACQUIRE);
+
+		w->pc = r->pc;
+		w->sp = r->sp;
+		w->bp = r->bp;
+		w->n = 0;
+		w->hint = 0;
+		w->exact = 1;
+		w->interrupted = 0;
+		w->reason = UE_NONE;
+		w->proc = &t->proc;
+		e->flags &= ~MEF_STACK_FULL;
+		if (!(seq & 1)) {
+			if (!enter_stack(w, r->sp)) {
+				e->frames[0] = r->pc;
+				w->n = 1;
+				w->reason = UE_READ_FAILED;
+			} else {
+				for (int i = 0; i <= MEMLEAK_MAX_FRAMES; i++)
+					if (row_step(w))
+						break;
+			}
+		}
+		__atomic_thread_fence(__ATOMIC_ACQUIRE);
+		if (!(seq & 1) && __atomic_load_n(&t->seq, __ATOMIC_RELAXED) == seq)
+			break;
+		if (tries == 3) {
+			e->frames[0] = r->pc;
+			w->n = 1;
+			w->reason = UE_NO_TABLE;
+			break;
+		}
+	}
+	e->nframes = w->n;
+}
+
+/* The table generation the process last stopped for. */
+static u64 asked_gen = ~0ull;
+
 /* Walks the caller's stack into the slot's event. */
 static void walk_stack(struct thread *self, struct mla_slot *s, const struct regs *r)
 {
@@ -1020,49 +1108,29 @@ static void walk_stack(struct thread *self, struct mla_slot *s, const struct reg
 			reason = e->flags & MEF_STACK_FULL ? UE_MAX_DEPTH : UE_FP_END;
 		}
 		e->nframes = w.n;
-	} else if (!(t = my_table())) {
-		e->frames[0] = r->pc;
-		e->nframes = 1;
-		reason = UE_NO_TABLE;
 	} else {
-		/* The recorder may rewrite the table meanwhile (a dlopen): a
-		 * walk that saw it change is done again. */
-		for (int tries = 0;; tries++) {
-			u32 seq = __atomic_load_n(&t->seq, __ATOMIC_ACQUIRE);
+		/* A pc the table does not know (a library mapped since: in
+		 * dlopen, its constructors run before dlopen returns) makes
+		 * the process stop for the recorder to rebuild the table, and
+		 * the walk is done again; once per change of the tables, so
+		 * that JIT code does not stop it at every call. */
+		for (;;) {
+			u64 gen = __atomic_load_n(&H->tables_gen, __ATOMIC_ACQUIRE);
 
-			w.pc = r->pc;
-			w.sp = r->sp;
-			w.bp = r->bp;
-			w.n = 0;
-			w.hint = 0;
-			w.exact = 1;
-			w.interrupted = 0;
-			w.reason = UE_NONE;
-			w.proc = &t->proc;
-			e->flags &= ~MEF_STACK_FULL;
-			if (!(seq & 1)) {
-				if (!enter_stack(&w, r->sp)) {
-					e->frames[0] = r->pc;
-					w.n = 1;
-					w.reason = UE_READ_FAILED;
-				} else {
-					for (int i = 0; i <= MEMLEAK_MAX_FRAMES; i++)
-						if (row_step(&w))
-							break;
-				}
-			}
-			__atomic_thread_fence(__ATOMIC_ACQUIRE);
-			if (!(seq & 1) && __atomic_load_n(&t->seq, __ATOMIC_RELAXED) == seq)
-				break;
-			if (tries == 3) {
+			t = my_table();
+			if (t) {
+				walk_rows(e, &w, t, r);
+				reason = w.reason;
+			} else {
 				e->frames[0] = r->pc;
-				w.n = 1;
-				w.reason = UE_NO_TABLE;
-				break;
+				e->nframes = 1;
+				reason = UE_NO_TABLE;
 			}
+			if ((reason != UE_NO_MAPPING && reason != UE_NO_TABLE) || gen == asked_gen)
+				break;
+			asked_gen = gen;
+			stop_for_recorder();
 		}
-		e->nframes = w.n;
-		reason = w.reason;
 	}
 	if (reason >= UE_NR)
 		reason = UE_NONE;

@@ -37,6 +37,10 @@
  * command. */
 #define MLA_NAME "memleak-agent.so."
 
+/* The value the agent's own SIGSTOPs carry (SI_QUEUE), so that the
+ * recorder tells them from a user's: src/child.rs. */
+#define MLA_STOP_VALUE 0x4d4c5354
+
 /* mla_header.flags */
 #define MLA_F_FOLLOW_FORKS 1u
 

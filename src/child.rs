@@ -93,23 +93,35 @@ fn is_stop_signal(sig: libc::c_int) -> bool {
 }
 
 /// Whether the SIGSTOP a thread is in a signal-delivery stop for is one
-/// our `_dl_debug_state` probe sent (`bpf_send_signal_thread`: si_code
-/// SI_KERNEL), not a user's `kill` or `tgkill` (SI_USER, SI_TKILL). A
-/// thread that cannot be asked is dying: its stop is as good as ours.
+/// memleak asked for: sent by our `_dl_debug_state` probe
+/// (`bpf_send_signal_thread`: si_code SI_KERNEL) or by the agent to itself
+/// (SI_QUEUE with the agent's value, `MLA_STOP_VALUE` in agent/agent.h),
+/// not a user's `kill` or `tgkill` (SI_USER, SI_TKILL). A thread that
+/// cannot be asked is dying: its stop is as good as ours.
 fn probe_sigstop(tid: u32) -> bool {
-    // SAFETY: siginfo_t is plain data; zeroed is a valid value.
-    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
-    // SAFETY: the thread is in a ptrace stop; info is writable.
+    // siginfo_t as bytes: si_code at 8; for SI_QUEUE the sender's pid at
+    // 16 and the value at 24.
+    let mut info = [0u8; 128];
+    // SAFETY: the thread is in a ptrace stop; info is 128 writable bytes,
+    // the size of a siginfo_t.
     let rc = unsafe {
         libc::ptrace(
             libc::PTRACE_GETSIGINFO,
             tid as libc::pid_t,
             0,
-            &mut info as *mut libc::siginfo_t,
+            info.as_mut_ptr(),
         )
     };
-    rc != 0 || info.si_code == libc::SI_KERNEL
+    let int_at = |o: usize| i32::from_ne_bytes(info[o..o + 4].try_into().unwrap_or_default());
+    rc != 0
+        || int_at(8) == libc::SI_KERNEL
+        || (int_at(8) == libc::SI_QUEUE
+            && int_at(24) == AGENT_STOP_VALUE
+            && int_at(16) as u32 == tgid_of(tid))
 }
+
+/// `MLA_STOP_VALUE`.
+const AGENT_STOP_VALUE: i32 = 0x4d4c_5354;
 
 /// Whether a SIGSTOP is queued for a thread (stable while it is in a
 /// ptrace stop: only it dequeues its signals).

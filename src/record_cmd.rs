@@ -658,7 +658,10 @@ fn record(
     let libs = RefCell::new(libs);
     // Our own ld.so is the one the child will run (same system).
     let ld_so = targets::find_library(std::process::id(), "ld-linux");
-    if let Target::Child(c) = &target {
+    // The agent stops the process itself at its start and around dlopen
+    // and dlclose: no uprobe (whose removal alone costs a ~180 ms RCU
+    // grace period at the end).
+    if let (Target::Child(c), false) = (&target, preload) {
         match &ld_so {
             Some(ld) => probes.attach_dl_stops(c.pid as i32, ld)?,
             None if args.verbose => {
@@ -795,7 +798,7 @@ fn record(
             probes.attach_library(pid as i32, lib)?;
             search.borrow_mut().mark_attached(pid, lib);
         }
-        if let Some(ld) = &ld_so {
+        if let (Some(ld), false) = (&ld_so, preload) {
             probes.attach_dl_stops(pid as i32, ld)?;
         }
         recorder.borrow_mut().meta_mut().pids.push(pid);
@@ -972,6 +975,9 @@ fn record(
         } else if exit.is_none() {
             // --detach: no more stops for dlopen, then let go of it.
             probes.detach_dl_stops();
+            if let Some(a) = &agent {
+                a.borrow().shared.stop();
+            }
             c.detach();
             ending = Some(format!(
                 "--detach: the command (pid {}) keeps running",
