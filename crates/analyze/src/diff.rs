@@ -18,7 +18,7 @@ use std::fmt::Write as _;
 
 use serde::Serialize;
 
-use crate::report::{Frame, Report, StackReport};
+use crate::model::{Frame, Report, StackReport};
 use crate::time::format_bytes;
 
 /// How stacks are matched.

@@ -58,9 +58,9 @@ use memleak_trace::{EventKind, Trace};
 use rayon::prelude::*;
 
 pub use crate::table::Block;
-use memleak_trace::events::{Columns, Decoder, Slices};
 
 mod allocated;
+mod counts;
 mod ctx;
 mod decoded;
 mod packed;
@@ -73,6 +73,8 @@ mod temporary;
 mod types;
 
 use allocated::Allocated;
+pub use allocated::AllocatedTotals;
+pub use counts::Anomalies;
 use ctx::Ctx;
 use decoded::{Decoded, Mode};
 use partition::Partition;
@@ -83,7 +85,7 @@ pub use samples::GrowthPlan;
 use samples::Sampler;
 pub(crate) use types::GrowthSamples;
 pub use types::{
-    AllocatedTotals, Anomalies, OutstandingBlock, ProcessPeak, Replay, ReplayOptions, ReplayStats,
+    OutstandingBlock, ProcessPeak, Replay, ReplayOptions, ReplayStats, DEFAULT_TEMPORARY_NS,
 };
 
 /// Replays `trace` and returns the outstanding state.
@@ -91,7 +93,7 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
     let nparts = partition_count(opts);
     let max_stack = max_stack_id(trace, opts)?;
     let temporary_ns = match opts.temporary_ns {
-        0 => crate::behaviour::DEFAULT_TEMPORARY_NS,
+        0 => DEFAULT_TEMPORARY_NS,
         t => t,
     };
     let ctx = Ctx::new(nparts, &opts.filter, temporary_ns);

@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::report::{Frame, Report, StackReport};
+use crate::model::{Frame, Report, StackReport};
 
 /// What a flamegraph's widths measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]

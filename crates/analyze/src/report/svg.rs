@@ -3,8 +3,8 @@
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{self, Options};
 
-use crate::folded::{lines, Weight};
-use crate::report::Report;
+use crate::model::Report;
+use crate::report::folded::{lines, Weight};
 
 /// Renders an interactive flamegraph of the report, titled with the trace
 /// and the weight. With nothing to draw, a small SVG that says so.
