@@ -13,7 +13,7 @@ pub trait Render<T: ?Sized> {
     fn file_name(&self) -> &'static str;
 
     /// Writes `input` in this format to `out`.
-    fn write(&self, input: &T, out: &mut dyn io::Write) -> io::Result<()>;
+    fn write(&self, input: &T, out: &mut (dyn io::Write + Send)) -> io::Result<()>;
 
     /// `input` in this format, in memory.
     fn render(&self, input: &T) -> io::Result<Vec<u8>> {

@@ -126,3 +126,18 @@ fn frame_name(f: &Frame) -> String {
 fn clean(name: &str) -> String {
     name.replace(';', ":").replace(['\n', '\r'], " ")
 }
+
+/// The folded stacks format, weighed by its [`Weight`]: `--format
+/// folded`, `stacks.folded`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Folded(pub Weight);
+
+impl crate::render::Render<Report> for Folded {
+    fn file_name(&self) -> &'static str {
+        "stacks.folded"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(render(report, self.0).as_bytes())
+    }
+}

@@ -681,6 +681,20 @@ fn age_range(low_us: u64, high_us: u64) -> String {
     )
 }
 
+/// The HTML page: `--format html`, `report.html`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Html;
+
+impl crate::render::Render<Report> for Html {
+    fn file_name(&self) -> &'static str {
+        "report.html"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn Write + Send)) -> io::Result<()> {
+        write(report, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

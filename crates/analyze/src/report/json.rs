@@ -464,6 +464,20 @@ fn summary_json(s: &Summary) -> SummaryBehaviourJson {
     }
 }
 
+/// The JSON format: `--format json`, `report.json`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+impl crate::render::Render<Report> for Json {
+    fn file_name(&self) -> &'static str {
+        "report.json"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        write(report, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

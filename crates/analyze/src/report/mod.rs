@@ -15,6 +15,13 @@ pub mod pprof;
 pub mod svg;
 pub mod text;
 
+pub use folded::Folded;
+pub use html::Html;
+pub use json::Json;
+pub use pprof::Pprof;
+pub use svg::Svg;
+pub use text::Text;
+
 pub use crate::analysis::{
     analyze, analyze_trace, sort_stacks, sort_stacks_by_verdict, AnalyzeOptions,
 };

@@ -718,6 +718,20 @@ pub fn write(report: &Report, ctx: &Context, w: &mut dyn Write) -> io::Result<()
     Ok(())
 }
 
+/// The pprof profile, with the trace's mappings in its [`Context`]:
+/// `--format pprof`, `profile.pb.gz`.
+pub struct Pprof(pub Context);
+
+impl crate::render::Render<Report> for Pprof {
+    fn file_name(&self) -> &'static str {
+        "profile.pb.gz"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn Write + Send)) -> io::Result<()> {
+        write(report, &self.0, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

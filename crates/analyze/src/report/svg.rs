@@ -53,3 +53,18 @@ pub(crate) fn empty_svg(title: &str) -> String {
 </svg>\n"
     )
 }
+
+/// The flamegraph format, weighed by its [`Weight`]: `--format svg`,
+/// `flamegraph.svg`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Svg(pub Weight);
+
+impl crate::render::Render<Report> for Svg {
+    fn file_name(&self) -> &'static str {
+        "flamegraph.svg"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(&render(report, self.0)?)
+    }
+}

@@ -563,3 +563,17 @@ pub fn summary_rows(s: &Summary) -> (Vec<(&'static str, String)>, String) {
     ];
     (rows, render_sizes(&s.allocation_sizes.buckets(), "  "))
 }
+
+/// The text format: `--format text`, `report.txt`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Text;
+
+impl crate::render::Render<Report> for Text {
+    fn file_name(&self) -> &'static str {
+        "report.txt"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(render(report).as_bytes())
+    }
+}
