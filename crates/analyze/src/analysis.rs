@@ -67,6 +67,7 @@ pub fn analyze_trace(
     opts: &AnalyzeOptions,
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> memleak_trace::Result<Report> {
+    let clock = std::time::Instant::now();
     let meta = trace.meta();
     let start_ts = start_ts(trace)?;
     let filter = opts.filter.resolve(start_ts);
@@ -84,6 +85,7 @@ pub fn analyze_trace(
         (opts.at_ns.map(|a| start_ts.saturating_add(a)), None, None)
     };
     let plan = growth_plan(trace, opts, at_ts, start_ts, &filter, meta)?;
+    let prepared = clock.elapsed();
     let ropts = ReplayOptions {
         filter: replay_filter.resolve(start_ts),
         at_ts,
@@ -119,6 +121,7 @@ pub fn analyze_trace(
     );
     let mut replayed = replayed?;
     let (stacks_by_id, frames, suppressed_stacks, scans) = tables?;
+    let replay_done = clock.elapsed();
     let samples = replayed.take_growth().unwrap_or_default();
     let stats = replayed.stats();
     let eval_ts = match at_ts {
@@ -174,6 +177,15 @@ pub fn analyze_trace(
         sort_stacks_by_verdict(&mut stacks, opts.sort);
     } else {
         sort_stacks(&mut stacks, opts.sort);
+    }
+    if std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some() {
+        let end = clock.elapsed();
+        eprintln!(
+            "memleak: timing: prepare {:.3}s, replay and tables {:.3}s, stacks {:.3}s (wall)",
+            prepared.as_secs_f64(),
+            (replay_done - prepared).as_secs_f64(),
+            (end - replay_done).as_secs_f64()
+        );
     }
     let leak = scan_index.as_ref().map(|index| LeakSummary {
         scans: index.scans.clone(),
