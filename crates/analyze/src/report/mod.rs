@@ -22,10 +22,9 @@ pub use pprof::Pprof;
 pub use svg::Svg;
 pub use text::Text;
 
-pub use crate::analysis::{
-    analyze, analyze_trace, sort_stacks, sort_stacks_by_verdict, AnalyzeOptions,
-};
+pub use crate::analysis::{analyze, analyze_trace, AnalyzeOptions};
 pub use crate::model::{
     AtPeak, ClassTotals, Frame, Inlined, LeakSummary, OutstandingByClass, PidPeak, Report, SortKey,
     StackReport, Summary, SuppressedTotals,
 };
+pub use crate::stacks::{sort_stacks, sort_stacks_by_verdict};
