@@ -377,7 +377,6 @@ mod tests {
         for &old in &addrs[..19] {
             ev(EventKind::Free, old, 0, None, 0);
         }
-        drop(ev);
         w.finish().unwrap();
         let trace = Trace::open(&path).unwrap();
         for partitions in [1, 2, 3] {
