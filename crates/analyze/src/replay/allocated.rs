@@ -130,15 +130,6 @@ impl StackTotals {
         self.sizes = sizes;
     }
 
-    /// Hints the CPU to fetch the entry of `stack`, which a row a few
-    /// rows on will count in.
-    #[inline(always)]
-    pub(super) fn prefetch(&self, stack: u64) {
-        if let Some(e) = self.dense.get(stack as usize) {
-            crate::table::prefetch(e as *const Entry as *const u8);
-        }
-    }
-
     /// [`StackTotals::add`] if `yes`, without a branch on it for the
     /// totals when the stack is in the flat array.
     #[inline(always)]

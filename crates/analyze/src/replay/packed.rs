@@ -130,12 +130,6 @@ pub(super) fn pack(
     }
 }
 
-/// How many rows ahead [`count_rows`] prefetches the per-stack totals a
-/// row counts in: the stacks of consecutive rows are unrelated, and the
-/// totals of thousands of stacks, with the decoded columns streaming
-/// through, miss the cache.
-const STACK_AHEAD: usize = 16;
-
 /// [`count_allocations`], which also counts the rows of each kind,
 /// for a filter with (`BY_PID`) or without a process filter, and with
 /// (`BY_SIZE_TIME`) or without a size or time range to apply. With
@@ -158,9 +152,6 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     let spare = &mut out.ops.spare_capacity_mut()[..if PACK { 2 * n } else { 0 }];
     let mut len = 0usize;
     for i in 0..n {
-        if i + STACK_AHEAD < n {
-            acc.totals.prefetch(b.stack_id[i + STACK_AHEAD]);
-        }
         let kind = b.kind[i] as usize;
         kinds[kind] += 1;
         let class = ctx.alloc_class[kind];
