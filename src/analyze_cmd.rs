@@ -1,7 +1,6 @@
 //! `memleak analyze`: replay a trace and report outstanding allocations.
 
-use std::io::Write;
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -10,7 +9,10 @@ use crate::units::parse_positive_duration;
 use anyhow::{bail, Context};
 use clap::ValueEnum;
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{analyze_trace, folded, html, json, pprof, svg, text, SortKey, Weight};
+use memleak_analyze::report::{Folded, Html, Json, Pprof, Svg, Text};
+use memleak_analyze::{analyze_trace, pprof, Render, SortKey, Weight};
+
+use crate::output::{emit, emit_bytes};
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -133,46 +135,37 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     let report = report?;
     let pprof_context = || pprof::Context::read(&trace).context("reading the maps table");
 
+    let out = args.output.as_deref();
+    // A flamegraph is drawn in memory first, so that its failure says so.
+    let svg = |report| Svg(weight).render(report).context("drawing the flamegraph");
     match args.format {
-        Format::Text => emit(args.output.as_deref(), text::render(&report).as_bytes())?,
-        Format::Json => emit_with(args.output.as_deref(), |w| json::write(&report, w))?,
-        Format::Folded => emit(
-            args.output.as_deref(),
-            folded::render(&report, weight).as_bytes(),
-        )?,
-        Format::Svg => {
-            let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
-            emit(args.output.as_deref(), &svg)?
-        }
-        Format::Pprof => {
-            let ctx = pprof_context()?;
-            emit_with(args.output.as_deref(), |w| pprof::write(&report, &ctx, w))?
-        }
-        Format::Html => emit_with(args.output.as_deref(), |w| html::write(&report, w))?,
+        Format::Text => emit(out, &Text, &report)?,
+        Format::Json => emit(out, &Json, &report)?,
+        Format::Folded => emit(out, &Folded(weight), &report)?,
+        Format::Svg => emit_bytes(out, &svg(&report)?)?,
+        Format::Pprof => emit(out, &Pprof(pprof_context()?), &report)?,
+        Format::Html => emit(out, &Html, &report)?,
         Format::All => {
             let dir = args.output.as_deref().expect("checked above");
             crate::output::report_dir(dir)?;
-            emit(
-                Some(&dir.join("report.txt")),
-                text::render(&report).as_bytes(),
-            )?;
-            emit_with(Some(&dir.join("report.json")), |w| json::write(&report, w))?;
-            emit(
-                Some(&dir.join("stacks.folded")),
-                folded::render(&report, weight).as_bytes(),
-            )?;
-            let svg = svg::render(&report, weight).context("drawing the flamegraph")?;
-            emit(Some(&dir.join("flamegraph.svg")), &svg)?;
-            let ctx = pprof_context()?;
-            emit_with(Some(&dir.join("profile.pb.gz")), |w| {
-                pprof::write(&report, &ctx, w)
-            })?;
-            emit_with(Some(&dir.join("report.html")), |w| html::write(&report, w))?;
-            say!(
-                "memleak: wrote report.txt, report.json, stacks.folded, flamegraph.svg, \
-                 profile.pb.gz, report.html to {}",
-                dir.display()
-            );
+            let formats: [&dyn Render<_>; 6] = [
+                &Text,
+                &Json,
+                &Folded(weight),
+                &Svg(weight),
+                &Pprof(pprof_context()?),
+                &Html,
+            ];
+            let svg = svg(&report)?;
+            for f in formats {
+                let path = dir.join(f.file_name());
+                match f.file_name() == Svg(weight).file_name() {
+                    true => emit_bytes(Some(&path), &svg)?,
+                    false => emit(Some(&path), f, &report)?,
+                }
+            }
+            let names: Vec<&str> = formats.iter().map(|f| f.file_name()).collect();
+            say!("memleak: wrote {} to {}", names.join(", "), dir.display());
         }
     }
     // The process ends here: the operating system takes the report's
@@ -182,19 +175,4 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     // After the report, where it is the last thing on the terminal.
     let uncertain = crate::select_args::warn_of_losses(&trace, None);
     Ok(args.select.exit_status(uncertain))
-}
-
-pub(crate) fn emit(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
-    emit_with(path, |w| w.write_all(bytes))
-}
-
-/// Like [`emit`], for output written piece by piece as it is made. A
-/// file is replaced atomically and never written through a symbolic link
-/// (`output::to_file`); on stdout a closed pipe (`| head`) ends us
-/// quietly, and a full disk is an error.
-pub(crate) fn emit_with(
-    path: Option<&Path>,
-    write: impl FnOnce(&mut (dyn Write + Send)) -> std::io::Result<()>,
-) -> anyhow::Result<()> {
-    crate::output::to_file_or_stdout(path, write)
 }

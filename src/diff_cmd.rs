@@ -9,9 +9,9 @@ use anyhow::Context;
 use clap::ValueEnum;
 use memleak_analyze::diff::{self, DiffWeight, Keyed, MatchOptions};
 use memleak_analyze::progress::Progress;
-use memleak_analyze::{analyze_trace, SortKey};
+use memleak_analyze::{analyze_trace, Render, SortKey};
 
-use crate::analyze_cmd::emit;
+use crate::output::{emit, emit_bytes};
 use crate::select_args::{warn_of_losses, SelectArgs};
 
 /// Output formats of the diff.
@@ -145,13 +145,17 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     };
     let out = args.output.as_deref();
     match args.format {
-        DiffFormat::Text => emit(out, diff::render_text(&d).as_bytes())?,
-        DiffFormat::Json => emit(out, diff::render_json(&d).as_bytes())?,
-        DiffFormat::Folded => emit(out, diff::render_folded(&d, weight).as_bytes())?,
+        DiffFormat::Text => emit(out, &diff::text::Text, &d)?,
+        DiffFormat::Json => emit(out, &diff::json::Json, &d)?,
+        DiffFormat::Folded => emit(out, &diff::folded::Folded(weight), &d)?,
         DiffFormat::Svg => {
-            let svg =
-                diff::render_svg(&d, weight, args.base_widths).context("drawing the flamegraph")?;
-            emit(out, &svg)?
+            let svg = diff::svg::Svg {
+                weight,
+                base_widths: args.base_widths,
+            };
+            // Drawn in memory first, so that its failure says so.
+            let svg = svg.render(&d).context("drawing the flamegraph")?;
+            emit_bytes(out, &svg)?
         }
     }
     // As for analyze: the process ends here, no need to free the reports.

@@ -68,6 +68,21 @@ pub fn to_file_or_stdout(
     }
 }
 
+/// Writes `input` in `format` to `path`, or to stdout without one: how
+/// every command writes its report, whatever the format.
+pub fn emit<T: ?Sized>(
+    path: Option<&Path>,
+    format: &dyn memleak_analyze::Render<T>,
+    input: &T,
+) -> anyhow::Result<()> {
+    to_file_or_stdout(path, |w| format.write(input, w))
+}
+
+/// Writes bytes already rendered to `path`, or to stdout without one.
+pub fn emit_bytes(path: Option<&Path>, bytes: &[u8]) -> anyhow::Result<()> {
+    to_file_or_stdout(path, |w| w.write_all(bytes))
+}
+
 /// Makes `dir` a directory to write reports into: created (mode 0700, as
 /// the files in it are private) if missing, refused if it is a symbolic
 /// link (nothing is written through one) or not a directory.

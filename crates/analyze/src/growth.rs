@@ -34,7 +34,6 @@ use rayon::prelude::*;
 use serde::Serialize;
 
 use crate::replay::{GrowthPlan, GrowthSamples};
-use crate::report::StackReport;
 
 /// How a stack's outstanding bytes evolved over the trace.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
@@ -188,56 +187,55 @@ fn fit_line(ys: &[u64], window_ns: u64, max: u64) -> (f64, f64) {
     (slope, fit)
 }
 
-/// Gives every stack its verdict from the replay's `samples` and returns
-/// the timeline of the total.
-pub(crate) fn attach(
-    stacks: &mut [StackReport],
+/// The verdict of each stack of `stack_ids` (in that order) from the
+/// replay's `samples`, and the timeline of the total.
+pub(crate) fn classify_stacks(
+    stack_ids: &[u64],
     mut samples: GrowthSamples,
     plan: &GrowthPlan,
     start_ts: u64,
-) -> Timeline {
-    let rows: Vec<Option<Box<[u64]>>> = stacks
-        .iter()
-        .map(|s| samples.rows.remove(&s.stack_id))
+) -> (Vec<Growth>, Timeline) {
+    let rows: Vec<Option<Box<[u64]>>> =
+        stack_ids.iter().map(|id| samples.rows.remove(id)).collect();
+    let growths = rows
+        .into_par_iter()
+        .map(|row| {
+            let row = match row {
+                Some(r) => r.into_vec(),
+                None => vec![0; plan.windows],
+            };
+            Growth::classify(row, plan.window_ns)
+        })
         .collect();
-    stacks.par_iter_mut().zip(rows).for_each(|(s, row)| {
-        let row = match row {
-            Some(r) => r.into_vec(),
-            None => vec![0; plan.windows],
-        };
-        s.growth = Some(Growth::classify(row, plan.window_ns));
-    });
-    Timeline {
+    let timeline = Timeline {
         start_ns: plan.start_ts - start_ts,
         window_ns: plan.window_ns,
         total_bytes: samples.totals,
-    }
+    };
+    (growths, timeline)
 }
 
-/// The order of [`SortKey::Growth`](crate::SortKey::Growth): growing
+/// The order of [`SortKey::Growth`](crate::model::SortKey::Growth) between
+/// two stacks, given as their verdicts and outstanding bytes: growing
 /// stacks by slope (steepest first), then plateaus and unknown by
 /// outstanding bytes, then transient ones by their highest sample, then
 /// stacks without a verdict; `Equal` between stacks it does not tell
 /// apart.
-pub(crate) fn order(a: &StackReport, b: &StackReport) -> Ordering {
-    let rank = |s: &StackReport| match s.growth.as_ref().map(|g| g.verdict) {
+pub(crate) fn order(a: (Option<&Growth>, u64), b: (Option<&Growth>, u64)) -> Ordering {
+    let rank = |g: Option<&Growth>| match g.map(|g| g.verdict) {
         Some(Verdict::Growing) => 0,
         Some(Verdict::Plateau) => 1,
         Some(Verdict::Unknown) => 2,
         Some(Verdict::Transient) => 3,
         None => 4,
     };
-    let slope = |s: &StackReport| s.growth.as_ref().map_or(0.0, |g| g.slope_bytes_per_s);
-    let high = |s: &StackReport| {
-        s.growth
-            .as_ref()
-            .and_then(|g| g.samples.iter().copied().max())
-            .unwrap_or(0)
-    };
-    rank(a).cmp(&rank(b)).then_with(|| match rank(a) {
-        0 => slope(b).total_cmp(&slope(a)).then(b.bytes.cmp(&a.bytes)),
-        3 => high(b).cmp(&high(a)),
-        _ => b.bytes.cmp(&a.bytes),
+    let slope = |g: Option<&Growth>| g.map_or(0.0, |g| g.slope_bytes_per_s);
+    let high = |g: Option<&Growth>| g.and_then(|g| g.samples.iter().copied().max()).unwrap_or(0);
+    let ((ga, bytes_a), (gb, bytes_b)) = (a, b);
+    rank(ga).cmp(&rank(gb)).then_with(|| match rank(ga) {
+        0 => slope(gb).total_cmp(&slope(ga)).then(bytes_b.cmp(&bytes_a)),
+        3 => high(gb).cmp(&high(ga)),
+        _ => bytes_b.cmp(&bytes_a),
     })
 }
 

@@ -1,4 +1,6 @@
-//! Leak-age histograms in log2 buckets, as bcc prints latencies.
+//! Histograms in log2 buckets, as bcc prints latencies: the ages of
+//! outstanding allocations ([`AgeHistogram`]) and the sizes of
+//! allocations ([`SizeHistogram`], [`size_bucket`]).
 
 use serde::Serialize;
 
@@ -127,6 +129,130 @@ impl AgeHistogram {
     }
 }
 
+/// Number of size buckets: one for 0 and one per bit of a `u64`.
+pub const SIZE_BUCKETS: usize = 65;
+
+/// Bucket of a size: 0 for 0 bytes, `i > 0` for `[2^(i-1), 2^i - 1]`.
+#[inline(always)]
+pub fn size_bucket(size: u64) -> usize {
+    (64 - size.leading_zeros()) as usize
+}
+
+/// Inclusive bounds in bytes of size bucket `i`.
+pub fn size_bounds(i: usize) -> (u64, u64) {
+    match i {
+        0 => (0, 0),
+        64 => (1 << 63, u64::MAX),
+        _ => (1 << (i - 1), (1u64 << i) - 1),
+    }
+}
+
+/// One non-empty size bucket, as reports show it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SizeBucket {
+    /// Smallest size in the bucket, bytes, inclusive.
+    pub low: u64,
+    /// Largest size in the bucket, bytes, inclusive.
+    pub high: u64,
+    /// Allocations in the bucket.
+    pub count: u64,
+    /// Their bytes.
+    pub bytes: u64,
+}
+
+impl SizeBucket {
+    /// The bucket of index `i` with these totals.
+    pub fn new(i: usize, count: u64, bytes: u64) -> Self {
+        let (low, high) = size_bounds(i);
+        SizeBucket {
+            low,
+            high,
+            count,
+            bytes,
+        }
+    }
+}
+
+/// One non-empty size bucket of a stack: allocations only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct SizeCount {
+    /// Smallest size in the bucket, bytes, inclusive.
+    pub low: u64,
+    /// Largest size in the bucket, bytes, inclusive.
+    pub high: u64,
+    /// Allocations in the bucket.
+    pub count: u64,
+}
+
+impl SizeCount {
+    /// The bucket of index `i` with `count` allocations.
+    pub fn new(i: usize, count: u64) -> Self {
+        let (low, high) = size_bounds(i);
+        SizeCount { low, high, count }
+    }
+}
+
+/// Allocations by size, in log2 buckets (see [`size_bucket`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SizeHistogram {
+    counts: [u64; SIZE_BUCKETS],
+    bytes: [u64; SIZE_BUCKETS],
+}
+
+impl Default for SizeHistogram {
+    fn default() -> Self {
+        SizeHistogram {
+            counts: [0; SIZE_BUCKETS],
+            bytes: [0; SIZE_BUCKETS],
+        }
+    }
+}
+
+impl SizeHistogram {
+    /// Counts `count` allocations (a mapping cut in pieces counts once)
+    /// of `size` bytes in all.
+    #[inline]
+    pub fn add(&mut self, size: u64, count: u64) {
+        let b = size_bucket(size);
+        self.counts[b] += count;
+        self.bytes[b] += size;
+    }
+
+    /// Counts an allocation of `size` bytes if `yes`, without a branch.
+    #[inline(always)]
+    pub fn add_if(&mut self, size: u64, yes: bool) {
+        let b = size_bucket(size);
+        self.counts[b] += yes as u64;
+        self.bytes[b] += size & 0u64.wrapping_sub(yes as u64);
+    }
+
+    /// Adds every bucket of `o`.
+    pub fn merge(&mut self, o: &SizeHistogram) {
+        for i in 0..SIZE_BUCKETS {
+            self.counts[i] += o.counts[i];
+            self.bytes[i] += o.bytes[i];
+        }
+    }
+
+    /// Allocations counted.
+    pub fn total_count(&self) -> u64 {
+        self.counts.iter().sum()
+    }
+
+    /// Bytes of the allocations counted.
+    pub fn total_bytes(&self) -> u64 {
+        self.bytes.iter().sum()
+    }
+
+    /// The non-empty buckets, smallest sizes first.
+    pub fn buckets(&self) -> Vec<SizeBucket> {
+        (0..SIZE_BUCKETS)
+            .filter(|&i| self.counts[i] > 0)
+            .map(|i| SizeBucket::new(i, self.counts[i], self.bytes[i]))
+            .collect()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,5 +307,29 @@ mod tests {
         assert!(text.contains("age (usecs)"));
         assert!(text.contains("|********************                    |"));
         assert!(text.contains("|****************************************|"));
+    }
+
+    #[test]
+    fn buckets_are_log2_with_exact_bounds() {
+        assert_eq!(size_bucket(0), 0);
+        assert_eq!(size_bucket(1), 1);
+        assert_eq!(size_bucket(2), 2);
+        assert_eq!(size_bucket(3), 2);
+        assert_eq!(size_bucket(4096), 13);
+        assert_eq!(size_bounds(13), (4096, 8191));
+        assert_eq!(size_bucket(u64::MAX), 64);
+        for i in 1..64 {
+            let (lo, hi) = size_bounds(i);
+            assert_eq!((size_bucket(lo), size_bucket(hi)), (i, i));
+        }
+        let mut h = SizeHistogram::default();
+        h.add_if(24, true);
+        h.add_if(30, true);
+        h.add_if(100, false);
+        h.add_if(0, true);
+        assert_eq!(
+            h.buckets(),
+            vec![SizeBucket::new(0, 1, 0), SizeBucket::new(5, 2, 54)]
+        );
     }
 }

@@ -3,9 +3,10 @@
 //!
 //! This crate owns everything after recording and needs no BPF, root or
 //! target binaries: the parallel, partitioned [`replay`] of the events,
-//! the [`report`] built from it (outstanding allocations by stack with
-//! frames resolved, age histograms, anomalies, peak), the [`filter`]s, and
-//! the output formats: [`text`], [`json`] (schema in `docs/json.md`),
+//! the [`model`] of the report the analysis builds from it (outstanding
+//! allocations by stack with frames resolved, age histograms, anomalies,
+//! peak), the [`filter`]s, and the output formats of [`report`], each a
+//! [`Render`] of its own file: [`text`], [`json`] (schema in `docs/json.md`),
 //! [`folded`] stacks, [`svg`] flamegraphs, [`pprof`] profiles and a
 //! self-contained [`html`] page, and the [`diff`] of two traces; the leak
 //! [`verdicts`] of a reachability scan joined to the outstanding blocks,
@@ -23,40 +24,37 @@
 //! ```
 #![deny(missing_docs)]
 
+mod analysis;
 pub mod behaviour;
 pub mod diff;
 pub mod filter;
-pub mod folded;
 pub mod growth;
 mod hash;
 pub mod histogram;
-pub mod html;
-pub mod json;
-pub mod pprof;
+pub mod model;
+mod pool;
 pub mod progress;
 mod ranges;
+pub mod render;
 pub mod replay;
 pub mod report;
+mod stacks;
 pub mod suppress;
-pub mod svg;
 mod table;
-pub mod text;
 mod time;
 pub mod verdicts;
 
+pub use report::{folded, html, json, pprof, svg, text};
+
+pub use analysis::{analyze, analyze_trace, AnalyzeOptions};
 pub use filter::{Filter, KindScope};
 pub use folded::Weight;
 pub use growth::{Growth, Timeline, Verdict};
 pub use histogram::AgeHistogram;
-pub use report::{
-    analyze, analyze_trace, AnalyzeOptions, ClassTotals, LeakSummary, OutstandingByClass, PidPeak,
-    Report, SortKey, StackReport, Summary, SuppressedTotals,
+pub use model::{
+    LeakSummary, OutstandingByClass, PidPeak, Report, SortKey, StackReport, Summary,
+    SuppressedTotals,
 };
+pub use render::Render;
 pub use suppress::Suppression;
-pub use verdicts::{VerdictSet, VerdictTotals};
-
-/// Locks a pool of spare buffers, even one a panicking worker left
-/// poisoned: a pool holds only buffers to reuse, never half-written state.
-pub(crate) fn lock_pool<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    m.lock().unwrap_or_else(|e| e.into_inner())
-}
+pub use verdicts::{ClassTotals, VerdictSet, VerdictTotals};

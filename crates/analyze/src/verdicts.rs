@@ -16,7 +16,21 @@ use std::collections::HashMap;
 use memleak_trace::{ScanInfo, ScanRecord, ScanVerdict, Trace};
 use serde::Serialize;
 
-use crate::report::ClassTotals;
+/// Outstanding bytes and allocations of one class.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct ClassTotals {
+    /// Bytes.
+    pub bytes: u64,
+    /// Allocations (a mapping cut in pieces by munmap counts once).
+    pub allocations: u64,
+}
+
+impl ClassTotals {
+    pub(crate) fn add(&mut self, bytes: u64, allocations: u64) {
+        self.bytes += bytes;
+        self.allocations += allocations;
+    }
+}
 
 /// Bytes and blocks of each verdict.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]

@@ -2,9 +2,8 @@
 //! counted by the decode workers rather than by replay: their number,
 //! bytes and sizes, and the temporary ones (`temporary.rs`).
 
-use super::AllocatedTotals;
-use crate::behaviour::{size_bucket, SizeCount, SizeHistogram};
 use crate::hash::{int_map, IntMap};
+use crate::histogram::{size_bucket, SizeCount, SizeHistogram};
 
 /// Allocations and their bytes, in all and by stack (those the filter
 /// selects), counted while decoding.
@@ -213,4 +212,15 @@ fn count_size(e: &mut Entry, sizes: &mut IntMap<(u64, u8), u64>, stack: u64, byt
         }
         None => *sizes.entry((stack, b as u8)).or_default() += 1,
     }
+}
+
+/// Allocations made by one stack, freed or not.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct AllocatedTotals {
+    /// Number of allocations.
+    pub allocations: u64,
+    /// Their bytes.
+    pub bytes: u64,
+    /// Of the allocations, the temporary ones (`replay/temporary.rs`).
+    pub temporary: u64,
 }

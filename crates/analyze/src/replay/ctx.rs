@@ -4,10 +4,6 @@
 
 use memleak_trace::EventKind;
 
-use super::packed::{
-    C_ALLOC_KERNEL, C_ALLOC_PAGE, C_ALLOC_USER, C_FREE_KERNEL, C_FREE_PAGE, C_FREE_USER, C_REALLOC,
-    C_SKIP,
-};
 use super::process::{KERNEL_SLOT, PAGE_SLOT};
 use crate::filter::ResolvedFilter;
 use crate::hash::mix;
@@ -63,7 +59,7 @@ pub(super) struct Ctx<'a> {
     /// Kinds replayed by the owner of their address alone (allocations
     /// and frees).
     pub(super) by_addr: [bool; 256],
-    /// How [`count_allocations`](super::packed::count_allocations) counts rows of a kind.
+    /// How [`count_allocations`](super::decoded) counts rows of a kind.
     pub(super) alloc_class: [u8; 256],
     /// The code of a kind for a single-partition replay: one of
     /// [`C_SKIP`], [`C_ALLOC_USER`] … [`C_REALLOC`] for allocations, frees
@@ -78,6 +74,18 @@ pub(super) struct Ctx<'a> {
     pub(super) temporary_ns: u64,
     pub(super) filter: &'a ResolvedFilter,
 }
+
+/// Codes of [`Ctx::code_of`] (and of `packed.rs`'s operations), above every kind's: rows that do nothing,
+/// allocations and frees of a process's, the kernel's or the pages'
+/// table that replay makes, and reallocs.
+pub(super) const C_SKIP: u8 = 0x80;
+pub(super) const C_ALLOC_USER: u8 = 0x81;
+pub(super) const C_ALLOC_KERNEL: u8 = 0x82;
+pub(super) const C_ALLOC_PAGE: u8 = 0x83;
+pub(super) const C_FREE_USER: u8 = 0x84;
+pub(super) const C_FREE_KERNEL: u8 = 0x85;
+pub(super) const C_FREE_PAGE: u8 = 0x86;
+pub(super) const C_REALLOC: u8 = 0x87;
 
 /// In [`Ctx::heap`]: a process's heap allocation, free, realloc.
 pub(super) const HEAP_ALLOC: u8 = 1;

@@ -10,7 +10,7 @@ use super::allocated::Allocated;
 use super::ctx::{Ctx, Op};
 use super::packed::{count_allocations, pack, Packed};
 use super::temporary::{RowGroupTemps, TempScan};
-use super::{Columns, Decoder, Slices};
+use memleak_trace::events::{Columns, Decoder, Slices};
 
 /// One decoded row group and what was counted while decoding it.
 pub(super) struct Decoded {
@@ -65,13 +65,15 @@ impl Decoded {
         allocated: &Mutex<Vec<Allocated>>,
     ) -> memleak_trace::Result<Decoded> {
         let mut kinds = Box::new([0u64; 256]);
-        let mut acc = crate::lock_pool(allocated)
+        let mut acc = crate::pool::lock_pool(allocated)
             .pop()
             .unwrap_or_else(|| Allocated::new(0));
         let total = unit.rows as usize;
         let mut temps = TempScan::new(ctx.temporary_ns, RowGroupTemps::default());
         let mut d = if ctx.nparts == 1 {
-            let mut packed = crate::lock_pool(packed_pool).pop().unwrap_or_default();
+            let mut packed = crate::pool::lock_pool(packed_pool)
+                .pop()
+                .unwrap_or_default();
             packed.ops.clear();
             packed.rows.clear();
             let (mut rows, mut first_ts, mut last_ts) = (0usize, None, 0u64);
@@ -98,7 +100,7 @@ impl Decoded {
                 n == all
             });
             if let Err(e) = r {
-                crate::lock_pool(allocated).push(acc);
+                crate::pool::lock_pool(allocated).push(acc);
                 return Err(e);
             }
             Decoded {
@@ -114,7 +116,7 @@ impl Decoded {
             let cols = match decoder.read(unit) {
                 Ok(c) => c,
                 Err(e) => {
-                    crate::lock_pool(allocated).push(acc);
+                    crate::pool::lock_pool(allocated).push(acc);
                     return Err(e);
                 }
             };
@@ -127,7 +129,7 @@ impl Decoded {
             let b = cols.slices(rows);
             count_allocations(b, ctx, &mut kinds, &mut acc, &mut temps);
             let mut rows_len = vec![0; ctx.nparts];
-            let mut out = crate::lock_pool(pool).pop().unwrap_or_default();
+            let mut out = crate::pool::lock_pool(pool).pop().unwrap_or_default();
             split_rows(b, ctx, &mut out, &mut rows_len);
             let (first_ts, last_ts) = match rows {
                 0 => (0, 0),
@@ -147,7 +149,7 @@ impl Decoded {
                 temps: RowGroupTemps::default(),
             }
         };
-        crate::lock_pool(allocated).push(acc);
+        crate::pool::lock_pool(allocated).push(acc);
         d.temps = temps.finish();
         d.total = d.total.max(d.rows);
         Ok(d)
@@ -161,10 +163,10 @@ impl Decoded {
         packed_pool: &PackedPool,
     ) {
         match self.mode {
-            Mode::Packed(p) => crate::lock_pool(packed_pool).push(p),
+            Mode::Packed(p) => crate::pool::lock_pool(packed_pool).push(p),
             Mode::Split { cols, rows_of, .. } => {
                 decoder.recycle(*cols);
-                crate::lock_pool(rows_pool).push(rows_of);
+                crate::pool::lock_pool(rows_pool).push(rows_of);
             }
         }
     }

@@ -4,9 +4,12 @@
 //! several partitions, [`count_allocations`]).
 
 use super::allocated::Allocated;
-use super::ctx::{realloc_frees, Ctx, HEAP_ALLOC, HEAP_FREE, HEAP_REALLOC, MAP_ALLOC, NOT_ALLOC};
+use super::ctx::{
+    realloc_frees, Ctx, C_ALLOC_USER, C_FREE_PAGE, C_FREE_USER, C_REALLOC, C_SKIP, HEAP_ALLOC,
+    HEAP_FREE, HEAP_REALLOC, MAP_ALLOC, NOT_ALLOC,
+};
 use super::temporary::TempScan;
-use super::Slices;
+use memleak_trace::events::Slices;
 
 /// A row group as the single-partition replay reads it: one 32-byte
 /// [`PackedOp`] per allocation or free to make, written by the decode
@@ -73,18 +76,6 @@ pub(super) const SIZE_BITS: u64 = (1 << 56) - 1;
 pub(super) const CODE_SHIFT: u32 = 56;
 /// The code of an operation that is a whole [`Row`].
 const C_ROW: u8 = 0x88;
-
-/// Codes of [`Ctx::code_of`], above every kind's: rows that do nothing,
-/// allocations and frees of a process's, the kernel's or the pages'
-/// table that replay makes, and reallocs.
-pub(super) const C_SKIP: u8 = 0x80;
-pub(super) const C_ALLOC_USER: u8 = 0x81;
-pub(super) const C_ALLOC_KERNEL: u8 = 0x82;
-pub(super) const C_ALLOC_PAGE: u8 = 0x83;
-pub(super) const C_FREE_USER: u8 = 0x84;
-pub(super) const C_FREE_KERNEL: u8 = 0x85;
-pub(super) const C_FREE_PAGE: u8 = 0x86;
-pub(super) const C_REALLOC: u8 = 0x87;
 
 /// Counts the allocations replay makes in these rows, which depend on
 /// the row alone, not on the outstanding blocks: done while decoding, on

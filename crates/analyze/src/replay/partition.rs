@@ -4,29 +4,21 @@
 //! [`Partition::replay_batch`] for several, each replaying the rows it
 //! was given of a decoded row group.
 
-use super::ctx::{realloc_frees, Ctx, Op, USER_TABLE};
-use super::packed::{
-    Packed, PackedOp, CODE_SHIFT, C_ALLOC_KERNEL, C_ALLOC_PAGE, C_ALLOC_USER, C_FREE_KERNEL,
-    C_FREE_PAGE, C_FREE_USER, SIZE_BITS,
+use super::counts::Counts;
+use super::ctx::{
+    realloc_frees, Ctx, Op, C_ALLOC_KERNEL, C_ALLOC_PAGE, C_ALLOC_USER, C_FREE_KERNEL, C_FREE_PAGE,
+    C_FREE_USER, USER_TABLE,
 };
-use super::peak::raise;
+use super::packed::{Packed, PackedOp, CODE_SHIFT, SIZE_BITS};
 use super::process::{
-    free_gone, replace_gone, PidState, ProcessIndex, KERNEL_PID, KERNEL_SLOT, NO_PID, NO_PROCESS,
-    PAGE_PID, PAGE_SLOT, UNKNOWN_SLOT,
+    free_gone, raise, replace_gone, PidState, ProcessIndex, KERNEL_PID, KERNEL_SLOT, NO_PID,
+    NO_PROCESS, PAGE_PID, PAGE_SLOT, UNKNOWN_SLOT,
 };
 use super::samples::Sampler;
-use super::Anomalies;
-use super::Slices;
 use crate::hash::{int_map, mix, IntMap};
 use crate::ranges::{RangeSet, Region};
 use crate::table::{Block, BlockTable};
-
-#[derive(Default, Clone, Copy)]
-pub(super) struct Counts {
-    pub(super) frees: u64,
-    pub(super) freed_bytes: u64,
-    pub(super) anomalies: Anomalies,
-}
+use memleak_trace::events::Slices;
 
 /// Slots of the recent-frees cache (a power of two). 4 K entries of 8
 /// bytes stay in L1/L2; a double free usually follows the first free

@@ -2,18 +2,8 @@
 //! it (see [the replay module](super) for what counts).
 
 use super::partition::Partition;
-use super::process::{ProcessIndex, NO_PID, NO_PROCESS};
-use super::ProcessPeak;
-
-/// A new peak: out of line, so the test before it stays a branch (taken
-/// rarely once the peak is reached) rather than conditional moves of
-/// values the loop keeps in memory.
-#[cold]
-#[inline(never)]
-pub(super) fn raise(peak: &mut i64, peak_ts: &mut u64, value: i64, ts: u64) {
-    *peak = value;
-    *peak_ts = ts;
-}
+use super::process::{raise, ProcessIndex, NO_PID, NO_PROCESS};
+use super::types::ProcessPeak;
 
 /// A process's share of the live total and its peak, as the sequential
 /// pass over several partitions' changes follows them.

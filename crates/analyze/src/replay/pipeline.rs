@@ -12,7 +12,7 @@ use memleak_trace::Trace;
 use super::allocated::Allocated;
 use super::ctx::Ctx;
 use super::decoded::{Decoded, PackedPool, RowsPool};
-use super::Decoder;
+use memleak_trace::events::Decoder;
 
 /// Where the time goes, for MEMLEAK_ANALYZE_TIMING=1: ns of CPU in
 /// decoding, replaying partitions, and the sequential peak pass.
@@ -117,7 +117,7 @@ pub(super) fn decode_in_order(
             )
         }));
         timed(&timing.decode, t);
-        *crate::lock_pool(&done[i]) = Some(d);
+        *crate::pool::lock_pool(&done[i]) = Some(d);
     };
 
     rayon::in_place_scope(|scope| -> memleak_trace::Result<()> {
@@ -134,7 +134,7 @@ pub(super) fn decode_in_order(
         for (i, slot) in done.iter().enumerate() {
             let mut waited: Option<Instant> = None;
             let d = loop {
-                if let Some(d) = crate::lock_pool(slot).take() {
+                if let Some(d) = crate::pool::lock_pool(slot).take() {
                     break d;
                 }
                 waited.get_or_insert_with(Instant::now);

@@ -5,10 +5,20 @@
 
 use std::sync::Mutex;
 
-use super::partition::Counts;
+use super::counts::Counts;
 use crate::hash::IntMap;
 use crate::ranges::RangeSet;
 use crate::table::{Block, BlockTable};
+
+/// A new peak: out of line, so the test before it stays a branch (taken
+/// rarely once the peak is reached) rather than conditional moves of
+/// values the loop keeps in memory.
+#[cold]
+#[inline(never)]
+pub(super) fn raise(peak: &mut i64, peak_ts: &mut u64, value: i64, ts: u64) {
+    *peak = value;
+    *peak_ts = ts;
+}
 
 /// Kernel slab and per-CPU allocations share one address space, keyed by
 /// address alone. Pages are keyed by page frame number, which is not an
@@ -169,7 +179,7 @@ impl ProcessIndex {
         if pid >= NO_PID {
             return NO_PROCESS;
         }
-        let mut g = crate::lock_pool(&self.0);
+        let mut g = crate::pool::lock_pool(&self.0);
         let Numbers { of, pids } = &mut *g;
         *of.entry(pid).or_insert_with(|| {
             pids.push(pid);
@@ -179,12 +189,12 @@ impl ProcessIndex {
 
     /// How many processes have a number.
     pub(super) fn len(&self) -> usize {
-        crate::lock_pool(&self.0).pids.len()
+        crate::pool::lock_pool(&self.0).pids.len()
     }
 
     /// The pids, by number less 1.
     pub(super) fn pids(&self) -> Vec<u32> {
-        crate::lock_pool(&self.0).pids.clone()
+        crate::pool::lock_pool(&self.0).pids.clone()
     }
 }
 

@@ -79,8 +79,10 @@ pub(super) struct TempScan {
     out: RowGroupTemps,
     /// The entry of each thread in `out.last`, by tid + 1.
     slot_of: SmallMap,
-    /// The last thread looked up, and its slot.
-    cached: (u32, u32),
+    /// Direct-mapped cache of `slot_of`, by tid: (tid, slot + 1), 0 for
+    /// none. Threads interleave, so a single last-used entry missed more
+    /// often than not, and each miss was a lookup in `slot_of`.
+    tid_cache: [(u32, u32); TID_CACHE],
     /// The address of each live entry of `out.last`, and its slot.
     live_at: SmallMap,
 }
@@ -94,7 +96,7 @@ impl TempScan {
             window_end: None,
             out,
             slot_of: SmallMap::default(),
-            cached: (u32::MAX, u32::MAX),
+            tid_cache: [(0, 0); TID_CACHE],
             live_at: SmallMap::default(),
         }
     }
@@ -166,9 +168,15 @@ impl TempScan {
 
     #[inline(always)]
     fn slot(&mut self, tid: u32) -> u32 {
-        if self.cached.0 == tid {
-            return self.cached.1;
+        let (t, s) = self.tid_cache[tid as usize % TID_CACHE];
+        if t == tid && s != 0 {
+            return s - 1;
         }
+        self.slot_slow(tid)
+    }
+
+    #[cold]
+    fn slot_slow(&mut self, tid: u32) -> u32 {
         let n = self.out.last.len() as u32;
         let slot = self.slot_of.get(tid as u64 + 1).unwrap_or(n);
         if slot == n {
@@ -182,10 +190,13 @@ impl TempScan {
                 stack: 0,
             });
         }
-        self.cached = (tid, slot);
+        self.tid_cache[tid as usize % TID_CACHE] = (tid, slot + 1);
         slot
     }
 }
+
+/// Entries of [`TempScan::tid_cache`] (a power of two).
+const TID_CACHE: usize = 64;
 
 /// The last allocations of the threads across row groups, matched in row
 /// group order with the early frees of the next ones.

@@ -6,15 +6,18 @@ use std::collections::BTreeMap;
 
 use memleak_trace::EventKind;
 use rayon::prelude::*;
-use serde::Serialize;
 
-use super::allocated::Allocated;
+use super::allocated::{Allocated, AllocatedTotals};
+use super::counts::Anomalies;
 use super::partition::Partition;
 use super::process::{PidState, PAGE_PID};
 use super::samples::{GrowthPlan, Row};
 use crate::filter::ResolvedFilter;
 use crate::hash::{int_map, IntMap};
 use crate::table::BlockTable;
+
+/// Default of `--temporary-threshold`: 1 ms.
+pub const DEFAULT_TEMPORARY_NS: u64 = 1_000_000;
 
 /// How to replay.
 #[derive(Default)]
@@ -40,7 +43,7 @@ pub struct ReplayOptions<'a> {
     pub growth: Option<GrowthPlan>,
     /// An allocation freed no later than this (ns) after it was made may
     /// be temporary (`replay/temporary.rs`); 0 means the default
-    /// ([`DEFAULT_TEMPORARY_NS`](crate::behaviour::DEFAULT_TEMPORARY_NS)).
+    /// ([`DEFAULT_TEMPORARY_NS`](DEFAULT_TEMPORARY_NS)).
     pub temporary_ns: u64,
 }
 
@@ -66,32 +69,6 @@ pub struct OutstandingBlock {
     /// the block (or dropped it at exec); the copy is the child's only
     /// when the child is looked at without its parent (`--pid CHILD`).
     pub inherited: bool,
-}
-
-/// Events that do not fit the model of a complete recording.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
-pub struct Anomalies {
-    /// Frees of addresses never allocated in the trace: blocks allocated
-    /// before the recording started (or whose alloc event was lost).
-    pub unknown_frees: u64,
-    /// Frees of an address that was already freed and not allocated
-    /// since. Detected among recent frees only (a bounded cache).
-    pub double_frees: u64,
-    /// Allocations at an address that was still live: its free was missed.
-    pub missed_frees: u64,
-}
-
-impl Anomalies {
-    pub(super) fn add(&mut self, o: &Anomalies) {
-        self.unknown_frees += o.unknown_frees;
-        self.double_frees += o.double_frees;
-        self.missed_frees += o.missed_frees;
-    }
-
-    /// Sum of all anomalies.
-    pub fn total(&self) -> u64 {
-        self.unknown_frees + self.double_frees + self.missed_frees
-    }
 }
 
 /// Totals of a replay.
@@ -152,17 +129,6 @@ impl ReplayStats {
     pub fn events(&self) -> u64 {
         self.events_by_kind.values().sum()
     }
-}
-
-/// Allocations made by one stack, freed or not.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-pub struct AllocatedTotals {
-    /// Number of allocations.
-    pub allocations: u64,
-    /// Their bytes.
-    pub bytes: u64,
-    /// Of the allocations, the temporary ones (`replay/temporary.rs`).
-    pub temporary: u64,
 }
 
 /// What a replay leaves: the outstanding state and the totals.
@@ -276,13 +242,13 @@ impl Replay {
     }
 
     /// The sizes of the allocations the filter selects.
-    pub fn allocation_sizes(&self) -> &crate::behaviour::SizeHistogram {
+    pub fn allocation_sizes(&self) -> &crate::histogram::SizeHistogram {
         &self.allocated.sizes
     }
 
     /// The sizes of each stack's allocations the filter selects, as
     /// non-empty buckets, smallest first.
-    pub fn allocation_sizes_by_stack(&self) -> IntMap<u64, Vec<crate::behaviour::SizeCount>> {
+    pub fn allocation_sizes_by_stack(&self) -> IntMap<u64, Vec<crate::histogram::SizeCount>> {
         self.allocated.sizes_by_stack()
     }
 

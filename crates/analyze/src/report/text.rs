@@ -3,8 +3,10 @@
 
 use std::fmt::Write as _;
 
+use crate::behaviour::{per_second, percent};
 use crate::growth::Growth;
-use crate::report::{Frame, LeakSummary, Report, SortKey, StackReport, Summary};
+use crate::histogram::SizeBucket;
+use crate::model::{Frame, LeakSummary, Report, SortKey, StackReport, Summary};
 use crate::time::{format_bytes, format_duration};
 use crate::verdicts::{hex_preview, verdict_name, VERDICTS_AND_UNSCANNED};
 
@@ -40,7 +42,7 @@ pub fn render(report: &Report) -> String {
             out.push_str(" in the part of the recording that was saved");
         }
         out.push_str(".\n\n");
-    } else if s.sort == crate::SortKey::Temporary {
+    } else if s.sort == crate::model::SortKey::Temporary {
         let _ = writeln!(
             out,
             "Top {} stacks with temporary or outstanding allocations, by temporary:\n",
@@ -186,7 +188,7 @@ fn render_stack(out: &mut String, st: &StackReport, show_contents: bool, interva
             format_duration(st.oldest_age_ns)
         );
     }
-    let _ = writeln!(out, "    {}", crate::behaviour::stack_line(st, interval_ns));
+    let _ = writeln!(out, "    {}", stack_line(st, interval_ns));
     if let Some(g) = &st.growth {
         let _ = writeln!(out, "    growth: {}", growth_phrase(g));
     }
@@ -466,7 +468,7 @@ fn render_summary(out: &mut String, s: &Summary) {
     if let Some(note) = &s.scan_note {
         row("scan", note.clone());
     }
-    let (behaviour, sizes) = crate::behaviour::summary_rows(s);
+    let (behaviour, sizes) = summary_rows(s);
     for (k, v) in behaviour {
         row(k, v);
     }
@@ -481,5 +483,97 @@ fn render_summary(out: &mut String, s: &Summary) {
     if !hist.is_empty() {
         out.push_str("\nAge of outstanding allocations\n");
         out.push_str(&hist);
+    }
+}
+
+/// Renders non-empty size buckets like bcc's `print_log2_hist`, with a
+/// bytes column, each line prefixed by `indent`.
+pub fn render_sizes(buckets: &[SizeBucket], indent: &str) -> String {
+    let mut out = String::new();
+    let max = buckets.iter().map(|b| b.count).max().unwrap_or(1).max(1);
+    if buckets.is_empty() {
+        return out;
+    }
+    let _ = writeln!(
+        out,
+        "{indent}{:>24} : count      bytes       distribution",
+        "size (bytes)"
+    );
+    for b in buckets {
+        let stars = ((b.count as u128 * 40).div_ceil(max as u128)) as usize;
+        let _ = writeln!(
+            out,
+            "{indent}{:>10} -> {:<10} : {:<10} {:<11} |{:<40}|",
+            b.low,
+            b.high,
+            b.count,
+            b.bytes,
+            "*".repeat(stars.max(1))
+        );
+    }
+    out
+}
+
+/// A rate for people: `12.5/s`, `3.2 k/s`, `1.1 M/s`.
+fn rate(per_s: f64) -> String {
+    match per_s {
+        r if r >= 1e6 => format!("{:.1} M/s", r / 1e6),
+        r if r >= 1e3 => format!("{:.1} k/s", r / 1e3),
+        r => format!("{r:.1}/s"),
+    }
+}
+
+/// The text line of a stack's behaviour: allocations made, their rate,
+/// the temporary ones.
+pub fn stack_line(s: &StackReport, interval_ns: u64) -> String {
+    format!(
+        "allocated: {} ({}), {}, {}/s; temporary: {} ({:.1}%)",
+        s.allocations,
+        format_bytes(s.allocated_bytes),
+        rate(per_second(s.allocations, interval_ns)),
+        format_bytes(per_second(s.allocated_bytes, interval_ns) as u64),
+        s.temporary,
+        percent(s.temporary, s.allocations),
+    )
+}
+
+/// The rows (name, value) of the summary's behaviour, and the size
+/// histogram of every allocation.
+pub fn summary_rows(s: &Summary) -> (Vec<(&'static str, String)>, String) {
+    let rows = vec![
+        (
+            "temporary",
+            format!(
+                "{} of {} allocations ({:.1}%): freed within {} by the allocating thread, before it allocated again",
+                s.temporary_allocations,
+                s.allocation_sizes.total_count(),
+                percent(s.temporary_allocations, s.allocation_sizes.total_count()),
+                format_duration(s.temporary_threshold_ns)
+            ),
+        ),
+        (
+            "allocation rate",
+            format!(
+                "{}, {}/s over {}",
+                rate(per_second(s.allocation_sizes.total_count(), s.rate_interval_ns)),
+                format_bytes(per_second(s.allocation_sizes.total_bytes(), s.rate_interval_ns) as u64),
+                format_duration(s.rate_interval_ns)
+            ),
+        ),
+    ];
+    (rows, render_sizes(&s.allocation_sizes.buckets(), "  "))
+}
+
+/// The text format: `--format text`, `report.txt`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Text;
+
+impl crate::render::Render<Report> for Text {
+    fn file_name(&self) -> &'static str {
+        "report.txt"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(render(report).as_bytes())
     }
 }

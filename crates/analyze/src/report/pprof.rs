@@ -31,7 +31,7 @@ use std::io::{self, Write};
 use memleak_trace::{MapRecord, Trace};
 use prost::Message;
 
-use crate::report::{Frame, Report, StackReport};
+use crate::model::{Frame, Report, StackReport};
 
 /// The messages of `profile.proto` this export writes, field numbers as in
 /// the specification. Strings are indexes into `string_table`; ids start
@@ -718,10 +718,24 @@ pub fn write(report: &Report, ctx: &Context, w: &mut dyn Write) -> io::Result<()
     Ok(())
 }
 
+/// The pprof profile, with the trace's mappings in its [`Context`]:
+/// `--format pprof`, `profile.pb.gz`.
+pub struct Pprof(pub Context);
+
+impl crate::render::Render<Report> for Pprof {
+    fn file_name(&self) -> &'static str {
+        "profile.pb.gz"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn Write + Send)) -> io::Result<()> {
+        write(report, &self.0, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Inlined, Summary};
+    use crate::model::{Inlined, Summary};
 
     fn frame(addr: u64, function: Option<&str>, path: Option<&str>, file_offset: u64) -> Frame {
         Frame {

@@ -6,10 +6,11 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
+use crate::behaviour::per_second;
 use crate::growth::{Growth, Timeline};
-use crate::histogram::Bucket;
+use crate::histogram::{Bucket, SizeBucket, SizeCount};
+use crate::model::{AtPeak, Frame, Report, StackReport, Summary};
 use crate::replay::Anomalies;
-use crate::report::{AtPeak, Frame, Report, StackReport};
 
 /// Version of the JSON schema.
 pub const JSON_VERSION: u32 = 1;
@@ -83,7 +84,7 @@ struct SummaryJson<'a> {
     outstanding_bytes: u64,
     outstanding_allocations: u64,
     outstanding_stacks: u64,
-    outstanding_by_class: crate::OutstandingByClass,
+    outstanding_by_class: crate::model::OutstandingByClass,
     peak_outstanding_bytes: u64,
     peak_ns: u64,
     process_peaks: Vec<ProcessPeakJson>,
@@ -93,7 +94,7 @@ struct SummaryJson<'a> {
     cut_stacks: Option<u64>,
     age_histogram: Vec<Bucket>,
     #[serde(flatten)]
-    behaviour: crate::behaviour::SummaryJson,
+    behaviour: SummaryBehaviourJson,
     filters: &'a [String],
     sort: &'static str,
     stacks_shown: usize,
@@ -102,18 +103,18 @@ struct SummaryJson<'a> {
     #[serde(skip_serializing_if = "Option::is_none")]
     scan_note: Option<&'a str>,
     #[serde(skip_serializing_if = "<[_]>::is_empty")]
-    suppressed: &'a [crate::SuppressedTotals],
+    suppressed: &'a [crate::model::SuppressedTotals],
 }
 
 /// The scans that apply and the totals by verdict.
 #[derive(Serialize)]
 struct LeakJson<'a> {
     scans: Vec<ScanJson<'a>>,
-    definitely: crate::ClassTotals,
-    indirectly: crate::ClassTotals,
-    possibly: crate::ClassTotals,
-    reachable: crate::ClassTotals,
-    unscanned: crate::ClassTotals,
+    definitely: crate::verdicts::ClassTotals,
+    indirectly: crate::verdicts::ClassTotals,
+    possibly: crate::verdicts::ClassTotals,
+    reachable: crate::verdicts::ClassTotals,
+    unscanned: crate::verdicts::ClassTotals,
 }
 
 #[derive(Serialize)]
@@ -160,10 +161,10 @@ struct StackJson<'a> {
     allocations: u64,
     age_histogram: Vec<Bucket>,
     #[serde(flatten)]
-    behaviour: crate::behaviour::StackJson,
+    behaviour: StackBehaviourJson,
     growth: Option<&'a Growth>,
     #[serde(skip_serializing_if = "Option::is_none")]
-    verdicts: Option<crate::VerdictTotals>,
+    verdicts: Option<crate::verdicts::VerdictTotals>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     contents: Vec<ContentsJson>,
     frames: Vec<FrameJson<'a>>,
@@ -229,7 +230,7 @@ fn stack(s: &StackReport, interval_ns: u64) -> StackJson<'_> {
         allocated_bytes: s.allocated_bytes,
         allocations: s.allocations,
         age_histogram: s.age_histogram.buckets(),
-        behaviour: crate::behaviour::stack_json(s, interval_ns),
+        behaviour: stack_json(s, interval_ns),
         growth: s.growth.as_ref(),
         verdicts: s.verdicts,
         contents: s
@@ -377,7 +378,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             lost_events: LostJson::of(&s.lost_by_reason),
             cut_stacks: s.cut_stacks,
             age_histogram: s.age_histogram.buckets(),
-            behaviour: crate::behaviour::summary_json(s),
+            behaviour: summary_json(s),
             filters: &s.filters,
             sort: s.sort.name(),
             stacks_shown: shown,
@@ -410,11 +411,78 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
     }
 }
 
+/// Rounds a rate to a thousandth, which is all a report needs.
+fn rounded(x: f64) -> f64 {
+    (x * 1000.0).round() / 1000.0
+}
+
+/// A stack's behaviour fields in the JSON report (docs/json.md).
+#[derive(Serialize)]
+struct StackBehaviourJson {
+    temporary: u64,
+    allocations_per_s: f64,
+    allocated_bytes_per_s: f64,
+    allocation_sizes: Vec<SizeCount>,
+}
+
+fn stack_json(s: &StackReport, interval_ns: u64) -> StackBehaviourJson {
+    StackBehaviourJson {
+        temporary: s.temporary,
+        allocations_per_s: rounded(per_second(s.allocations, interval_ns)),
+        allocated_bytes_per_s: rounded(per_second(s.allocated_bytes, interval_ns)),
+        allocation_sizes: s.allocation_sizes.clone(),
+    }
+}
+
+/// The summary's behaviour fields in the JSON report (docs/json.md).
+#[derive(Serialize)]
+struct SummaryBehaviourJson {
+    temporary_allocations: u64,
+    temporary_threshold_ns: u64,
+    rate_interval_ns: u64,
+    allocations_per_s: f64,
+    allocated_bytes_per_s: f64,
+    allocation_sizes: Vec<SizeBucket>,
+    outstanding_sizes: Vec<SizeBucket>,
+}
+
+fn summary_json(s: &Summary) -> SummaryBehaviourJson {
+    SummaryBehaviourJson {
+        temporary_allocations: s.temporary_allocations,
+        temporary_threshold_ns: s.temporary_threshold_ns,
+        rate_interval_ns: s.rate_interval_ns,
+        allocations_per_s: rounded(per_second(
+            s.allocation_sizes.total_count(),
+            s.rate_interval_ns,
+        )),
+        allocated_bytes_per_s: rounded(per_second(
+            s.allocation_sizes.total_bytes(),
+            s.rate_interval_ns,
+        )),
+        allocation_sizes: s.allocation_sizes.buckets(),
+        outstanding_sizes: s.outstanding_sizes.buckets(),
+    }
+}
+
+/// The JSON format: `--format json`, `report.json`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Json;
+
+impl crate::render::Render<Report> for Json {
+    fn file_name(&self) -> &'static str {
+        "report.json"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        write(report, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::report::{Frame, StackReport, Summary};
-    use crate::SortKey;
+    use crate::model::SortKey;
+    use crate::model::{Frame, StackReport, Summary};
 
     /// The report rendered in one piece, as `render` did before it
     /// rendered stacks in parallel.

@@ -24,8 +24,8 @@ use std::io::{self, Write};
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::folded::Weight;
-use crate::report::{Frame, Report, StackReport, Summary};
+use crate::model::{Frame, Report, StackReport, Summary};
+use crate::report::folded::Weight;
 use crate::time::{format_bytes, format_duration};
 
 const CSS: &str = include_str!("html/report.css");
@@ -53,7 +53,9 @@ pub fn write(report: &Report, w: &mut dyn Write) -> io::Result<()> {
             use rayon::prelude::*;
             FLAMEGRAPHS[..]
                 .par_iter()
-                .map(|&weight| crate::svg::render(report, weight).map(|svg| embed_svg(&svg)))
+                .map(|&weight| {
+                    crate::report::svg::render(report, weight).map(|svg| embed_svg(&svg))
+                })
                 .collect()
         },
         || {
@@ -679,11 +681,25 @@ fn age_range(low_us: u64, high_us: u64) -> String {
     )
 }
 
+/// The HTML page: `--format html`, `report.html`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Html;
+
+impl crate::render::Render<Report> for Html {
+    fn file_name(&self) -> &'static str {
+        "report.html"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn Write + Send)) -> io::Result<()> {
+        write(report, out)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::growth::{Growth, Timeline, Verdict};
-    use crate::report::{Inlined, Summary};
+    use crate::model::{Inlined, Summary};
 
     /// A report as a C++ program's trace gives one: names and paths full
     /// of `<`, `>` and `&`.

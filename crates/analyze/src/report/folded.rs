@@ -2,7 +2,7 @@
 
 use std::collections::BTreeMap;
 
-use crate::report::{Frame, Report, StackReport};
+use crate::model::{Frame, Report, StackReport};
 
 /// What a flamegraph's widths measure.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -125,4 +125,19 @@ fn frame_name(f: &Frame) -> String {
 /// in a name.
 fn clean(name: &str) -> String {
     name.replace(';', ":").replace(['\n', '\r'], " ")
+}
+
+/// The folded stacks format, weighed by its [`Weight`]: `--format
+/// folded`, `stacks.folded`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Folded(pub Weight);
+
+impl crate::render::Render<Report> for Folded {
+    fn file_name(&self) -> &'static str {
+        "stacks.folded"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(render(report, self.0).as_bytes())
+    }
 }

@@ -3,8 +3,8 @@
 use inferno::flamegraph::color::{BasicPalette, Palette};
 use inferno::flamegraph::{self, Options};
 
-use crate::folded::{lines, Weight};
-use crate::report::Report;
+use crate::model::Report;
+use crate::report::folded::{lines, Weight};
 
 /// Renders an interactive flamegraph of the report, titled with the trace
 /// and the weight. With nothing to draw, a small SVG that says so.
@@ -52,4 +52,19 @@ pub(crate) fn empty_svg(title: &str) -> String {
 <text x=\"300\" y=\"60\" text-anchor=\"middle\" font-family=\"Verdana\" font-size=\"12\">nothing to draw: no outstanding allocations match</text>\n\
 </svg>\n"
     )
+}
+
+/// The flamegraph format, weighed by its [`Weight`]: `--format svg`,
+/// `flamegraph.svg`.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Svg(pub Weight);
+
+impl crate::render::Render<Report> for Svg {
+    fn file_name(&self) -> &'static str {
+        "flamegraph.svg"
+    }
+
+    fn write(&self, report: &Report, out: &mut (dyn std::io::Write + Send)) -> std::io::Result<()> {
+        out.write_all(&render(report, self.0)?)
+    }
 }
