@@ -266,6 +266,25 @@ fn iostream_agrees_with_memcheck() {
     reproducer("mc_iostream");
 }
 
+/// A C++ program's allocations made before main, by libstdc++'s
+/// constructor run from ld.so's `_dl_init`, have complete stacks: they end
+/// at `_dl_start_user`, ld.so's start code, which has no CFI.
+#[test]
+fn pre_main_stacks_end_complete_at_ld_so_start_code() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("mc_iostream");
+    let (_dir, trace) = fx.record(&[]);
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let stacks = t.stacks().unwrap();
+    let user: Vec<_> = stacks.iter().filter(|s| !s.kernel).collect();
+    assert!(!user.is_empty());
+    let cut: Vec<_> = user.iter().filter(|s| s.truncated).collect();
+    assert!(cut.is_empty(), "truncated stacks: {cut:?}");
+    assert_eq!(t.meta().unwind.as_ref().map(|u| u.truncated.len()), Some(0));
+}
+
 /// sort with jemalloc preloaded: jemalloc's slab metadata points at its
 /// regions, and is not a root.
 #[test]
