@@ -285,6 +285,63 @@ fn pre_main_stacks_end_complete_at_ld_so_start_code() {
     assert_eq!(t.meta().unwind.as_ref().map(|u| u.truncated.len()), Some(0));
 }
 
+/// Suppressions never change a figure silently: record's closing scan
+/// line prints analyze's figures (default suppressions) and says what
+/// they hid, as analyze's outstanding row and LEAK SUMMARY do.
+#[test]
+fn record_and_analyze_print_the_same_figures_and_say_what_is_suppressed() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("mc_iostream");
+    let _guard = recording_guard(false);
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t.parquet");
+    let out = memleak()
+        .args(["record", "-o"])
+        .arg(&trace)
+        .arg("--")
+        .arg(fx.binary())
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "record failed: {out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let line = stderr
+        .lines()
+        .find(|l| l.starts_with("memleak: scan of pid"))
+        .unwrap_or_else(|| panic!("no scan line in {stderr}"));
+    // The pool (72704 bytes) is suppressed; the stdout buffer stays.
+    assert!(
+        line.contains("definitely lost 40 bytes in 1 blocks"),
+        "{line}"
+    );
+    assert!(line.contains("still reachable 4 KiB in 1 blocks"), "{line}");
+    assert!(
+        line.contains("71 KiB in 1 blocks suppressed (libstdc++ emergency pool)"),
+        "{line}"
+    );
+    let text = memleak()
+        .args(["analyze", "-T", "0"])
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let text = String::from_utf8_lossy(&text.stdout);
+    let row = |name: &str| {
+        text.lines()
+            .find(|l| l.trim_start().starts_with(name))
+            .unwrap_or_else(|| panic!("no {name:?} in {text}"))
+            .to_string()
+    };
+    assert!(
+        row("outstanding  ")
+            .ends_with("72704 bytes (71.0 KiB) in 1 block suppressed (libstdc++ emergency pool)"),
+        "{text}"
+    );
+    assert!(row("peak outstanding").ends_with("(suppressed blocks included)"));
+    assert!(row("still reachable:").contains("4096 bytes"), "{text}");
+    assert!(row("suppressed:").contains("72704 bytes"), "{text}");
+}
+
 /// sort with jemalloc preloaded: jemalloc's slab metadata points at its
 /// regions, and is not a root.
 #[test]
