@@ -259,6 +259,15 @@ fn stale_words_below_exited_threads_stack_pointers_are_not_roots() {
     reproducer("mc_threads");
 }
 
+/// A dropped mmap holds the only pointer to a block (memcheck scans every
+/// rw mapping: reachable), a lost large block glibc mmapped holds another
+/// (its mapping is not a root), threads still blocked at exit hold blocks
+/// in their frames, and a cycle is held by an interior pointer.
+#[test]
+fn mappings_large_chunks_and_running_threads_agree_with_memcheck() {
+    reproducer("mc_mappings");
+}
+
 /// iostream: libstdc++'s emergency pool and the stdout buffer reachable,
 /// the program's `new[]` lost.
 #[test]
