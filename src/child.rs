@@ -499,6 +499,9 @@ impl Child {
                     if main {
                         on_stop()?;
                         on_exit()?;
+                    } else {
+                        // Where its stack ends, for the scan at exit.
+                        memleak_recorder::scan::note_thread_exit(tgid_of(tid as u32), tid as u32);
                     }
                     0
                 }

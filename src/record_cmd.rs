@@ -1092,7 +1092,8 @@ fn record(
         }
         let lost = meta.counters.lost_total();
         for line in scan_lines.borrow().iter() {
-            say!("{line}");
+            // analyze's figures: the default suppressions applied and said.
+            say!("{}", scan_run::closing_line(&args.output, line));
         }
         say!(
             "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",

@@ -47,6 +47,80 @@ fn trace_verdict(v: Verdict) -> ScanVerdict {
     }
 }
 
+/// The four verdicts as the summary line says them.
+fn verdict_phrases(bytes: [u64; 4], blocks: [u64; 4]) -> String {
+    Verdict::ALL
+        .iter()
+        .enumerate()
+        .map(|(k, v)| {
+            let name = match v {
+                Verdict::Reachable => "still reachable".to_string(),
+                v => format!("{} lost", v.name()),
+            };
+            format!("{name} {} in {} blocks", format_size(bytes[k]), blocks[k])
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
+}
+
+/// What suppressions hid, as every summary says it: "N bytes in M blocks
+/// suppressed (name, ...)"; `None` when they hid nothing.
+pub fn suppressed_phrase(suppressed: &[memleak_analyze::SuppressedTotals]) -> Option<String> {
+    let hidden: Vec<_> = suppressed.iter().filter(|s| s.allocations > 0).collect();
+    if hidden.is_empty() {
+        return None;
+    }
+    let bytes: u64 = hidden.iter().map(|s| s.bytes).sum();
+    let blocks: u64 = hidden.iter().map(|s| s.allocations).sum();
+    let names: Vec<&str> = hidden.iter().map(|s| s.name.as_str()).collect();
+    Some(format!(
+        "{} in {blocks} blocks suppressed ({})",
+        format_size(bytes),
+        names.join(", ")
+    ))
+}
+
+/// The closing line of a scan, with the figures `memleak analyze` shows
+/// by default for the same trace: every kind, the default suppressions
+/// applied and said. `line` is the line of [`summary`]; it is returned as
+/// it is when it is not one (a failed scan) or the trace cannot be read.
+pub fn closing_line(trace: &Path, line: &str) -> String {
+    let Some(rest) = line.strip_prefix("memleak: scan of pid ") else {
+        return line.to_string();
+    };
+    let Some((pid, rest)) = rest.split_once(": ") else {
+        return line.to_string();
+    };
+    let (Ok(pid), Some((_, tail))) = (pid.parse::<u32>(), rest.split_once("; paused")) else {
+        return line.to_string();
+    };
+    let figures = || -> Result<String> {
+        let mut opts = memleak_analyze::report::AnalyzeOptions::default();
+        opts.filter.pids = vec![pid];
+        opts.suppressions = memleak_analyze::suppress::parse(
+            memleak_analyze::suppress::DEFAULT_SUPPRESSIONS,
+            "default suppressions",
+        )
+        .map_err(anyhow::Error::msg)?;
+        let report = memleak_analyze::report::analyze(trace, &opts)?;
+        let leak = report
+            .summary
+            .leak
+            .ok_or_else(|| anyhow::anyhow!("no scan applies"))?;
+        let t = leak.totals;
+        let all = [t.definitely, t.indirectly, t.possibly, t.reachable];
+        let mut s = verdict_phrases(all.map(|c| c.bytes), all.map(|c| c.allocations));
+        if let Some(hidden) = suppressed_phrase(&report.summary.suppressed) {
+            s += &format!("; {hidden}");
+        }
+        Ok(s)
+    };
+    match figures() {
+        Ok(f) => format!("memleak: scan of pid {pid}: {f}; paused{tail}"),
+        Err(_) => line.to_string(),
+    }
+}
+
 /// The summary line of a scan.
 pub fn summary(
     pid: u32,
@@ -56,26 +130,11 @@ pub fn summary(
     scan_ns: u64,
 ) -> String {
     let t = Totals::of(blocks, verdicts);
-    let kinds: Vec<String> = Verdict::ALL
-        .iter()
-        .enumerate()
-        .map(|(k, v)| {
-            let name = match v {
-                Verdict::Reachable => "still reachable".to_string(),
-                v => format!("{} lost", v.name()),
-            };
-            format!(
-                "{name} {} in {} blocks",
-                format_size(t.bytes[k]),
-                t.blocks[k]
-            )
-        })
-        .collect();
     let mib = (info.roots_bytes + info.heap_bytes) as f64 / (1 << 20) as f64;
     let ms = info.pause_ns as f64 / 1e6;
     format!(
         "memleak: scan of pid {pid}: {}; paused {ms:.1} ms (marking {:.1} ms) for {} roots + {} heap ({:.2} ms/MiB)",
-        kinds.join(", "),
+        verdict_phrases(t.bytes, t.blocks),
         scan_ns as f64 / 1e6,
         format_size(info.roots_bytes),
         format_size(info.heap_bytes),

@@ -22,8 +22,10 @@ pub enum KindArg {
     User,
     /// Kernel allocators.
     Kernel,
-    /// Heap allocator calls of processes, without mmap: what valgrind
-    /// counts.
+    /// Heap allocator calls of processes, without mmap: the blocks
+    /// valgrind counts (its figures need --no-default-suppressions too:
+    /// the default suppressions take the libstdc++ pool and ld.so's
+    /// blocks out, and say so).
     Heap,
     /// Memory mappings of processes (mmap, munmap, mremap).
     Mmap,

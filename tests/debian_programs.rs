@@ -3,7 +3,9 @@
 //! heap outstanding at exit must be valgrind's "in use at exit" exactly,
 //! at least 98 % of its bytes must have a complete stack, no frame may
 //! lack an object, and the stack valgrind shows holding the most bytes
-//! must be ours too.
+//! must be ours too. The scan at exit must give memcheck's LEAK SUMMARY
+//! exactly: definitely, indirectly, possibly lost and still reachable,
+//! bytes and blocks (issue 28).
 //!
 //! valgrind runs with `--run-libc-freeres=no --run-cxx-freeres=no`: by
 //! default it frees glibc's and libstdc++'s own allocations before it
@@ -30,7 +32,17 @@ struct Valgrind {
     bytes: u64,
     blocks: u64,
     top: Option<(u64, u64, String)>,
+    /// The LEAK SUMMARY: (bytes, blocks) definitely, indirectly, possibly
+    /// lost and still reachable.
+    leak: [(u64, u64); 4],
 }
+
+const LEAK_LABELS: [&str; 4] = [
+    "definitely lost: ",
+    "indirectly lost: ",
+    "possibly lost: ",
+    "still reachable: ",
+];
 
 fn num(s: &str) -> u64 {
     s.replace(',', "").parse().unwrap()
@@ -58,8 +70,16 @@ fn valgrind(cmd: &[&str], env: &[(&str, &str)]) -> Valgrind {
         bytes: 0,
         blocks: 0,
         top: None,
+        leak: [(0, 0); 4],
     };
     for (i, l) in lines.iter().enumerate() {
+        for (k, label) in LEAK_LABELS.iter().enumerate() {
+            if let Some(rest) = l.strip_prefix(label) {
+                // "144 bytes in 3 blocks"
+                let w: Vec<&str> = rest.split_whitespace().collect();
+                v.leak[k] = (num(w[0]), num(w[3]));
+            }
+        }
         if let Some(rest) = l.strip_prefix("in use at exit: ") {
             // "393,984 bytes in 3 blocks"
             let w: Vec<&str> = rest.split_whitespace().collect();
@@ -150,6 +170,17 @@ fn check_trace(cmd: &str, trace: &Path, vg: &Valgrind) {
         (vg.bytes, vg.blocks),
         "{cmd}: heap outstanding at exit against valgrind's in use at exit"
     );
+    // The scan at exit: memcheck's four figures, exactly.
+    if let Some(leak) = &report.summary.leak {
+        let t = &leak.totals;
+        let ours =
+            [t.definitely, t.indirectly, t.possibly, t.reachable].map(|c| (c.bytes, c.allocations));
+        assert_eq!(
+            ours, vg.leak,
+            "{cmd:?}: memleak's verdicts (left) against memcheck's LEAK SUMMARY (right): \
+             definitely, indirectly, possibly lost, still reachable"
+        );
+    }
     let stacks: Vec<_> = report.stacks.iter().filter(|s| s.count > 0).collect();
     let complete: u64 = stacks
         .iter()

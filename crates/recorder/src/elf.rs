@@ -407,6 +407,11 @@ const SHT_NOBITS: u32 = 8;
 const SHF_COMPRESSED: u64 = 0x800;
 
 impl ElfFile {
+    /// The entry point (`e_entry`), 0 if it has none.
+    pub fn entry(&self) -> u64 {
+        u64_at(&self.data[..], 24).unwrap_or(0)
+    }
+
     /// The first section named `name`, or `None` when there is none or it
     /// has no usable bytes: `SHT_NOBITS` (the `.debug_*` stubs left in a
     /// stripped file) and `SHF_COMPRESSED` sections (not decompressed here).

@@ -6,7 +6,7 @@ use std::fmt::Write as _;
 use crate::behaviour::{per_second, percent};
 use crate::growth::Growth;
 use crate::histogram::SizeBucket;
-use crate::model::{Frame, LeakSummary, Report, SortKey, StackReport, Summary};
+use crate::model::{Frame, LeakSummary, Report, SortKey, StackReport, Summary, SuppressedTotals};
 use crate::time::{format_bytes, format_duration};
 use crate::verdicts::{hex_preview, verdict_name, VERDICTS_AND_UNSCANNED};
 
@@ -354,13 +354,31 @@ fn render_summary(out: &mut String, s: &Summary) {
         "frees",
         format!("{}, {}", s.frees, bytes_phrase(s.freed_bytes)),
     );
+    // What the suppressions took out of the outstanding figures, said
+    // next to them.
+    let hidden: Vec<&SuppressedTotals> =
+        s.suppressed.iter().filter(|x| x.allocations > 0).collect();
+    let hidden_phrase = (!hidden.is_empty()).then(|| {
+        let names: Vec<&str> = hidden.iter().map(|x| x.name.as_str()).collect();
+        format!(
+            "; {} in {} suppressed ({})",
+            bytes_phrase(hidden.iter().map(|x| x.bytes).sum()),
+            plural(
+                hidden.iter().map(|x| x.allocations).sum(),
+                "block",
+                "blocks"
+            ),
+            names.join(", ")
+        )
+    });
     row(
         "outstanding",
         format!(
-            "{}, {}, in {}",
+            "{}, {}, in {}{}",
             plural(s.outstanding_allocations, "allocation", "allocations"),
             bytes_phrase(s.outstanding_bytes),
-            plural(s.outstanding_stacks, "stack", "stacks")
+            plural(s.outstanding_stacks, "stack", "stacks"),
+            hidden_phrase.as_deref().unwrap_or("")
         ),
     );
     // valgrind counts heap blocks only: the split lets a reader compare.
@@ -378,12 +396,19 @@ fn render_summary(out: &mut String, s: &Summary) {
     if !parts.is_empty() {
         row("outstanding in", parts.join("; "));
     }
+    // The peak is of the whole trace under the filters: suppressed blocks
+    // count in it, and it says so when there are some.
     row(
         "peak outstanding",
         format!(
-            "{} at {}",
+            "{} at {}{}",
             bytes_phrase(s.peak_bytes),
-            format_duration(s.peak_ns)
+            format_duration(s.peak_ns),
+            if hidden.is_empty() {
+                ""
+            } else {
+                " (suppressed blocks included)"
+            }
         ),
     );
     if let Some(p) = &s.at_peak {

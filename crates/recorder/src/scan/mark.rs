@@ -267,12 +267,19 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
             via_start = true;
             self.heuristic[i] = true;
         }
+        // A mapping's memory is read as a root already (or never, where
+        // memcheck would not): it is marked, not scanned.
+        let scan = !self.blocks[i].is_mapping;
         if via_start && definite {
             self.state[i] = State::Reachable;
-            self.stack.push(i as u32);
+            if scan {
+                self.stack.push(i as u32);
+            }
         } else if self.state[i] == State::Unreached {
             self.state[i] = State::Possible;
-            self.stack.push(i as u32);
+            if scan {
+                self.stack.push(i as u32);
+            }
         }
         Ok(())
     }
@@ -283,7 +290,9 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
         if let Some((i, _)) = self.find(w) {
             if self.state[i] == State::Unreached && i != leader {
                 self.state[i] = State::Indirect;
-                self.stack.push(i as u32);
+                if !self.blocks[i].is_mapping {
+                    self.stack.push(i as u32);
+                }
             }
         }
     }
@@ -474,7 +483,7 @@ impl<'a, M: Memory + ?Sized> Marker<'a, M> {
             batch.clear();
             let mut bytes = 0;
             while next < n && batch.len() < BATCH && bytes < WINDOW {
-                if self.state[next] == State::Unreached {
+                if self.state[next] == State::Unreached && !self.blocks[next].is_mapping {
                     let b = self.blocks[next];
                     let start = (b.addr + 7) & !7;
                     let end = (b.addr + b.size) & !7;

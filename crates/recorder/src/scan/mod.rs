@@ -22,7 +22,7 @@ pub mod stop;
 
 use std::time::Instant;
 
-pub use stop::{monotonic_ns, Stopped, StoppedThread};
+pub use stop::{monotonic_ns, note_thread_exit, ExitedThread, Stopped, StoppedThread};
 
 use mark::{MarkInput, Marker, Segment};
 use mem::{Memory, ProcessMemory};
@@ -196,7 +196,14 @@ pub fn scan(stopped: &Stopped, blocks: &[Block], opts: &ScanOptions) -> Result<O
     }
     maps.sort_by_key(|m| m.start);
     let mut mem = ProcessMemory::new(pid);
-    let out = scan_with(&mut mem, &maps, &stopped.threads, blocks, opts)?;
+    let out = scan_with(
+        &mut mem,
+        &maps,
+        &stopped.threads,
+        &stopped.exited,
+        blocks,
+        opts,
+    )?;
     let mut out = out;
     out.stats.threads = stopped.threads.len() as u32;
     out.stats.unreadable_pages = mem.unreadable_pages;
@@ -209,21 +216,23 @@ fn scan_with(
     mem: &mut dyn Memory,
     maps: &[crate::procmaps::Mapping],
     threads: &[StoppedThread],
+    exited: &[ExitedThread],
     blocks: &[Block],
     opts: &ScanOptions,
 ) -> Result<Outcome, ScanError> {
     let mut order: Vec<u32> = (0..blocks.len() as u32).collect();
     order.sort_unstable_by_key(|&i| (blocks[i as usize].addr, !blocks[i as usize].is_mapping));
     let sorted: Vec<Block> = order.iter().map(|&i| blocks[i as usize]).collect();
-    let roots = roots::find_roots(maps, threads, &sorted, mem)?;
-    // An mmap block that is a live thread's stack is in use.
+    let roots = roots::find_roots(maps, threads, exited, &sorted, mem)?;
+    // An mmap block that is a thread's stack or the allocator's heap is
+    // in use.
     let reachable: Vec<usize> = sorted
         .iter()
         .enumerate()
         .filter(|(_, b)| {
             b.is_mapping
                 && roots
-                    .stacks
+                    .in_use
                     .iter()
                     .any(|&(s, e)| b.addr < e && b.addr + b.size > s)
         })

@@ -24,12 +24,60 @@ pub struct StoppedThread {
     inject: i32,
 }
 
+/// Where a thread that exited left its stack: its stack pointer and its
+/// thread pointer (`fs_base`) at its exit stop. Memcheck scans a stack
+/// only from the stack pointer up; glibc keeps the stacks of exited
+/// threads mapped (its stack cache), and below that pointer they hold
+/// stale words memcheck never reads.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ExitedThread {
+    /// The stack pointer at the thread's exit.
+    pub sp: u64,
+    /// Its thread pointer (glibc's TCB, inside the same mapping).
+    pub fs_base: u64,
+}
+
+/// The exited threads of each traced process, by thread pointer (a
+/// stack glibc reuses for a new thread keeps its thread pointer: the
+/// latest exit wins).
+static EXITED: std::sync::Mutex<
+    Option<std::collections::HashMap<u32, std::collections::HashMap<u64, u64>>>,
+> = std::sync::Mutex::new(None);
+
+/// Notes where thread `tid` of process `tgid`, in its exit stop
+/// (`PTRACE_EVENT_EXIT`), leaves its stack, for the scan at the
+/// process's exit ([`Stopped::traced`]).
+pub fn note_thread_exit(tgid: u32, tid: u32) {
+    let Some(r) = get_regs(tid) else { return };
+    let mut g = EXITED.lock().unwrap_or_else(|e| e.into_inner());
+    g.get_or_insert_with(Default::default)
+        .entry(tgid)
+        .or_default()
+        .insert(r.fs_base, r.rsp);
+}
+
+/// The exited threads noted for `pid` (and forgets them).
+fn take_exited(pid: u32) -> Vec<ExitedThread> {
+    let mut g = EXITED.lock().unwrap_or_else(|e| e.into_inner());
+    let mut v: Vec<ExitedThread> = g
+        .as_mut()
+        .and_then(|m| m.remove(&pid))
+        .unwrap_or_default()
+        .into_iter()
+        .map(|(fs_base, sp)| ExitedThread { sp, fs_base })
+        .collect();
+    v.sort_unstable_by_key(|e| e.sp);
+    v
+}
+
 /// A process held still: see the [module](self).
 pub struct Stopped {
     /// Process id.
     pub pid: u32,
     /// Its threads.
     pub threads: Vec<StoppedThread>,
+    /// Its threads that exited before (known for a traced command only).
+    pub exited: Vec<ExitedThread>,
     /// When the process was stopped (CLOCK_MONOTONIC ns, the clock of
     /// the events).
     pub ts_ns: u64,
@@ -98,6 +146,7 @@ impl Stopped {
         let mut s = Stopped {
             pid,
             threads: Vec::new(),
+            exited: Vec::new(),
             ts_ns: 0,
             since: Instant::now(),
             seized: true,
@@ -192,6 +241,7 @@ impl Stopped {
         Stopped {
             pid,
             threads,
+            exited: take_exited(pid),
             ts_ns: monotonic_ns(),
             since: Instant::now(),
             seized: false,

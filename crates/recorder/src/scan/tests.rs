@@ -55,7 +55,7 @@ fn run(fake: &mut Fake, blocks: &[Block], root_words: usize) -> Vec<Verdict> {
         inode: 1,
         path: Some("/fake/libdata.so".into()),
     }];
-    scan_with(fake, &maps, &[], blocks, &ScanOptions::default())
+    scan_with(fake, &maps, &[], &[], blocks, &ScanOptions::default())
         .unwrap()
         .verdicts
 }
@@ -139,12 +139,14 @@ fn memchecks_heuristics_count_as_start_pointers() {
         heuristics: false,
         ..ScanOptions::default()
     };
-    let v = scan_with(&mut f, &maps, &[], &b, &off).unwrap().verdicts;
+    let v = scan_with(&mut f, &maps, &[], &[], &b, &off)
+        .unwrap()
+        .verdicts;
     assert_eq!(v, [PossiblyLost; 4]);
 }
 
 #[test]
-fn heap_and_mmap_blocks_are_not_roots_and_contents_are_kept_for_lost_blocks() {
+fn mmap_blocks_are_roots_as_for_memcheck_and_contents_are_kept_for_lost_blocks() {
     let b = vec![
         block(0, 16),
         block(1, 16),
@@ -155,8 +157,10 @@ fn heap_and_mmap_blocks_are_not_roots_and_contents_are_kept_for_lost_blocks() {
         },
     ];
     let mut f = Fake::default();
-    // The mmap block lies inside a rw mapping; it points to block 0 but
-    // nothing points to it: both lost, though the mapping is writable.
+    // The mmap block lies inside a rw mapping; it points to block 0 and
+    // nothing points to it. memcheck scans every rw mapping: block 0 is
+    // reachable from it, while the mapping itself, which no word points
+    // to, is lost.
     f.put(0x20_0000, &[b[0].addr]);
     f.put(b[1].addr, &[0x4142_4344_4546_4748, 0]);
     f.put(ROOT, &[b[1].addr]);
@@ -190,11 +194,117 @@ fn heap_and_mmap_blocks_are_not_roots_and_contents_are_kept_for_lost_blocks() {
         contents: 4,
         ..ScanOptions::default()
     };
-    let out = scan_with(&mut f, &maps, &[], &b, &opts).unwrap();
-    assert_eq!(out.verdicts, [IndirectlyLost, Reachable, DefinitelyLost]);
-    assert_eq!(out.contents[0], Some(vec![0; 4]));
+    let out = scan_with(&mut f, &maps, &[], &[], &b, &opts).unwrap();
+    assert_eq!(out.verdicts, [Reachable, Reachable, DefinitelyLost]);
+    assert_eq!(out.contents[0], None);
     assert_eq!(out.contents[1], None);
     assert_eq!(out.contents[2], Some(b[0].addr.to_ne_bytes()[..4].to_vec()));
-    // Roots: the data word, and the anonymous mapping minus the block.
-    assert_eq!(out.stats.roots_bytes, 8 + 0x1000 + 0x1000);
+    // Roots: the data word and the whole anonymous mapping.
+    assert_eq!(out.stats.roots_bytes, 8 + 0x3000);
+}
+
+fn anon(start: u64, end: u64, path: Option<&str>) -> crate::procmaps::Mapping {
+    crate::procmaps::Mapping {
+        start,
+        end,
+        perms: "rw-p".into(),
+        offset: 0,
+        inode: u64::from(path.is_some_and(|p| p.starts_with('/'))),
+        path: path.map(String::from),
+    }
+}
+
+#[test]
+fn an_exited_threads_stack_is_read_from_its_last_stack_pointer_up() {
+    let b: Vec<Block> = (0..2).map(|i| block(i, 64)).collect();
+    let (s, e) = (0x7000_0000u64, 0x7000_4000u64);
+    let mut f = Fake::default();
+    f.put(s + 0x1000, &[b[0].addr]); // a dead frame, below the last SP
+    f.put(s + 0x2800, &[b[1].addr]); // the thread's last frames
+    let tcb = s + 0x3f00;
+    f.put(tcb, &[tcb]); // glibc's TCB points to itself
+    let maps = vec![anon(s, e, None)];
+    let exited = [ExitedThread {
+        sp: s + 0x2100,
+        fs_base: tcb,
+    }];
+    let v = scan_with(&mut f, &maps, &[], &exited, &b, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [DefinitelyLost, Reachable]);
+    // Without the note of its exit, the mapping is read whole.
+    let v = scan_with(&mut f, &maps, &[], &[], &b, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [Reachable, Reachable]);
+}
+
+#[test]
+fn glibcs_main_arena_is_not_a_root() {
+    // A block whose last bytes hold the top chunk's address: main_arena's
+    // `top` points into it.
+    let b = vec![block(0, 1234)];
+    let (s, e) = (0x7f00_0000u64, 0x7f00_2000u64);
+    let x = s + 0x800; // main_arena
+    let mut f = Fake::default();
+    let mut state = vec![0u64; 2200 / 8];
+    state[96 / 8] = b[0].addr + 1232; // top
+    for k in 0..127 {
+        let own = x + 96 + 16 * k;
+        state[(112 + 16 * k as usize) / 8] = own;
+        state[(120 + 16 * k as usize) / 8] = own;
+    }
+    state[2160 / 8] = x; // next: the only arena
+    f.put(x, &state);
+    let maps = vec![anon(s, e, Some("/usr/lib/x86_64-linux-gnu/libc.so.6"))];
+    let v = scan_with(&mut f, &maps, &[], &[], &b, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [DefinitelyLost]);
+    // The same words in another library's data are a root.
+    let maps = vec![anon(s, e, Some("/usr/lib/libother.so"))];
+    let v = scan_with(&mut f, &maps, &[], &[], &b, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [PossiblyLost]);
+}
+
+#[test]
+fn another_allocators_heap_is_not_a_root_and_glibcs_mmapped_chunks_are_blocks() {
+    // jemalloc's slab: blocks side by side, its metadata pointing at them.
+    let (s, e) = (0x6000_0000u64, 0x6020_0000u64);
+    let slab = vec![
+        Block {
+            addr: s + 0x1000,
+            size: 16,
+            is_mapping: false,
+        },
+        Block {
+            addr: s + 0x1010,
+            size: 16,
+            is_mapping: false,
+        },
+    ];
+    let mut f = Fake::default();
+    f.put(s, &[slab[0].addr, slab[1].addr]);
+    let maps = vec![anon(s, e, None)];
+    let v = scan_with(&mut f, &maps, &[], &[], &slab, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [DefinitelyLost, DefinitelyLost]);
+    // A glibc mmapped chunk (header: 0, size | IS_MMAPPED) in a mapping
+    // it shares with memory ld.so mapped, which points to it: a root.
+    let chunk = s + 0x10_0000;
+    let big = vec![Block {
+        addr: chunk + 16,
+        size: 0x1_0000 - 16,
+        is_mapping: false,
+    }];
+    let mut f = Fake::default();
+    f.put(chunk, &[0, 0x1_0000 | 2]);
+    f.put(s + 8, &[big[0].addr]);
+    let v = scan_with(&mut f, &maps, &[], &[], &big, &ScanOptions::default())
+        .unwrap()
+        .verdicts;
+    assert_eq!(v, [Reachable]);
 }

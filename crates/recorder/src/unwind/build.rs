@@ -132,7 +132,38 @@ pub fn build(elf: &ElfFile) -> Result<Table, BuildError> {
         let (section, bases) = eh_frame(eh.bytes, eh.vaddr, text, got);
         collect(&section, &bases, &mut stats, &mut spans)?;
     }
+    end_at_entry(elf.entry(), &mut spans);
     finish(spans, stats)
+}
+
+/// Most bytes of start code without CFI at an entry point taken as the
+/// outermost frame.
+const ENTRY_CODE: u64 = 256;
+
+/// An entry point no FDE covers is start code in assembler without CFI:
+/// ld.so's `_start` and `_dl_start_user`, which calls `_dl_init` (the
+/// library constructors) and then jumps to the program's entry. A return
+/// address there is the outermost frame of the stack: an `End` row from
+/// the entry point to the next FDE (at most [`ENTRY_CODE`] bytes), as the
+/// `.cfi_undefined rip` of a C runtime's `_start` gives.
+fn end_at_entry(entry: u64, spans: &mut Vec<Span>) {
+    if entry == 0 || entry >= u32::MAX as u64 {
+        return;
+    }
+    if spans.iter().any(|s| s.start <= entry && entry < s.end) {
+        return;
+    }
+    let next = spans
+        .iter()
+        .map(|s| s.start)
+        .filter(|&a| a > entry)
+        .min()
+        .unwrap_or(u64::MAX);
+    spans.push(Span {
+        start: entry,
+        end: next.min(entry + ENTRY_CODE),
+        info: pack(Kind::End, 0, 0).expect("fits"),
+    });
 }
 
 /// Builds a table from `.eh_frame` bytes loaded at `vaddr`. `text` and
@@ -493,6 +524,32 @@ mod tests {
 
     fn span(start: u64, end: u64, info: u32) -> Span {
         Span { start, end, info }
+    }
+
+    #[test]
+    fn an_entry_point_without_cfi_ends_the_stack() {
+        let a = pack(Kind::CfaRsp, 8, 0).unwrap();
+        let end = pack(Kind::End, 0, 0).unwrap();
+        // ld.so: `_start` at 0x1ab70 and the next FDE at 0x1abb0.
+        let mut spans = vec![span(0x1a660, 0x1ab6f, a), span(0x1abb0, 0x1ac00, a)];
+        end_at_entry(0x1ab70, &mut spans);
+        let rows = merge(spans);
+        let at = |pc: u32| super::super::row::lookup(&rows, pc).map(|r| r.kind());
+        assert_eq!(at(0x1ab9f), Some(Kind::End), "_dl_start_user's call");
+        assert_eq!(at(0x1ab6f), Some(Kind::Invalid));
+        assert_eq!(at(0x1abb0), Some(Kind::CfaRsp));
+        // An entry point with CFI keeps it; none adds nothing.
+        let mut spans = vec![span(0x100, 0x200, a)];
+        end_at_entry(0x120, &mut spans);
+        end_at_entry(0, &mut spans);
+        assert_eq!(spans.len(), 1);
+        // No FDE after it: at most ENTRY_CODE bytes.
+        let mut spans = vec![span(0x100, 0x200, a)];
+        end_at_entry(0x300, &mut spans);
+        assert_eq!(
+            (spans[1].start, spans[1].end, spans[1].info),
+            (0x300, 0x300 + ENTRY_CODE, end)
+        );
     }
 
     fn rows(v: &[(u32, u32)]) -> Vec<Row> {
