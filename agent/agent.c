@@ -712,14 +712,11 @@ static struct mla_slot *claim(u64 *at)
 	}
 }
 
-/* Publishes a slot. A compare-and-swap: the recorder may have given up on
- * it (only once this process was dead, so never in practice). */
+/* Publishes a slot. A plain store: the recorder only ever skips a slot
+ * whose writer's process is dead, and a dead writer publishes nothing. */
 static inline void publish(struct mla_slot *s, u64 pos)
 {
-	u64 expected = pos;
-
-	__atomic_compare_exchange_n(&s->seq, &expected, pos + 1, 0, __ATOMIC_RELEASE,
-				    __ATOMIC_RELAXED);
+	__atomic_store_n(&s->seq, pos + 1, __ATOMIC_RELEASE);
 }
 
 static inline void header(struct thread *self, struct mla_slot *s, u8 kind, u64 addr, u64 size, u64 old,
