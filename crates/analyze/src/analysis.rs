@@ -230,6 +230,7 @@ pub fn analyze_trace(
     process_peaks.sort_unstable_by(|a, b| b.peak_bytes.cmp(&a.peak_bytes).then(a.pid.cmp(&b.pid)));
     let summary = Summary {
         trace: trace.path().display().to_string(),
+        capture: trace.meta().capture.clone(),
         start_ts,
         eval_ts,
         at_given: at_ts.is_some(),

@@ -177,6 +177,9 @@ pub struct OutstandingByClass {
 pub struct Summary {
     /// The trace directory.
     pub trace: String,
+    /// How allocator calls were captured (meta.json `capture`: `bpf` or
+    /// `preload`); `None` for traces that do not say.
+    pub capture: Option<String>,
     /// Timestamp the relative times count from: recording start.
     pub start_ts: u64,
     /// Timestamp at which the state is evaluated and ages measured: the

@@ -64,6 +64,8 @@ struct IncompleteJson {
 #[derive(Serialize)]
 struct SummaryJson<'a> {
     trace: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    capture: Option<&'a str>,
     complete: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     incomplete: Option<IncompleteJson>,
@@ -341,6 +343,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
         version: JSON_VERSION,
         summary: SummaryJson {
             trace: &s.trace,
+            capture: s.capture.as_deref(),
             complete: s.complete,
             incomplete: s.incomplete.map(|i| IncompleteJson {
                 missing_after_ns: i.listed.then_some(i.since_start_ns),

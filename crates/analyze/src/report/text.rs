@@ -309,6 +309,9 @@ fn render_summary(out: &mut String, s: &Summary) {
         let _ = writeln!(out, "  {k:<18}{v}");
     };
     row("trace", s.trace.clone());
+    if let Some(capture) = &s.capture {
+        row("capture", capture.clone());
+    }
     if !s.complete {
         let missing = match &s.incomplete {
             Some(i) if i.listed => format!(
