@@ -123,7 +123,11 @@ fn auto_steps_through_code_without_tables_by_frame_pointer() {
         check_anonymous(&stacks, &unwind, capture.as_deref());
         // anonymous and no_mapping under the probes, anonymous alone under
         // the agent.
-        let reasons = if capture.as_deref() == Some("preload") { 1 } else { 2 };
+        let reasons = if capture.as_deref() == Some("preload") {
+            1
+        } else {
+            2
+        };
         assert_eq!(unwind.truncated.len(), reasons, "{build:?}: {unwind:?}");
     }
 }
