@@ -137,7 +137,7 @@ fn a_dlopened_allocator() {
         return;
     }
     if !std::path::Path::new("/usr/lib/x86_64-linux-gnu/libjemalloc.so.2").exists() {
-        eprintln!("skipping: libjemalloc2 is not installed");
+        common::skip("libjemalloc2 is not installed");
         return;
     }
     let fx = fixture("dl_jemalloc");

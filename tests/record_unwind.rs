@@ -17,17 +17,16 @@ use std::time::{Duration, Instant};
 use common::fixtures::{fixtures_dir_for, memleak, record_command, recording_guard, Build};
 use memleak_analyze::report::{analyze, AnalyzeOptions, StackReport};
 
+/// An outstanding stack: bytes, truncated, function names.
+type Stack = (u64, bool, Vec<String>);
+
 /// Records `unwind_edges` of `build` with `--unwind mode`; returns the
 /// outstanding stacks' function names (or addresses) and truncation by
 /// bytes, and meta.json's unwind counts.
 fn record_edges(
     build: Build,
     mode: &str,
-) -> (
-    Vec<(u64, bool, Vec<String>)>,
-    memleak_trace::UnwindInfo,
-    Option<String>,
-) {
+) -> (Vec<Stack>, memleak_trace::UnwindInfo, Option<String>) {
     let dir = tempfile::tempdir().unwrap();
     let trace = dir.path().join("t.parquet");
     let _guard = recording_guard(false);
