@@ -360,7 +360,7 @@ fn sort_with_jemalloc_preloaded_agrees_with_memcheck() {
         return;
     }
     if !std::path::Path::new(JEMALLOC).exists() {
-        eprintln!("skipping: {JEMALLOC} is not installed (libjemalloc2)");
+        common::skip(format_args!("{JEMALLOC} is not installed (libjemalloc2)"));
         return;
     }
     let dir = tempfile::tempdir().unwrap();
