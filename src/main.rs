@@ -44,6 +44,8 @@ mod private_libs;
 #[cfg(feature = "bpf")]
 mod probes;
 #[cfg(feature = "bpf")]
+mod record_args;
+#[cfg(feature = "bpf")]
 mod record_cmd;
 #[cfg(feature = "bpf")]
 mod record_targets;

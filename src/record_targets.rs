@@ -13,7 +13,7 @@ use memleak_recorder::providers::{Allocators, Search};
 use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
 
 use crate::probes::Probes;
-use crate::record_cmd::{Placement, RecordArgs};
+use crate::record_args::{Placement, RecordArgs};
 
 /// The placement `--probe-placement` asks for.
 pub fn placement_policy(args: &RecordArgs) -> Policy {
