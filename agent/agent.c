@@ -178,11 +178,11 @@ static int find_self(char *spec, size_t len)
 	if (n <= 0)
 		return 0;
 	link[n] = 0;
-	at = strstr(link, "memleak-agent.so.");
+	at = strstr(link, MLA_NAME);
 	slash = strrchr(agent_entry, '/');
 	if (!at || !slash)
 		return 0;
-	fd = strtol(at + strlen("memleak-agent.so."), NULL, 10);
+	fd = strtol(at + strlen(MLA_NAME), NULL, 10);
 	snprintf(spec, len, "%ld:%.*s/%ld", fd, (int)(slash - agent_entry), agent_entry, fd);
 	return 1;
 }

@@ -41,9 +41,6 @@
  * recorder tells them from a user's: src/child.rs. */
 #define MLA_STOP_VALUE 0x4d4c5354
 
-/* mla_header.flags */
-#define MLA_F_FOLLOW_FORKS 1u
-
 struct mla_header {
 	__u64 magic;         /* 0 */
 	__u32 version;       /* 8 */
@@ -60,7 +57,7 @@ struct mla_header {
 	__u64 max_size;      /* 72 */
 	__u32 max_frames;    /* 80: --stack-depth */
 	__u32 unwind_mode;   /* 84: enum memleak_unwind_mode */
-	__u32 flags;         /* 88 */
+	__u32 reserved0;     /* 88 */
 	__u32 npids;         /* 92: used entries of pids[] */
 	__u64 tables_gen;    /* 96: bumped after every table write */
 	__u32 stop;          /* 104: the recording ended: record nothing more */
@@ -73,8 +70,7 @@ struct mla_header {
 	__u8 pad2[56];
 	__u64 lost[8];       /* 384: by enum memleak_lost */
 	__u64 agents;        /* 448: processes whose agent started */
-	__u64 nested_signal; /* 456: calls from a signal handler that
-			      * interrupted the agent (counted as ML_INFLIGHT_FULL too) */
+	__u64 reserved1;     /* 456 */
 	__u8 pad3[48];
 	__u32 pids[MLA_MAX_PIDS]; /* 512 */
 };

@@ -410,7 +410,6 @@ fn record(
             max_size: args.max_size,
             max_frames: args.stack_depth,
             unwind_mode: cfg.unwind.code(),
-            follow_forks: args.follow_forks,
         })?),
         Chosen::Bpf(_) => None,
     };
@@ -584,30 +583,27 @@ fn record(
     // agent's; `last`: the command is gone, a record it left half-written
     // is skipped.
     let drain = |timeout: Duration, last: bool| -> Result<()> {
-        if let Some(a) = &agent {
-            // The agents wake us when the ring fills; the probe's ring
-            // has lifecycle events only, which can wait for the poll.
-            if !timeout.is_zero() {
-                a.borrow().shared.wait(timeout);
-            }
-            probes::drain(&rb, Duration::ZERO)?;
-        } else {
-            probes::drain(&rb, timeout)?;
+        let Some(a) = &agent else {
+            return probes::drain(&rb, timeout);
+        };
+        // The agents wake us when the ring fills; the probe's ring has
+        // lifecycle events only, which can wait for the poll.
+        if !timeout.is_zero() {
+            a.borrow().shared.wait(timeout);
         }
-        if let Some(a) = &agent {
-            let mut rec = recorder.borrow_mut();
-            a.borrow_mut()
-                .shared
-                .drain(last, &mut |d| match rec.handle(d) {
-                    Ok(()) => true,
-                    Err(e) => {
-                        failure.borrow_mut().get_or_insert(e);
-                        false
-                    }
-                });
-            for ev in lifecycle.borrow_mut().drain(..) {
-                rec.handle(&ev)?;
-            }
+        probes::drain(&rb, Duration::ZERO)?;
+        let mut rec = recorder.borrow_mut();
+        a.borrow_mut()
+            .shared
+            .drain(last, &mut |d| match rec.handle(d) {
+                Ok(()) => true,
+                Err(e) => {
+                    failure.borrow_mut().get_or_insert(e);
+                    false
+                }
+            });
+        for ev in lifecycle.borrow_mut().drain(..) {
+            rec.handle(&ev)?;
         }
         Ok(())
     };
@@ -1049,15 +1045,7 @@ fn self_cpu_ns() -> u64 {
 }
 
 fn process_alive(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        // A zombie has exited; nothing reaps orphans here, so it may linger.
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                != Some("Z")
-        }
-        Err(_) => false,
-    }
+    !memleak_recorder::procmaps::gone(pid)
 }
 
 /// The live status line on stderr.

@@ -15,6 +15,7 @@ use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
+use memleak_recorder::procmaps::gone;
 use memleak_recorder::unwind::{TablesStats, UnwindSink, UnwindTables};
 
 /// Where tables are written: the probe's maps, or the agent's memory.
@@ -127,18 +128,6 @@ impl Unwinder {
 impl Drop for Unwinder {
     fn drop(&mut self) {
         self.stop();
-    }
-}
-
-/// Whether `pid` is gone (no process, or a zombie).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                == Some("Z")
-        }
-        Err(_) => true,
     }
 }
 

@@ -13,7 +13,8 @@ use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::event::{offsets, RawEvent, FLAG_KERNEL_STACK};
+use crate::event::{offsets, UnwindEnd, FLAG_KERNEL_STACK};
+use crate::procmaps::gone;
 use crate::unwind::{ProcTable, Row, UnwindSink};
 
 /// `MLA_MAGIC`: "MLAGENT1".
@@ -22,8 +23,6 @@ pub const MAGIC: u64 = 0x3154_4e45_4741_4c4d;
 pub const VERSION: u32 = 1;
 /// `MLA_MAX_PIDS`.
 pub const MAX_PIDS: usize = 4096;
-/// `MLA_F_FOLLOW_FORKS`.
-pub const FOLLOW_FORKS: u32 = 1;
 /// `MLA_SLOT_BYTES`: a slot's header (16) and a whole event.
 pub const SLOT_BYTES: usize = 1088;
 /// `MLA_HEADER_BYTES`.
@@ -51,7 +50,7 @@ struct Header {
     max_size: u64,
     max_frames: u32,
     unwind_mode: u32,
-    flags: u32,
+    _reserved0: u32,
     npids: AtomicU32,
     tables_gen: AtomicU64,
     stop: AtomicU32,
@@ -64,7 +63,7 @@ struct Header {
     _pad2: [u8; 56],
     lost: [AtomicU64; 8],
     agents: AtomicU64,
-    nested_signal: AtomicU64,
+    _reserved1: u64,
     _pad3: [u8; 48],
     pids: [AtomicU32; MAX_PIDS],
 }
@@ -102,8 +101,6 @@ pub struct Config {
     pub max_frames: u32,
     /// `enum memleak_unwind_mode`.
     pub unwind_mode: u32,
-    /// `--follow-forks`.
-    pub follow_forks: bool,
 }
 
 /// The shared mapping.
@@ -162,14 +159,10 @@ impl Shared {
     /// a program exec'd by the command finds it by number, or else by
     /// path through /proc).
     pub fn create(cfg: &Config) -> io::Result<Shared> {
-        let nslots = (cfg.ring_bytes / SLOT_BYTES as u64)
-            .max(1024)
-            .next_power_of_two();
-        let nslots = if nslots * SLOT_BYTES as u64 > cfg.ring_bytes.max(1024 * SLOT_BYTES as u64) {
-            nslots / 2
-        } else {
-            nslots
-        };
+        // The largest power of two of slots the ring size holds, at least
+        // 1024.
+        let fit = (cfg.ring_bytes / SLOT_BYTES as u64).max(1024);
+        let nslots = 1u64 << fit.ilog2();
         let tables_off = HEADER_BYTES as u64;
         let rows_off =
             page_up(tables_off + u64::from(TABLES) * std::mem::size_of::<Table>() as u64);
@@ -223,7 +216,6 @@ impl Shared {
             (*h).max_size = cfg.max_size;
             (*h).max_frames = cfg.max_frames;
             (*h).unwind_mode = cfg.unwind_mode;
-            (*h).flags = if cfg.follow_forks { FOLLOW_FORKS } else { 0 };
         }
         let ring = map.base.wrapping_add(ring_off as usize);
         for i in 0..nslots {
@@ -416,28 +408,17 @@ impl Shared {
         }
     }
 
+    /// Counts how the event's walk ended, from its flags and frame count
+    /// alone: [`crate::Recorder::handle`] decodes the event after.
     fn count_end(&mut self, ev: &[u8]) {
-        let Some(raw) = RawEvent::decode(ev) else {
-            return;
-        };
-        if raw.frame_count() > 0 && raw.flags & FLAG_KERNEL_STACK == 0 {
-            let end = raw.unwind_end() as usize;
+        let flags = ev[offsets::FLAGS];
+        let nframes = u16::from_ne_bytes([ev[offsets::NFRAMES], ev[offsets::NFRAMES + 1]]);
+        if nframes > 0 && flags & FLAG_KERNEL_STACK == 0 {
+            let end = UnwindEnd::from_flags(flags) as usize;
             if let Some(c) = self.ends.get_mut(end) {
                 *c += 1;
             }
         }
-    }
-}
-
-/// Whether `pid` is gone (no process, or a zombie).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                == Some("Z")
-        }
-        Err(_) => true,
     }
 }
 

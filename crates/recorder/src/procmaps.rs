@@ -54,6 +54,19 @@ fn parse_line(line: &str) -> Option<Mapping> {
     })
 }
 
+/// Whether process `pid` is gone: no such process, or a zombie (nothing
+/// reaps orphans on some machines, so an exited one may linger).
+pub fn gone(pid: u32) -> bool {
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => {
+            stat.rsplit_once(')')
+                .and_then(|(_, rest)| rest.split_whitespace().next())
+                == Some("Z")
+        }
+        Err(_) => true,
+    }
+}
+
 /// Reads `/proc/PID/maps`.
 ///
 /// A file the kernel calls deleted but that the process still reaches

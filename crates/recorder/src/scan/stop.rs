@@ -11,6 +11,7 @@ use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
 use super::ScanError;
+use crate::procmaps::gone;
 
 /// One stopped thread.
 #[derive(Clone)]
@@ -121,18 +122,6 @@ fn get_regs(tid: u32) -> Option<libc::user_regs_struct> {
         )
     };
     (r == 0).then_some(regs)
-}
-
-/// Whether a process is gone (or a zombie).
-fn gone(pid: u32) -> bool {
-    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => {
-            stat.rsplit_once(')')
-                .and_then(|(_, rest)| rest.split_whitespace().next())
-                == Some("Z")
-        }
-        Err(_) => true,
-    }
 }
 
 impl Stopped {
