@@ -31,6 +31,11 @@ pub struct RecordArgs {
     /// Output trace directory.
     #[arg(short, long, default_value = "trace.parquet")]
     pub output: PathBuf,
+    /// Write the trace into a fleet dataset instead of -o: a new directory
+    /// ROOT/host=HOST/trace=START-PID/, which `memleak analyze ROOT` and
+    /// `memleak sql ROOT` read with every other host's.
+    #[arg(long, value_name = "ROOT", conflicts_with = "output")]
+    pub dataset: Option<PathBuf>,
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,

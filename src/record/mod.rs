@@ -7,6 +7,7 @@
 //! * [`capture`]: which capture records a command (the probes or the
 //!   preloaded agent), the agent's memfd and environment;
 //! * [`targets`]: where each target's allocator probes go;
+//! * [`dataset`]: where `--dataset` puts a recording;
 //! * [`probes`]: loading and attaching the BPF program, the only module
 //!   that touches libbpf;
 //! * [`child`]: a command memleak starts, held with ptrace;
@@ -18,6 +19,7 @@
 mod args;
 mod capture;
 mod child;
+mod dataset;
 mod private_libs;
 mod probes;
 mod scan;

@@ -64,7 +64,7 @@ enum Target {
     KernelOnly,
 }
 
-pub fn run(args: RecordArgs) -> Result<ExitCode> {
+pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
     crate::malloc_tuning::keep_freed_memory();
     let argv: Vec<String> = match (&args.command, args.argv.is_empty()) {
         (Some(c), true) => c.split_whitespace().map(str::to_string).collect(),
@@ -135,6 +135,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         say!("memleak: note: capture bpf: {why}");
     }
     let mut meta = Meta::for_this_host(env!("CARGO_PKG_VERSION"));
+    if let Some(root) = &args.dataset {
+        args.output = super::dataset::trace_dir(root, &meta.host)?;
+    }
     meta.capture = Some(chosen.name().to_string());
     meta.command = std::env::args().collect();
     meta.options = serde_json::json!({
