@@ -39,6 +39,7 @@ mod output;
 #[cfg(feature = "bpf")]
 mod record;
 mod select_args;
+mod sql_cmd;
 mod units;
 
 /// eBPF memory-leak tracer with record and replay.
@@ -61,6 +62,9 @@ enum Command {
     Diff(diff_cmd::DiffArgs),
     /// Print a trace's metadata, tables and counters.
     Info(info_cmd::InfoArgs),
+    /// Print the SQL that computes the outstanding-by-stack report over
+    /// traces or a dataset, for DuckDB or Spark (docs/fleet.md).
+    Sql(sql_cmd::SqlArgs),
 }
 
 /// A command-line error as one `memleak: error:` line, like every other
@@ -100,6 +104,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze_cmd::run(args),
         Command::Diff(args) => diff_cmd::run(args),
         Command::Info(args) => info_cmd::run(args),
+        Command::Sql(args) => sql_cmd::run(args),
     };
     match result {
         Ok(code) => code,
