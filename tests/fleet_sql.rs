@@ -360,3 +360,64 @@ fn sql_refuses_what_it_cannot_read_with_one_line() {
         "{err}"
     );
 }
+
+/// `record --dataset` lays recordings out as `memleak sql ROOT` reads them.
+#[test]
+fn recordings_into_a_dataset_are_read_as_one() {
+    if !common::can_record() {
+        return;
+    }
+    let Some(py) = python_for(Engine::DuckDb) else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let fleet = dir.path().join("fleet");
+    {
+        let _guard = recording_guard(false);
+        for _ in 0..2 {
+            let out = memleak()
+                .args(["record", "-q", "--dataset"])
+                .arg(&fleet)
+                .arg("--")
+                .arg(fixtures_dir().join("realloc"))
+                .output()
+                .unwrap();
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+    }
+    let hosts: Vec<PathBuf> = std::fs::read_dir(&fleet)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    assert_eq!(hosts.len(), 1, "{hosts:?}");
+    let host = Meta::load(
+        &std::fs::read_dir(&hosts[0])
+            .unwrap()
+            .next()
+            .unwrap()
+            .unwrap()
+            .path(),
+    )
+    .unwrap()
+    .host;
+    assert_eq!(
+        hosts[0].file_name().unwrap().to_string_lossy(),
+        format!("host={host}")
+    );
+    let mut want = ByStack::new();
+    let mut traces = 0;
+    for t in std::fs::read_dir(&hosts[0]).unwrap() {
+        let t = t.unwrap().path();
+        let name = t.file_name().unwrap().to_string_lossy().into_owned();
+        let id = name.strip_prefix("trace=").expect("trace=ID");
+        analyze(&t, &host, id, &mut want);
+        traces += 1;
+    }
+    assert_eq!(traces, 2, "one directory per recording");
+    assert!(!want.is_empty());
+    assert_eq!(run_sql(&py, Engine::DuckDb, &[], &[&fleet]), want);
+}
