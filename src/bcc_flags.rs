@@ -38,6 +38,7 @@ pub fn record_hint(arg: &str) -> Option<&'static str> {
 /// A warning for `record -o N`: bcc's -o is "older than N ms", here it
 /// names the trace. `None` unless the output is a bare number (with an
 /// optional ms or s).
+#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
 pub fn numeric_output_warning(output: &str) -> Option<String> {
     let digits = output
         .strip_suffix("ms")
