@@ -23,6 +23,8 @@ pub(super) struct LiveReport {
     start_ns: u64,
     last_total: Totals,
     last: HashMap<u64, Totals>,
+    /// Reports printed so far.
+    printed: u64,
 }
 
 impl LiveReport {
@@ -35,6 +37,7 @@ impl LiveReport {
             start_ns,
             last_total: Totals::default(),
             last: HashMap::new(),
+            printed: 0,
         }
     }
 
@@ -73,12 +76,17 @@ impl LiveReport {
             0.0
         };
         let mut s = format!(
-            "[{}] +{secs:.2}s: {} outstanding in {} blocks ({} since the last report); \
+            "[{}] +{secs:.2}s: {} outstanding in {} blocks ({} since the {}); \
              growth so far {}, {}/s\n",
             wall_clock(),
             human_size(total.bytes),
             total.count,
             human_change(total.bytes as i64 - self.last_total.bytes as i64),
+            if self.printed == 0 {
+                "start"
+            } else {
+                "last report"
+            },
             human_change(total.bytes as i64),
             human_size(rate as u64),
         );
@@ -86,7 +94,7 @@ impl LiveReport {
         if !top.is_empty() {
             s += &format!(
                 "  {:>10}  {:>8}  {:>11}  {:>7}  stack\n",
-                "bytes", "blocks", "change", "blocks±"
+                "bytes", "blocks", "change", "+blocks"
             );
         }
         for t in &top {
@@ -105,6 +113,7 @@ impl LiveReport {
         }
         self.last_total = total;
         self.last = now.stacks().collect();
+        self.printed += 1;
         s
     }
 }
