@@ -31,6 +31,7 @@ macro_rules! say_inline {
 }
 
 mod analyze_cmd;
+mod bcc_flags;
 mod diff_cmd;
 mod exit_status;
 mod info_cmd;
@@ -80,7 +81,23 @@ fn usage_error(e: &clap::Error) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     let line = line.strip_prefix("error: ").unwrap_or(&line);
-    format!("memleak: error: {line}")
+    format!("memleak: error: {line}{}", bcc_hint(e))
+}
+
+/// For an option `record` does not take but bcc's memleak does: where it
+/// lives here (`bcc_flags`).
+fn bcc_hint(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let subcommand = std::env::args().nth(1);
+    if e.kind() != ErrorKind::UnknownArgument || subcommand.as_deref() != Some("record") {
+        return String::new();
+    }
+    match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => bcc_flags::record_hint(arg)
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 fn main() -> ExitCode {

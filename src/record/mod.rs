@@ -13,6 +13,10 @@
 //! * [`child`]: a command memleak starts, held with ptrace;
 //! * [`private_libs`]: private copies of a command's allocator libraries;
 //! * [`signals`]: SIGINT, SIGTERM and the stop signals;
+//! * [`status`]: the status line while recording, and [`summary`] what
+//!   is said at the end;
+//! * [`live_report`]: `--interval`'s reports of the top outstanding
+//!   stacks;
 //! * [`unwinder`]: the unwind tables, built on a thread of their own;
 //! * [`scan`]: the leak scan of a stopped target.
 
@@ -20,11 +24,14 @@ mod args;
 mod capture;
 mod child;
 mod dataset;
+mod live_report;
 mod private_libs;
 mod probes;
 mod scan;
 mod session;
 mod signals;
+mod status;
+mod summary;
 mod targets;
 mod unwinder;
 
