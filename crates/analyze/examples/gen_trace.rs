@@ -427,7 +427,7 @@ fn main() {
                 size: new_size,
             };
         } else if a.fleet_leak > 0.0 && rng.chance(a.fleet_leak) {
-            let sz = 64 + rng.below(64);
+            let sz = 4096 + rng.below(4096);
             let addr = heaps[pidx].alloc(sz);
             push(
                 &mut w,

@@ -308,7 +308,7 @@ impl Merger {
         let mut keyed: Vec<(String, Merged)> = keys.into_iter().collect();
         keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut stacks = Vec::with_capacity(keyed.len());
-        for (_, m) in keyed {
+        for (key, m) in keyed {
             let mut st = m.stack;
             st.growth = Some(Growth::classify(
                 pad(m.samples, crate::growth::WINDOWS),
@@ -333,6 +333,7 @@ impl Merger {
             }
             let rep = &traces[m.rep.1];
             st.origin = Some(Box::new(StackOrigin {
+                key,
                 host: rep.host.clone(),
                 trace: rep.trace.clone(),
                 traces: m.held.len() as u64,

@@ -102,6 +102,9 @@ pub struct GroupTotals {
 /// under its key), and it is merged from every trace holding the key.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct StackOrigin {
+    /// The key the stack was matched by across traces
+    /// ([`stack_key`](crate::diff::stack_key)).
+    pub key: String,
     /// The host of the trace its id, pid and addresses are from.
     pub host: String,
     /// That trace's id.

@@ -217,6 +217,9 @@ struct StackJson<'a> {
     verdicts: Option<crate::verdicts::VerdictTotals>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     contents: Vec<ContentsJson>,
+    /// Only in a report of several traces: the key stacks were matched by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
     /// Only in a report of several traces: the host and trace whose stack
     /// id, pid and addresses these are.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -305,6 +308,7 @@ fn stack(s: &StackReport, interval_ns: u64) -> StackJson<'_> {
                 hex: crate::verdicts::hex_string(&c.bytes),
             })
             .collect(),
+        key: s.origin.as_ref().map(|o| o.key.as_str()),
         host: s.origin.as_ref().map(|o| o.host.as_str()),
         trace: s.origin.as_ref().map(|o| o.trace.as_str()),
         traces: s.origin.as_ref().map(|o| o.traces),
