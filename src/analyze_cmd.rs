@@ -78,6 +78,18 @@ pub enum GroupByArg {
     Command,
 }
 
+impl GroupByArg {
+    /// The grouping of a multi-trace report's breakdown this asks for
+    /// (`None`: a grouping of something else).
+    fn breakdown(self) -> Option<GroupBy> {
+        match self {
+            GroupByArg::Host => Some(GroupBy::Host),
+            GroupByArg::Trace => Some(GroupBy::Trace),
+            GroupByArg::Command => Some(GroupBy::Command),
+        }
+    }
+}
+
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
 pub struct AnalyzeArgs {
@@ -125,17 +137,14 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         bail!("--format pprof writes a binary file: give one with -o, or redirect stdout");
     }
     args.select.check()?;
-    if let Some(sources) = analyze_fleet::sources(&args.traces, args.group_by.is_some())? {
+    let breakdown = args.group_by.and_then(GroupByArg::breakdown);
+    if let Some(sources) = analyze_fleet::sources(&args.traces, breakdown.is_some())? {
         let run = FleetRun {
             paths: &args.traces,
             sources,
             select: &args.select,
             analyze: options(&args)?,
-            group_by: match args.group_by {
-                Some(GroupByArg::Host) => GroupBy::Host,
-                Some(GroupByArg::Trace) | None => GroupBy::Trace,
-                Some(GroupByArg::Command) => GroupBy::Command,
-            },
+            group_by: breakdown.unwrap_or_default(),
         };
         return analyze_fleet::run(run, |report, context| {
             write_report(&args, report, || Ok(context.clone()))
