@@ -274,6 +274,12 @@ fn a_fleet_shows_its_leaky_hosts() {
     assert_eq!(fleet(&sources, GroupBy::Host, 1), report);
     assert_eq!(fleet(&sources, GroupBy::Host, 3), report);
 
+    // By trace: a row each, though every host calls its trace 1.
+    let by_trace = fleet(&sources, GroupBy::Trace, 0);
+    let groups = &by_trace.fleet.as_ref().unwrap().groups;
+    assert_eq!(groups.len(), 20);
+    assert!(groups.iter().any(|g| g.group == "h17/1" && g.traces == 1));
+
     // By command: every host runs one.
     let by_command = fleet(&sources, GroupBy::Command, 0);
     let groups = &by_command.fleet.as_ref().unwrap().groups;

@@ -320,13 +320,15 @@ impl Merger {
                 v.unscanned.bytes += st.bytes - m.scanned.0;
                 v.unscanned.allocations += st.count - m.scanned.1;
             }
-            let mut groups: BTreeMap<&str, GroupTotals> = BTreeMap::new();
+            let mut groups: BTreeMap<String, GroupTotals> = BTreeMap::new();
             for &(i, bytes, count) in &m.held {
-                let name = traces[i].group(by);
-                let g = groups.entry(name).or_insert_with(|| GroupTotals {
-                    group: name.to_string(),
-                    ..Default::default()
-                });
+                let t = &traces[i];
+                let g = groups
+                    .entry(t.group_key(by))
+                    .or_insert_with(|| GroupTotals {
+                        group: t.group(by),
+                        ..Default::default()
+                    });
                 g.traces += 1;
                 g.bytes += bytes;
                 g.count += count;
@@ -357,13 +359,14 @@ impl Merger {
         } else {
             crate::stacks::sort_stacks(&mut stacks, summary.sort);
         }
-        let mut groups: BTreeMap<&str, GroupTotals> = BTreeMap::new();
+        let mut groups: BTreeMap<String, GroupTotals> = BTreeMap::new();
         for t in &traces {
-            let name = t.group(by);
-            let g = groups.entry(name).or_insert_with(|| GroupTotals {
-                group: name.to_string(),
-                ..Default::default()
-            });
+            let g = groups
+                .entry(t.group_key(by))
+                .or_insert_with(|| GroupTotals {
+                    group: t.group(by),
+                    ..Default::default()
+                });
             g.traces += 1;
             g.bytes += t.bytes;
             g.count += t.count;

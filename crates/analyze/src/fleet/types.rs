@@ -14,7 +14,7 @@ use serde::Serialize;
 pub enum GroupBy {
     /// One row per host (the `host=` partition, else meta.json's host).
     Host,
-    /// One row per trace.
+    /// One row per trace, named `host/trace`.
     #[default]
     Trace,
     /// One row per traced command (the command `record` started, else
@@ -73,12 +73,23 @@ impl TraceTotals {
         memleak_trace::Losses::of(&self.lost_by_reason)
     }
 
-    /// The name of its group under `by`.
-    pub fn group(&self, by: GroupBy) -> &str {
+    /// The name of its group under `by`: its host, `host/trace` (trace ids
+    /// are a host's own: every host of a dataset may have a `trace=1`), or
+    /// its command.
+    pub fn group(&self, by: GroupBy) -> String {
         match by {
-            GroupBy::Host => &self.host,
-            GroupBy::Trace => &self.trace,
-            GroupBy::Command => &self.command,
+            GroupBy::Host => self.host.clone(),
+            GroupBy::Trace => format!("{}/{}", self.host, self.trace),
+            GroupBy::Command => self.command.clone(),
+        }
+    }
+
+    /// What tells its group apart under `by`: the name, but for `trace`
+    /// the path, so that two traces named alike stay two rows.
+    pub fn group_key(&self, by: GroupBy) -> String {
+        match by {
+            GroupBy::Trace => self.path.clone(),
+            _ => self.group(by),
         }
     }
 }
