@@ -12,7 +12,9 @@ use memleak_analyze::progress::Progress;
 use memleak_analyze::report::{Folded, Html, Json, Pprof, Svg, Text};
 use memleak_analyze::{analyze_trace, pprof, Render, SortKey, Weight};
 
+use crate::analyze_fleet::{self, FleetRun};
 use crate::output::{emit, emit_bytes};
+use memleak_analyze::fleet::GroupBy;
 
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -65,11 +67,37 @@ pub enum WeightArg {
     Allocations,
 }
 
+/// What `--group-by` groups.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupByArg {
+    /// The per-trace breakdown of a report of several traces, by host.
+    Host,
+    /// The per-trace breakdown, one row per trace.
+    Trace,
+    /// The per-trace breakdown, by traced command.
+    Command,
+}
+
+impl GroupByArg {
+    /// The grouping of a multi-trace report's breakdown this asks for
+    /// (`None`: a grouping of something else).
+    fn breakdown(self) -> Option<GroupBy> {
+        match self {
+            GroupByArg::Host => Some(GroupBy::Host),
+            GroupByArg::Trace => Some(GroupBy::Trace),
+            GroupByArg::Command => Some(GroupBy::Command),
+        }
+    }
+}
+
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
 pub struct AnalyzeArgs {
-    /// Trace directory written by `memleak record`.
-    pub trace: PathBuf,
+    /// Trace directories written by `memleak record`, or dataset roots
+    /// holding traces (`ROOT/host=H/trace=ID/`): several traces make one
+    /// report, their stacks merged by symbolized frames.
+    #[arg(required = true, value_name = "TRACE|ROOT")]
+    pub traces: Vec<PathBuf>,
     /// Output format.
     #[arg(long, value_enum, default_value = "text")]
     pub format: Format,
@@ -92,6 +120,10 @@ pub struct AnalyzeArgs {
     /// before the thread allocated again, counts as temporary.
     #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration)]
     pub temporary_threshold: Duration,
+    /// Grouping of the per-trace breakdown of a report of several traces
+    /// (default: trace); with one trace, makes that report of it.
+    #[arg(long, value_enum, value_name = "KEY")]
+    pub group_by: Option<GroupByArg>,
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
@@ -105,11 +137,39 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         bail!("--format pprof writes a binary file: give one with -o, or redirect stdout");
     }
     args.select.check()?;
-    let trace = memleak_trace::Trace::open(&args.trace)?;
+    let breakdown = args.group_by.and_then(GroupByArg::breakdown);
+    if let Some(sources) = analyze_fleet::sources(&args.traces, breakdown.is_some())? {
+        let run = FleetRun {
+            paths: &args.traces,
+            sources,
+            select: &args.select,
+            analyze: options(&args)?,
+            group_by: breakdown.unwrap_or_default(),
+        };
+        return analyze_fleet::run(run, |report, context| {
+            write_report(&args, report, || Ok(context.clone()))
+        });
+    }
+    let trace = memleak_trace::Trace::open(&args.traces[0])?;
     args.select.check_trace(&trace)?;
     for w in trace.warnings() {
         say!("memleak: warning: {w}");
     }
+    let opts = options(&args)?;
+    let progress = Progress::new(trace.event_count(), args.select.quiet);
+    let advance = |rows: u64| progress.advance(rows);
+    let report = analyze_trace(&trace, &opts, Some(&advance));
+    progress.finish();
+    let report = report?;
+    let pprof_context = || pprof::Context::read(&trace).context("reading the maps table");
+    write_report(&args, report, pprof_context)?;
+    // After the report, where it is the last thing on the terminal.
+    let uncertain = crate::select_args::warn_of_losses(&trace, None);
+    Ok(args.select.exit_status(uncertain))
+}
+
+/// The analysis options of `args`, for every process.
+fn options(args: &AnalyzeArgs) -> anyhow::Result<memleak_analyze::AnalyzeOptions> {
     let sort = match args.sort {
         SortArg::Bytes => SortKey::Bytes,
         SortArg::Count => SortKey::Count,
@@ -122,19 +182,22 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         .options(args.select.pids.clone(), args.top, sort)?;
     opts.temporary_threshold_ns =
         Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64);
+    Ok(opts)
+}
+
+/// Writes `report` in the format `args` ask for; `pprof_context` reads
+/// what the pprof profile needs beyond the report.
+fn write_report(
+    args: &AnalyzeArgs,
+    report: memleak_analyze::Report,
+    pprof_context: impl Fn() -> anyhow::Result<pprof::Context>,
+) -> anyhow::Result<()> {
     let weight = match args.weight {
         WeightArg::Bytes => Weight::Bytes,
         WeightArg::Count => Weight::Count,
         WeightArg::AllocatedBytes => Weight::AllocatedBytes,
         WeightArg::Allocations => Weight::Allocations,
     };
-    let progress = Progress::new(trace.event_count(), args.select.quiet);
-    let advance = |rows: u64| progress.advance(rows);
-    let report = analyze_trace(&trace, &opts, Some(&advance));
-    progress.finish();
-    let report = report?;
-    let pprof_context = || pprof::Context::read(&trace).context("reading the maps table");
-
     let out = args.output.as_deref();
     // A flamegraph is drawn in memory first, so that its failure says so.
     let svg = |report| Svg(weight).render(report).context("drawing the flamegraph");
@@ -172,7 +235,5 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     // memory back at once, where freeing its many strings one by one took
     // milliseconds after the output was complete.
     std::mem::forget(report);
-    // After the report, where it is the last thing on the terminal.
-    let uncertain = crate::select_args::warn_of_losses(&trace, None);
-    Ok(args.select.exit_status(uncertain))
+    Ok(())
 }

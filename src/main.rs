@@ -31,6 +31,7 @@ macro_rules! say_inline {
 }
 
 mod analyze_cmd;
+mod analyze_fleet;
 mod bcc_flags;
 mod diff_cmd;
 mod exit_status;
@@ -56,7 +57,8 @@ enum Command {
     /// Record allocations of a process (-p PID) or a command (-c / --) into a trace.
     #[cfg(feature = "bpf")]
     Record(record::RecordArgs),
-    /// Replay a trace and report outstanding allocations by stack.
+    /// Replay a trace (or several, merged) and report outstanding
+    /// allocations by stack.
     Analyze(analyze_cmd::AnalyzeArgs),
     /// Compare the outstanding allocations of two traces, stack by stack
     /// (matched by symbolized frames, so two builds or hosts compare).

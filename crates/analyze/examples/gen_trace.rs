@@ -5,6 +5,16 @@
 //!     --events 10000000 --out /tmp/bench-10m.parquet [--max-leaked 100000]
 //! ```
 //!
+//! For a fleet of hosts running one program (`bench/fleet.py`): `--host
+//! NAME` and `--command "CMD ARGS"` go to meta.json; `--program-seed N`
+//! draws the stacks from their own seed, so that every host given the same
+//! one has the same stacks (and `--seed` varies only the events);
+//! `--addr-shift N` moves every user frame by N bytes, as another build
+//! or load address would, with the same functions, files and lines;
+//! `--fleet-leak F` allocates a fraction F of the blocks from one more
+//! stack, `fleet_leak` (on every host, whatever the fraction), and never
+//! frees them.
+//!
 //! The model: a few processes with many threads each, thousands of stacks
 //! of 6–24 frames, sizes skewed towards small blocks (a heavy tail up to
 //! 1 MiB), a size-class allocator that reuses freed addresses LIFO (as
@@ -30,6 +40,12 @@ struct Args {
     max_leaked: u64,
     working_set: usize,
     seed: u64,
+    host: Option<String>,
+    command: Vec<String>,
+    program_seed: Option<u64>,
+    addr_shift: u64,
+    build_id: String,
+    fleet_leak: f64,
 }
 
 fn parse_args() -> Args {
@@ -43,6 +59,12 @@ fn parse_args() -> Args {
         max_leaked: u64::MAX,
         working_set: 256,
         seed: 42,
+        host: None,
+        command: Vec::new(),
+        program_seed: None,
+        addr_shift: 0,
+        build_id: "5eed".into(),
+        fleet_leak: 0.0,
     };
     let args: Vec<String> = std::env::args().skip(1).collect();
     let mut i = 0;
@@ -58,6 +80,12 @@ fn parse_args() -> Args {
             "--max-leaked" => a.max_leaked = v.replace('_', "").parse().expect("--max-leaked N"),
             "--working-set" => a.working_set = v.parse().expect("--working-set N"),
             "--seed" => a.seed = v.parse().expect("--seed N"),
+            "--host" => a.host = Some(v),
+            "--command" => a.command = v.split_whitespace().map(str::to_string).collect(),
+            "--program-seed" => a.program_seed = Some(v.parse().expect("--program-seed N")),
+            "--addr-shift" => a.addr_shift = v.parse().expect("--addr-shift N"),
+            "--build-id" => a.build_id = v,
+            "--fleet-leak" => a.fleet_leak = v.parse().expect("--fleet-leak F"),
             other => panic!("unknown argument {other}"),
         }
         i += 2;
@@ -136,10 +164,20 @@ fn main() {
     let a = parse_args();
     let mut rng = Rng(a.seed.max(1));
     let t0: u64 = 5_000_000_000_000;
+    let mut command = vec!["gen_trace".to_string()];
+    if !a.command.is_empty() {
+        command.push("--".into());
+        command.extend(a.command.iter().cloned());
+    }
     let meta = Meta {
         start_ns: t0,
         pids: (0..a.pids).map(|p| 1000 + p).collect(),
-        command: vec!["gen_trace".into()],
+        command,
+        host: a.host.clone().unwrap_or_default(),
+        options: match a.command.is_empty() {
+            true => serde_json::Value::Null,
+            false => serde_json::json!({ "target_command": a.command }),
+        },
         ..Meta::default()
     };
     let opts = WriterOptions {
@@ -152,12 +190,19 @@ fn main() {
     };
     let mut w = TraceWriter::create(&a.out, meta, opts).expect("create trace");
 
-    // Stacks: user stacks spread over the processes, plus 5% kernel ones.
+    // Stacks: user stacks spread over the processes, plus 5% kernel ones
+    // (and the fleet leak's, last).
+    let mut program_rng = a.program_seed.map(|s| Rng(s.max(1)));
     let funcs_per_binary = 2000u64;
-    let frame_addr = |f: u64, off: u64| 0x40_0000 + f * 0x200 + off;
+    let frame_addr = |f: u64, off: u64| 0x40_0000 + a.addr_shift + f * 0x200 + off;
     let mut stack_pid = Vec::new(); // index = stack_id - 1
     let mut frames_seen = std::collections::HashSet::new();
     let kernel_stacks = (a.stacks / 20).max(1);
+    let build_id = a.build_id.clone();
+    let srng = match program_rng.as_mut() {
+        Some(p) => p,
+        None => &mut rng,
+    };
     for id in 1..=a.stacks {
         let kernel = id > a.stacks - kernel_stacks;
         let pid = if kernel {
@@ -165,13 +210,13 @@ fn main() {
         } else {
             1000 + (id % a.pids as u64) as u32
         };
-        let depth = 6 + rng.below(19);
+        let depth = 6 + srng.below(19);
         let frames: Vec<u64> = (0..depth)
             .map(|d| {
                 let f = if d + 2 >= depth {
-                    rng.below(8)
+                    srng.below(8)
                 } else {
-                    rng.skewed(funcs_per_binary)
+                    srng.skewed(funcs_per_binary)
                 };
                 let addr = if kernel {
                     0xffff_ffff_8100_0000 + f * 0x400 + 0x2b
@@ -185,7 +230,7 @@ fn main() {
                     let rec = FrameRecord {
                         pid,
                         addr,
-                        build_id: Some("5eed".into()),
+                        build_id: Some(build_id.clone()),
                         path: Some(if kernel {
                             "vmlinux".into()
                         } else {
@@ -214,6 +259,48 @@ fn main() {
         .expect("stack");
         stack_pid.push(pid);
     }
+    // The fleet leak's stack, of the first process: a function of its own
+    // above three of the program's.
+    let fleet_stack = a.stacks + 1;
+    let fleet_frames: Vec<u64> = (0..4u64)
+        .map(|d| {
+            let f = [funcs_per_binary, 3, 2, 1][d as usize];
+            let addr = frame_addr(f, 0x1b + d * 4);
+            if frames_seen.insert((1000, addr)) {
+                w.push_frame(&FrameRecord {
+                    pid: 1000,
+                    addr,
+                    build_id: Some(build_id.clone()),
+                    path: Some("/usr/bin/bench-app".into()),
+                    file_offset: Some(addr & 0xff_ffff),
+                    function: Some(if d == 0 {
+                        "fleet_leak".into()
+                    } else {
+                        format!("fn_{f}")
+                    }),
+                    func_offset: Some(addr & 0x1ff),
+                    file: Some(if d == 0 {
+                        "src/leak.c".into()
+                    } else {
+                        format!("src/mod_{}.c", f % 50)
+                    }),
+                    line: Some(if d == 0 { 42 } else { 10 + (f % 500) as u32 }),
+                    column: None,
+                    inlined: Vec::new(),
+                })
+                .expect("frame");
+            }
+            addr
+        })
+        .collect();
+    w.push_stack(&StackRecord {
+        stack_id: fleet_stack,
+        pid: 1000,
+        kernel: false,
+        truncated: false,
+        frames: fleet_frames,
+    })
+    .expect("stack");
     let user_stacks: Vec<u64> = (1..=a.stacks - kernel_stacks).collect();
     let kstacks: Vec<u64> = (a.stacks - kernel_stacks + 1..=a.stacks).collect();
     // A stack of each process, for picking a stack of the right pid.
@@ -339,6 +426,15 @@ fn main() {
                 addr: new,
                 size: new_size,
             };
+        } else if a.fleet_leak > 0.0 && rng.chance(a.fleet_leak) {
+            let sz = 4096 + rng.below(4096);
+            let addr = heaps[pidx].alloc(sz);
+            push(
+                &mut w,
+                ev(EventKind::Malloc, addr, sz, Some(fleet_stack)),
+                &mut n,
+            );
+            leaked += 1;
         } else if want_alloc {
             let sz = size(&mut rng);
             let heap = &mut heaps[pidx];

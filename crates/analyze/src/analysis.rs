@@ -284,6 +284,7 @@ pub fn analyze_trace(
         stacks,
         top: opts.top,
         timeline: Some(timeline),
+        fleet: None,
         spent: Spent(Some(std::sync::Arc::new((
             replayed,
             stacks_by_id,

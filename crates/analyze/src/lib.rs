@@ -10,7 +10,8 @@
 //! [`folded`] stacks, [`svg`] flamegraphs, [`pprof`] profiles and a
 //! self-contained [`html`] page, and the [`diff`] of two traces; the leak
 //! [`verdicts`] of a reachability scan joined to the outstanding blocks,
-//! and the [`suppress`]ions that leave known runtime holders out.
+//! and the [`suppress`]ions that leave known runtime holders out; and the
+//! [`fleet`] analysis of many traces merged into one report.
 //!
 //! ```no_run
 //! use memleak_analyze::{analyze, AnalyzeOptions, SortKey};
@@ -28,6 +29,7 @@ mod analysis;
 pub mod behaviour;
 pub mod diff;
 pub mod filter;
+pub mod fleet;
 pub mod growth;
 mod hash;
 pub mod histogram;

@@ -9,6 +9,7 @@ use std::collections::BTreeMap;
 use memleak_trace::{InlinedFrame, ScanInfo};
 use serde::Serialize;
 
+use crate::fleet::types::{Fleet, StackOrigin};
 use crate::growth::{Growth, Timeline};
 use crate::histogram::{AgeHistogram, SizeCount, SizeHistogram};
 use crate::replay::Anomalies;
@@ -121,6 +122,9 @@ pub struct StackReport {
     /// The first bytes of a few lost blocks (worst verdict, then lowest
     /// address first), when the recording kept them.
     pub contents: Vec<BlockContents>,
+    /// In a report of several traces: which traces hold the stack, and
+    /// which one its id, pid and addresses are from.
+    pub origin: Option<Box<StackOrigin>>,
 }
 
 impl StackReport {
@@ -312,6 +316,8 @@ pub struct Report {
     pub top: usize,
     /// Outstanding bytes in total over time (`None`: not computed).
     pub timeline: Option<Timeline>,
+    /// In a report of several traces: each trace's totals, grouped.
+    pub fleet: Option<Box<Fleet>>,
     /// What the analysis built and the report no longer needs.
     pub(crate) spent: Spent,
 }

@@ -19,7 +19,8 @@
 //! the segmented writer ([`writer`]), the validating, streaming reader
 //! ([`reader`]) and the `events` table's own encoder and fast decoder
 //! ([`events`]), which hands replay decoded row groups. How files are
-//! created and replaced ([`fsio`]) is shared with the CLI's reports. It
+//! created and replaced ([`fsio`]) is shared with the CLI's reports, and
+//! [`discover`] finds the traces of a dataset directory. It
 //! has no BPF or symbolizer dependency, so a laptop without clang can open
 //! any trace.
 //!
@@ -36,6 +37,7 @@
 #![deny(missing_docs)]
 
 mod directory;
+pub mod discover;
 pub mod error;
 pub mod events;
 pub mod fsio;
@@ -46,6 +48,7 @@ pub mod reader;
 pub mod schema;
 pub mod writer;
 
+pub use discover::{find_traces, is_trace, FoundTrace};
 pub use error::{describe_io, Error, Result};
 pub use lock::TraceLock;
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};

@@ -7,6 +7,7 @@ use std::collections::BTreeMap;
 use serde::Serialize;
 
 use crate::behaviour::per_second;
+use crate::fleet::types::{GroupTotals, TraceTotals};
 use crate::growth::{Growth, Timeline};
 use crate::histogram::{Bucket, SizeBucket, SizeCount};
 use crate::model::{AtPeak, Frame, Report, StackReport, Summary};
@@ -20,7 +21,54 @@ struct Doc<'a> {
     version: u32,
     summary: SummaryJson<'a>,
     timeline: Option<&'a Timeline>,
+    /// Only in a report of several traces: what the breakdown groups by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_by: Option<&'static str>,
+    /// Only in a report of several traces: outstanding by group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    groups: Option<&'a [GroupTotals]>,
+    /// Only in a report of several traces: each trace.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traces: Option<Vec<TraceJson<'a>>>,
     stacks: Vec<StackJson<'a>>,
+}
+
+/// One trace of a multi-trace report.
+#[derive(Serialize)]
+struct TraceJson<'a> {
+    path: &'a str,
+    host: &'a str,
+    trace: &'a str,
+    command: &'a str,
+    complete: bool,
+    uncertain: bool,
+    lost_events: LostJson<'a>,
+    events: u64,
+    duration_ns: u64,
+    outstanding_bytes: u64,
+    outstanding_allocations: u64,
+    outstanding_stacks: u64,
+    peak_outstanding_bytes: u64,
+    scans: u64,
+}
+
+fn trace_json(t: &TraceTotals) -> TraceJson<'_> {
+    TraceJson {
+        path: &t.path,
+        host: &t.host,
+        trace: &t.trace,
+        command: &t.command,
+        complete: t.complete,
+        uncertain: t.losses().uncertain(),
+        lost_events: LostJson::of(&t.lost_by_reason),
+        events: t.events,
+        duration_ns: t.duration_ns,
+        outstanding_bytes: t.bytes,
+        outstanding_allocations: t.count,
+        outstanding_stacks: t.stacks,
+        peak_outstanding_bytes: t.peak_bytes,
+        scans: t.scans,
+    }
 }
 
 /// `lost_events` of a summary (the diff's sides have one too).
@@ -169,6 +217,21 @@ struct StackJson<'a> {
     verdicts: Option<crate::verdicts::VerdictTotals>,
     #[serde(skip_serializing_if = "Vec::is_empty")]
     contents: Vec<ContentsJson>,
+    /// Only in a report of several traces: the key stacks were matched by.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    key: Option<&'a str>,
+    /// Only in a report of several traces: the host and trace whose stack
+    /// id, pid and addresses these are.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    host: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    trace: Option<&'a str>,
+    /// Only in a report of several traces: how many hold the stack.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    traces: Option<u64>,
+    /// Only in a report of several traces: its outstanding by group.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    groups: Option<&'a [GroupTotals]>,
     frames: Vec<FrameJson<'a>>,
 }
 
@@ -245,6 +308,11 @@ fn stack(s: &StackReport, interval_ns: u64) -> StackJson<'_> {
                 hex: crate::verdicts::hex_string(&c.bytes),
             })
             .collect(),
+        key: s.origin.as_ref().map(|o| o.key.as_str()),
+        host: s.origin.as_ref().map(|o| o.host.as_str()),
+        trace: s.origin.as_ref().map(|o| o.trace.as_str()),
+        traces: s.origin.as_ref().map(|o| o.traces),
+        groups: s.origin.as_ref().map(|o| o.groups.as_slice()),
         frames: s.frames.iter().map(frame).collect(),
     }
 }
@@ -410,6 +478,12 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             suppressed: &s.suppressed,
         },
         timeline: report.timeline.as_ref(),
+        group_by: report.fleet.as_ref().map(|f| f.group_by.name()),
+        groups: report.fleet.as_ref().map(|f| f.groups.as_slice()),
+        traces: report
+            .fleet
+            .as_ref()
+            .map(|f| f.traces.iter().map(trace_json).collect()),
         stacks,
     }
 }

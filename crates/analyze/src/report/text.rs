@@ -4,6 +4,7 @@
 use std::fmt::Write as _;
 
 use crate::behaviour::{per_second, percent};
+use crate::fleet::types::{Fleet, StackOrigin};
 use crate::growth::Growth;
 use crate::histogram::SizeBucket;
 use crate::model::{Frame, LeakSummary, Report, SortKey, StackReport, Summary, SuppressedTotals};
@@ -67,12 +68,94 @@ pub fn render(report: &Report) -> String {
             );
         }
     }
+    let fleet = report.fleet.as_deref();
     for (i, st) in top.iter().enumerate() {
         render_stack(&mut out, st, i < CONTENTS_STACKS, s.rate_interval_ns);
+        if let (Some(f), Some(o)) = (fleet, &st.origin) {
+            render_origin(&mut out, f, o);
+        }
         out.push('\n');
     }
     render_summary(&mut out, s);
+    if let Some(f) = fleet {
+        render_fleet(&mut out, f, report.top);
+    }
     out
+}
+
+/// Groups of a stack the text report names.
+const STACK_GROUPS: usize = 5;
+
+/// Where a merged stack is held: `by host (3 of 200): h017 4096 bytes in
+/// 10; …`.
+fn render_origin(out: &mut String, fleet: &Fleet, o: &StackOrigin) {
+    let by = fleet.group_by.name();
+    let parts: Vec<String> = o
+        .groups
+        .iter()
+        .take(STACK_GROUPS)
+        .map(|g| format!("{} {} in {}", g.group, bytes_phrase(g.bytes), g.count))
+        .collect();
+    let more = match o.groups.len().saturating_sub(STACK_GROUPS) {
+        0 => String::new(),
+        n => format!("; and {n} more"),
+    };
+    let _ = writeln!(
+        out,
+        "    by {by} ({} of {}): {}{more}",
+        o.groups.len(),
+        fleet.groups.len(),
+        parts.join("; ")
+    );
+    let _ = writeln!(
+        out,
+        "    frames as in host {}, trace {} ({})",
+        o.host,
+        o.trace,
+        plural(o.traces, "trace holds it", "traces hold it")
+    );
+}
+
+/// The breakdown of a multi-trace report: outstanding by group, most
+/// first, at most `top` rows (0: all).
+fn render_fleet(out: &mut String, fleet: &Fleet, top: usize) {
+    let by = fleet.group_by.name();
+    let n = if top == 0 {
+        fleet.groups.len()
+    } else {
+        top.min(fleet.groups.len())
+    };
+    let _ = writeln!(
+        out,
+        "\nOutstanding by {by} ({}, {}), most bytes first",
+        plural(fleet.groups.len() as u64, by, &format!("{by}s")),
+        plural(fleet.traces.len() as u64, "trace", "traces"),
+    );
+    let width = fleet.groups[..n]
+        .iter()
+        .map(|g| g.group.chars().count())
+        .max()
+        .unwrap_or(0)
+        .clamp(by.len(), 40);
+    let _ = writeln!(
+        out,
+        "  {by:<width$}  {:>7}  {:>14}  {:>11}",
+        "traces", "bytes", "allocations"
+    );
+    for g in &fleet.groups[..n] {
+        let _ = writeln!(
+            out,
+            "  {:<width$}  {:>7}  {:>14}  {:>11}",
+            g.group, g.traces, g.bytes, g.count
+        );
+    }
+    if n < fleet.groups.len() {
+        let _ = writeln!(
+            out,
+            "  and {} more (-T 0 shows all; every trace in --format json)",
+            fleet.groups.len() - n
+        );
+    }
 }
 
 fn bytes_phrase(b: u64) -> String {
