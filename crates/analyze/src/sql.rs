@@ -23,9 +23,12 @@
 //! the analyzer's filters and `--at`, verdicts, and a pid reused within
 //! one trace.
 //!
-//! Stacks are keyed by their symbolized frames (function, file and line,
-//! inlined frames included), so the same code on two hosts or two builds
-//! is one stack.
+//! Stacks are keyed by their symbolized frames as `memleak diff` and
+//! `memleak analyze A B…` key them (`diff::stack_key`: function without
+//! compiler clone suffixes, source file base name, line, inlined frames;
+//! the object and offset of a frame without a function), so the same code
+//! on two hosts or two builds is one stack, and a row's `frames` is the
+//! `key` of memleak's JSON.
 
 use std::fmt::Write as _;
 
@@ -124,8 +127,11 @@ pub fn outstanding_sql(
             "events",
             "seq, pid, kind, addr, size, old_addr, old_size, stack_id",
         ),
-        ("stacks", "stack_id, pid, kernel, frames"),
-        ("frames", "pid, addr, function, file, line, inlined"),
+        ("stacks", "stack_id, pid, kernel, truncated, frames"),
+        (
+            "frames",
+            "pid, addr, function, file, line, path, file_offset, inlined",
+        ),
     ] {
         let parts = sources
             .iter()
@@ -205,32 +211,39 @@ by_stack_id AS (
   SELECT host, trace, stack_id, sum(bytes) AS bytes, count(*) AS allocations
   FROM blocks GROUP BY host, trace, stack_id
 ),
--- A frame reads `function (file:line)`, its inlined functions first.
-frame_labels AS (
-  SELECT host, trace, pid, addr,
-    {label} AS label
+-- A frame's key: `function @ file:line`, then ` <- ` and each inlined
+-- function the same way; `[object+0xoffset]` without a function.
+frame_keys AS (
+  SELECT host, trace, pid, addr, {frame_key} AS fkey
   FROM frames
 ),
 stack_frames AS (
-  SELECT s.host, s.trace, s.stack_id, s.pos, coalesce(f.label, '?? (??:?)') AS label
+  SELECT s.host, s.trace, s.stack_id, s.kernel, s.truncated, s.pos,
+    coalesce(f.fkey, '[unknown]') AS fkey
   FROM ({positions}) s
-  LEFT JOIN frame_labels f
+  LEFT JOIN frame_keys f
     ON f.host = s.host AND f.trace = s.trace
     AND f.pid = CASE WHEN s.kernel THEN 0 ELSE s.pid END AND f.addr = s.addr
 ),
 stack_keys AS (
-  SELECT host, trace, stack_id, {joined} AS frames
+  SELECT host, trace, stack_id,
+    CASE WHEN max(CAST(kernel AS INT)) = 1 THEN '[kernel] | ' ELSE '' END
+    || CASE WHEN max(CAST(truncated AS INT)) = 1 THEN '[truncated] | ' ELSE '' END
+    || {joined} AS frames
   FROM stack_frames GROUP BY host, trace, stack_id
 ),
 keyed AS (
-  SELECT b.host, b.trace, coalesce(k.frames, '[no stack]') AS frames, b.bytes, b.allocations
+  SELECT b.host, b.trace,
+    CASE WHEN b.stack_id IS NULL THEN '[no stack]'
+         ELSE coalesce(k.frames, '[missing stack]') END AS frames,
+    b.bytes, b.allocations
   FROM by_stack_id b
   LEFT JOIN stack_keys k ON k.host = b.host AND k.trace = b.trace AND k.stack_id = b.stack_id
 )
 ",
-        label = frame_label(d),
+        frame_key = frame_key(d),
         positions = stack_positions(d),
-        joined = ordered_join(d, "label", "pos", " <- "),
+        joined = ordered_join(d, "fkey", "pos", " | "),
     );
     s += match group {
         SqlGroup::Stack => {
@@ -303,24 +316,74 @@ fn spark_path(glob: &str) -> Result<String, SqlError> {
     Ok(format!("parquet.`{glob}`"))
 }
 
-/// A frame's label: `function (file:line)` for it and each function
-/// inlined into it, innermost first, joined by ` <- `.
-fn frame_label(d: Dialect) -> String {
-    let one = |f: &str, file: &str, line: &str| {
-        format!(
-            "coalesce({f}, '??') || ' (' || coalesce({file}, '??') || ':' || \
-             coalesce(CAST({line} AS STRING), '?') || ')'"
-        )
+/// Compiler clone suffixes a function key drops (`f.isra.0` -> `f`), as
+/// `diff::normalize_function` does.
+const CLONE_TAGS: &str = "isra|constprop|part|cold|lto_priv|localalias|llvm|specialized";
+
+/// `function`'s name without a clone suffix: the part before the first
+/// dot when every dotted part after it is a tag or a number, one a tag.
+fn normalized(d: Dialect, function: &str) -> String {
+    // `[.]`, not a backslash: Spark's string literals take backslashes
+    // as escapes.
+    let all = format!("^[^.]+([.]({CLONE_TAGS}|[0-9]+))+$");
+    let tag = format!("[.]({CLONE_TAGS})([.]|$)");
+    type Matches = fn(&str, &str) -> String;
+    let (matches, first): (Matches, String) = match d {
+        Dialect::DuckDb => (
+            |x, re| format!("regexp_matches({x}, '{re}')"),
+            format!("regexp_extract({function}, '^[^.]+')"),
+        ),
+        Dialect::Spark => (
+            |x, re| format!("{x} RLIKE '{re}'"),
+            format!("regexp_extract({function}, '^[^.]+', 0)"),
+        ),
     };
-    let outer = one("function", "file", "line");
-    let inner = one("i.function", "i.file", "i.line");
+    format!(
+        "CASE WHEN {} AND {} THEN {first} ELSE {function} END",
+        matches(function, &all),
+        matches(function, &tag)
+    )
+}
+
+/// `name @ file:line` (file's base name; `:line` only with a line; the
+/// file part only with a file).
+fn location(d: Dialect, function: &str, file: &str, line: &str) -> String {
+    let base = basename(d, file);
+    format!(
+        "{} || coalesce(' @ ' || {base} || coalesce(':' || CAST({line} AS STRING), ''), '')",
+        normalized(d, function)
+    )
+}
+
+fn basename(d: Dialect, path: &str) -> String {
+    match d {
+        Dialect::DuckDb => format!("regexp_extract({path}, '[^/]*$')"),
+        Dialect::Spark => format!("regexp_extract({path}, '[^/]*$', 0)"),
+    }
+}
+
+/// A frame's key, as `diff::frame_key` writes it.
+fn frame_key(d: Dialect) -> String {
+    let offset_hex = match d {
+        Dialect::DuckDb => "lower(hex(file_offset))",
+        Dialect::Spark => "lower(hex(CAST(file_offset AS BIGINT)))",
+    };
+    let unsymbolized = format!(
+        "CASE WHEN path IS NULL THEN '[unknown]' ELSE '[' || {} || coalesce('+0x' || {offset_hex}, '') || ']' END",
+        basename(d, "path")
+    );
+    let outer = format!(
+        "CASE WHEN function IS NULL THEN {unsymbolized} ELSE {} END",
+        location(d, "function", "file", "line")
+    );
+    let inner = location(d, "i.function", "i.file", "i.line");
     match d {
         Dialect::DuckDb => format!(
-            "array_to_string(list_append(list_transform(inlined, lambda i: {inner}), {outer}), ' <- ')"
+            "{outer} || array_to_string(list_transform(inlined, lambda i: ' <- ' || {inner}), '')"
         ),
-        Dialect::Spark => format!(
-            "array_join(concat(transform(inlined, i -> {inner}), array({outer})), ' <- ')"
-        ),
+        Dialect::Spark => {
+            format!("{outer} || array_join(transform(inlined, i -> ' <- ' || {inner}), '')")
+        }
     }
 }
 
@@ -328,11 +391,11 @@ fn frame_label(d: Dialect) -> String {
 fn stack_positions(d: Dialect) -> &'static str {
     match d {
         Dialect::DuckDb => {
-            "SELECT host, trace, stack_id, pid, kernel, unnest(frames) AS addr, \
+            "SELECT host, trace, stack_id, pid, kernel, truncated, unnest(frames) AS addr, \
              generate_subscripts(frames, 1) AS pos FROM stacks"
         }
         Dialect::Spark => {
-            "SELECT host, trace, stack_id, pid, kernel, p.pos, p.addr \
+            "SELECT host, trace, stack_id, pid, kernel, truncated, p.pos, p.addr \
              FROM stacks LATERAL VIEW posexplode(frames) p AS pos, addr"
         }
     }
