@@ -105,22 +105,31 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     let opts = MatchOptions {
         ignore_lines: args.ignore_lines,
     };
-    let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Keyed> {
+    // Keyed without lines too, unless they are ignored already: to tell
+    // whether code that moved made every stack read as gone and new.
+    let loose = MatchOptions { ignore_lines: true };
+    type Keys = (Keyed, Option<Keyed>);
+    let analyze = |trace: &memleak_trace::Trace, pids: Vec<u32>| -> anyhow::Result<Keys> {
         // Every stack: the diff shows its own top.
         let aopts = args.select.options(pids, 0, SortKey::Bytes)?;
         let report = analyze_trace(trace, &aopts, Some(&advance))?;
         let keyed = Keyed::new(&report, opts);
+        let keyed_loose = (!opts.ignore_lines).then(|| Keyed::new(&report, loose));
         // The replay's tables go before the next replay builds its own.
         drop(report);
-        Ok(keyed)
+        Ok((keyed, keyed_loose))
     };
     let keyed = analyze(&base, pids(&args.base_pid)).and_then(|b| {
         let n = analyze(&new, pids(&args.new_pid))?;
         Ok((b, n))
     });
     progress.finish();
-    let (base_keyed, new_keyed) = keyed?;
+    let ((base_keyed, base_loose), (new_keyed, new_loose)) = keyed?;
     let mut d = diff::diff_keyed(base_keyed, new_keyed, args.top);
+    let hint = match (base_loose, new_loose) {
+        (Some(b), Some(n)) => diff::moved_lines_hint(&d, &diff::diff_keyed(b, n, 0)),
+        _ => None,
+    };
     let side_filters = |name: &str, own: &[u32]| {
         (!own.is_empty()).then(|| {
             let p: Vec<String> = own.iter().map(|p| p.to_string()).collect();
@@ -160,6 +169,9 @@ pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     }
     // As for analyze: the process ends here, no need to free the reports.
     std::mem::forget(d);
+    if let Some(h) = hint {
+        say!("memleak: hint: {h}");
+    }
     let base_uncertain = warn_of_losses(&base, Some("base"));
     let new_uncertain = warn_of_losses(&new, Some("new"));
     Ok(args.select.exit_status(base_uncertain || new_uncertain))

@@ -305,11 +305,6 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "note:      {note}")?;
     }
 
-    writeln!(
-        out,
-        "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
-        "", "segments", "rows", "row groups", "bytes"
-    )?;
     for s in r.scans {
         let mib = (s.roots_bytes + s.heap_bytes) as f64 / (1 << 20) as f64;
         let per_mib = if mib > 0.0 {
@@ -334,6 +329,11 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
             None => writeln!(out)?,
         }
     }
+    writeln!(
+        out,
+        "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
+        "", "segments", "rows", "row groups", "bytes"
+    )?;
     for name in Table::ALL.iter().map(|t| t.name()) {
         let Some(t) = r.tables.get(name) else {
             continue;
