@@ -45,9 +45,10 @@ pub struct SelectArgs {
     /// Only these processes (repeat or separate with commas).
     #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
-    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
-    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
-    pub older_than: Option<u64>,
+    /// Only outstanding allocations at least this old (e.g. 5s, 500ms;
+    /// a bare number is seconds, not bcc's milliseconds).
+    #[arg(long, value_name = "AGE", value_parser = parse_age)]
+    pub older_than: Option<Age>,
     /// Only allocations of at least this size (bytes; k, M, G suffixes,
     /// binary: 1k = 1024).
     #[arg(long, value_name = "SIZE", value_parser = parse_size)]
@@ -128,6 +129,32 @@ fn parse_at(text: &str) -> Result<AtArg, String> {
     parse_duration_ns(text).map(AtArg::Time)
 }
 
+/// `--older-than`: an age, as typed and in nanoseconds. A bare number is
+/// seconds, where bcc's `-o` took milliseconds: the warning of an age
+/// longer than the recording says which unit was assumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Age {
+    /// Nanoseconds.
+    pub ns: u64,
+    /// As typed.
+    pub text: String,
+}
+
+impl Age {
+    /// Typed as a bare number (seconds).
+    fn bare(&self) -> bool {
+        self.text.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+    }
+}
+
+fn parse_age(text: &str) -> Result<Age, String> {
+    let ns = parse_duration_ns(text)?;
+    Ok(Age {
+        ns,
+        text: text.trim().to_string(),
+    })
+}
+
 fn parse_verdicts(text: &str) -> Result<VerdictSet, String> {
     VerdictSet::parse(text)
 }
@@ -203,7 +230,19 @@ impl SelectArgs {
                 }
             }
         }
-        if let (Some(AtArg::Time(at)), Some(length)) = (self.at, recording_length(trace)?) {
+        if matches!(self.at, Some(AtArg::Time(_))) || self.older_than.is_some() {
+            if let Some(length) = recording_length(trace)? {
+                self.check_length(trace, length)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses an `--at` past `length`, the recording's, and warns of an
+    /// `--older-than` longer than it: no allocation can be that old, and a
+    /// report that says "0 bytes" would read as "no leak".
+    fn check_length(&self, trace: &memleak_trace::Trace, length: u64) -> anyhow::Result<()> {
+        if let Some(AtArg::Time(at)) = self.at {
             if at > length {
                 bail!(
                     "--at {} is past the end of the recording, which is {:.3}s long",
@@ -211,6 +250,23 @@ impl SelectArgs {
                     length as f64 / 1e9
                 );
             }
+        }
+        if let Some(age) = self.older_than.as_ref().filter(|a| a.ns > length) {
+            let read_as = if age.bare() {
+                format!(
+                    "{} (read as {} seconds: a number without a unit is seconds; write {}ms for \
+                     milliseconds)",
+                    age.text, age.text, age.text
+                )
+            } else {
+                age.text.clone()
+            };
+            say!(
+                "memleak: warning: --older-than {read_as} is longer than the recording of {}, \
+                 which is {:.3}s long: no allocation is that old",
+                trace.path().display(),
+                length as f64 / 1e9
+            );
         }
         Ok(())
     }
@@ -237,7 +293,7 @@ impl SelectArgs {
                 max_size: self.max_size,
                 from_ns: self.from,
                 to_ns: self.to,
-                older_than_ns: self.older_than,
+                older_than_ns: self.older_than.as_ref().map(|a| a.ns),
             },
             at_ns: match self.at {
                 Some(AtArg::Time(t)) => Some(t),

@@ -398,6 +398,48 @@ fn analyze_refuses_contradictory_options() {
     }
 }
 
+/// An `--older-than` longer than the recording selects nothing: a
+/// warning says so, and which unit a bare number was read in (bcc's `-o`
+/// took milliseconds); the report is still written.
+#[test]
+fn older_than_longer_than_the_recording_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let run = |age: &str| {
+        let out = analyze(&root, &["--older-than", age]);
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (_, err) = run("5000");
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("memleak: warning: --older-than"))
+        .unwrap_or_else(|| panic!("no warning: {err}"));
+    assert!(
+        warning.contains(
+            "--older-than 5000 (read as 5000 seconds: a number without a unit is seconds; \
+             write 5000ms for milliseconds) is longer than the recording"
+        ),
+        "{warning}"
+    );
+    assert!(warning.contains("which is 2.500s long"), "{warning}");
+    // With a unit, nothing is assumed.
+    let (_, err) = run("3s");
+    assert!(
+        err.contains("--older-than 3s is longer than the recording") && !err.contains("read as"),
+        "{err}"
+    );
+    // Within the recording, and a bare number that is, no warning.
+    for age in ["2", "2500ms"] {
+        let (_, err) = run(age);
+        assert!(!err.contains("--older-than"), "{age}: {err}");
+    }
+}
+
 /// A trace whose recorder never finished has no end in its meta: its
 /// length is up to its last event.
 #[test]
