@@ -50,6 +50,17 @@ pub enum SortArg {
     /// Most temporary allocations first (stacks with nothing
     /// outstanding too).
     Temporary,
+    /// Worst scan verdict first (definitely lost, indirectly, possibly,
+    /// reachable, unscanned), then bytes: --group-by verdict --sort bytes.
+    Verdict,
+}
+
+/// Groupings of the stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupArg {
+    /// By worst scan verdict, definitely lost first, each group in the
+    /// --sort order. Needs a trace with a scan.
+    Verdict,
 }
 
 /// Flamegraph weights.
@@ -82,6 +93,9 @@ pub struct AnalyzeArgs {
     /// Order of the stacks.
     #[arg(long, value_enum, default_value = "bytes")]
     pub sort: SortArg,
+    /// Group the stacks before --sort orders each group.
+    #[arg(long, value_enum, value_name = "GROUP")]
+    pub group_by: Option<GroupArg>,
     /// What flamegraph widths measure (folded and svg).
     #[arg(long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
@@ -116,10 +130,27 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
         SortArg::Age => SortKey::Age,
         SortArg::Growth => SortKey::Growth,
         SortArg::Temporary => SortKey::Temporary,
+        SortArg::Verdict => SortKey::Verdict,
     };
+    let group_by_verdict = args.group_by == Some(GroupArg::Verdict);
+    if (group_by_verdict || sort == SortKey::Verdict)
+        && trace.meta().scans.iter().all(|s| s.error.is_some())
+    {
+        let what = if group_by_verdict {
+            "--group-by verdict"
+        } else {
+            "--sort verdict"
+        };
+        bail!(
+            "{what}: {} has no scan to take verdicts from (record with a scan: at exit in -- CMD \
+             mode, or --scan with -p)",
+            trace.path().display()
+        );
+    }
     let mut opts = args
         .select
         .options(args.select.pids.clone(), args.top, sort)?;
+    opts.group_by_verdict = group_by_verdict;
     opts.temporary_threshold_ns =
         Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64);
     let weight = match args.weight {

@@ -302,6 +302,7 @@ impl SelectArgs {
             at_peak: self.at == Some(AtArg::Peak),
             top,
             sort,
+            group_by_verdict: false,
             partitions: 0,
             verdicts: self.verdict.unwrap_or_default(),
             temporary_threshold_ns: None,

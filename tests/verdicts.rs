@@ -442,6 +442,8 @@ fn verdict_and_suppress_errors_are_one_line() {
         "has no scan to take verdicts from",
     );
     err(&["--verdict", "leaked"], "unknown verdict \"leaked\"");
+    err(&["--group-by", "verdict"], "--group-by verdict: ");
+    err(&["--sort", "verdict"], "--sort verdict: ");
     let bad = dir.path().join("bad.supp");
     std::fs::write(&bad, "[x]\nfun: a\nkind: heap\n").unwrap();
     err(

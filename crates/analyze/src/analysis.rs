@@ -34,6 +34,10 @@ pub struct AnalyzeOptions {
     pub top: usize,
     /// Order of the stacks.
     pub sort: SortKey,
+    /// Group the stacks by their worst scan verdict (definitely lost
+    /// first) before `sort` orders each group; [`SortKey::Verdict`] does
+    /// too. No effect without a scan that applies.
+    pub group_by_verdict: bool,
     /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
     /// Which scan verdicts count (`--verdict`); blocks of the others are
@@ -170,7 +174,11 @@ pub fn analyze_trace(
     for (s, g) in stacks.iter_mut().zip(growths) {
         s.growth = Some(g);
     }
-    if join.scan.is_some() {
+    // Grouped by verdict only when asked: the order the headers name is
+    // the order the stacks are in.
+    let group_by_verdict =
+        join.scan.is_some() && (opts.group_by_verdict || opts.sort == SortKey::Verdict);
+    if group_by_verdict {
         sort_stacks_by_verdict(&mut stacks, opts.sort);
     } else {
         sort_stacks(&mut stacks, opts.sort);
@@ -275,6 +283,7 @@ pub fn analyze_trace(
             f
         },
         sort: opts.sort,
+        group_by_verdict,
         leak,
         scan_note,
         suppressed,

@@ -468,3 +468,109 @@ fn svg_is_well_formed_and_names_the_leaks() {
     while !matches!(reader.read_event().unwrap(), Event::Eof) {}
     assert!(svg.contains("nothing to draw"));
 }
+
+/// The stack ids in the order each format lists them: the report's shown
+/// stacks, text, JSON, pprof samples (those with outstanding allocations),
+/// the HTML table; each must be the same.
+fn orders(r: &Report) -> Vec<u64> {
+    let shown: Vec<u64> = r.top_stacks().iter().map(|s| s.stack_id).collect();
+    let text = text::render(r);
+    let text_ids: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split(" from stack ").nth(1))
+        .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(text_ids, shown, "text\n{text}");
+    let v: serde_json::Value = serde_json::from_str(&json::render(r)).unwrap();
+    let json_ids: Vec<u64> = v["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stack_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(json_ids, shown, "json");
+    let p = pprof::profile(r, &pprof::Context::from_maps(Vec::new()));
+    let pprof_ids: Vec<u64> = p
+        .sample
+        .iter()
+        .filter(|s| s.value[0] > 0)
+        .map(|s| s.label.last().unwrap().num as u64)
+        .collect();
+    assert_eq!(pprof_ids, shown, "pprof");
+    let page = html::render(r).unwrap();
+    let html_ids: Vec<u64> = page
+        .split("<tr data-stack=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+        .collect();
+    assert_eq!(html_ids, shown, "html");
+    shown
+}
+
+/// `--sort` orders every format, with a scan too; stacks are grouped by
+/// verdict only when asked, and the headers name the order used.
+#[test]
+fn sort_is_honoured_with_a_scan() {
+    let run = |sort, group_by_verdict| {
+        report_of(
+            scanned_fixture(),
+            AnalyzeOptions {
+                top: 10,
+                sort,
+                group_by_verdict,
+                ..Default::default()
+            },
+        )
+    };
+    // Outstanding: stack 1 1008192 bytes in 3 (definitely lost and
+    // unscanned), 2 300 in 3 (indirectly, possibly, reachable), 3 24 in 1
+    // (reachable), 4 512 in 1 (kernel, unscanned).
+    let r = run(SortKey::Bytes, false);
+    assert_eq!(orders(&r), [1, 4, 2, 3]);
+    let text = text::render(&r);
+    assert!(
+        text.contains("Top 4 of 4 stacks with outstanding allocations, by bytes:"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+    assert_eq!(v["summary"]["sort"], "bytes");
+    assert!(v["summary"].get("group_by").is_none());
+
+    // By count: ties of count by bytes.
+    assert_eq!(orders(&run(SortKey::Count, false)), [1, 2, 4, 3]);
+
+    // Grouped: definitely, indirectly (worst of stack 2), reachable,
+    // unscanned; the header says both.
+    for r in [run(SortKey::Verdict, false), run(SortKey::Bytes, true)] {
+        assert_eq!(orders(&r), [1, 2, 3, 4]);
+        let text = text::render(&r);
+        assert!(
+            text.contains(
+                "Top 4 of 4 stacks with outstanding allocations, by verdict (definitely lost \
+                 first), then by bytes:"
+            ),
+            "{text}"
+        );
+        let page = html::render(&r).unwrap();
+        assert!(
+            page.contains("by verdict (definitely lost first), then by bytes."),
+            "html header"
+        );
+        let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+        assert_eq!(v["summary"]["group_by"], "verdict");
+    }
+    let r = run(SortKey::Temporary, true);
+    assert!(text::render(&r).contains(
+        "stacks with temporary or outstanding allocations, by verdict (definitely lost first), \
+         then by temporary:"
+    ));
+
+    // Without a scan, nothing to group by: the order is the sort's.
+    let r = report(AnalyzeOptions {
+        top: 10,
+        sort: SortKey::Verdict,
+        ..Default::default()
+    });
+    assert!(!r.summary.group_by_verdict);
+    assert!(text::render(&r).contains("outstanding allocations, by bytes:"));
+}

@@ -390,7 +390,7 @@ fn summary(out: &mut String, s: &Summary) {
             s.filters.join(", ")
         },
     );
-    row("sorted by", s.sort.name());
+    row("order of stacks", &s.order());
     out.push_str("</dl>\n</section>\n");
 }
 
@@ -491,11 +491,11 @@ fn stacks_table(out: &mut String, report: &Report) {
     }
     let _ = writeln!(
         out,
-        "<p class=\"muted\">Top {} of {} stacks with outstanding allocations, by {}. \
+        "<p class=\"muted\">Top {} of {} stacks with outstanding allocations, {}. \
 Click a header to sort, a stack to see its frames.</p>",
         top.len(),
         s.outstanding_stacks,
-        s.sort.name()
+        escape(&s.order())
     );
     out.push_str(
         "<table class=\"stacks\">\n<thead><tr>\

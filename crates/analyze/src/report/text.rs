@@ -42,30 +42,30 @@ pub fn render(report: &Report) -> String {
             out.push_str(" in the part of the recording that was saved");
         }
         out.push_str(".\n\n");
-    } else if s.sort == crate::model::SortKey::Temporary {
+    } else if s.sort == SortKey::Temporary {
         let _ = writeln!(
             out,
-            "Top {} stacks with temporary or outstanding allocations, by temporary:\n",
-            top.len()
+            "Top {} stacks with temporary or outstanding allocations, {}:\n",
+            top.len(),
+            s.order()
+        );
+    } else if s.sort == SortKey::Growth {
+        let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
+        let _ = writeln!(
+            out,
+            "Top {} of {} stacks with outstanding allocations or freed late, {}:\n",
+            top.len(),
+            shown,
+            s.order()
         );
     } else {
-        if s.sort == SortKey::Growth {
-            let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
-            let _ = writeln!(
-                out,
-                "Top {} of {} stacks with outstanding allocations or freed late, by growth:\n",
-                top.len(),
-                shown,
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "Top {} of {} stacks with outstanding allocations, by {}:\n",
-                top.len(),
-                s.outstanding_stacks,
-                s.sort.name()
-            );
-        }
+        let _ = writeln!(
+            out,
+            "Top {} of {} stacks with outstanding allocations, {}:\n",
+            top.len(),
+            s.outstanding_stacks,
+            s.order()
+        );
     }
     for (i, st) in top.iter().enumerate() {
         render_stack(&mut out, st, i < CONTENTS_STACKS, s.rate_interval_ns);
