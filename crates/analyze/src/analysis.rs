@@ -169,8 +169,17 @@ pub fn analyze_trace(
         eval_ts,
         &join,
     );
-    let ids: Vec<u64> = stacks.iter().map(|s| s.stack_id).collect();
-    let (growths, timeline) = crate::growth::classify_stacks(&ids, samples, &plan, start_ts);
+    let held: Vec<(u64, crate::growth::Held)> = stacks
+        .iter()
+        .map(|s| {
+            let held = crate::growth::Held {
+                count: s.count,
+                mean_size: s.allocated_bytes.checked_div(s.allocations).unwrap_or(0),
+            };
+            (s.stack_id, held)
+        })
+        .collect();
+    let (growths, timeline) = crate::growth::classify_stacks(&held, samples, &plan, start_ts);
     for (s, g) in stacks.iter_mut().zip(growths) {
         s.growth = Some(g);
     }

@@ -574,3 +574,52 @@ fn sort_is_honoured_with_a_scan() {
     assert!(!r.summary.group_by_verdict);
     assert!(text::render(&r).contains("outstanding allocations, by bytes:"));
 }
+
+/// A leak of one 64-byte block every 100 ms (stack 1) and a per-request
+/// buffer of 518 bytes (stack 2) allocated every 100 ms and freed 5 ms
+/// later: at the peak, the last request's buffer is live. Its rise is one
+/// allocation: too few samples for a verdict, not "growing".
+#[test]
+fn one_live_buffer_at_the_peak_is_too_few_samples() {
+    let mut tb = TraceBuilder::new();
+    tb.stack(1, &[0x401010]).stack(2, &[0x401300]);
+    tb.frame(100, 0x401010, "leak_session", 0, "server.c", 40)
+        .frame(100, 0x401300, "handle_request", 0, "server.c", 62);
+    for i in 0..100u64 {
+        let t = 100 + i * 100;
+        tb.malloc(t, 0x10_0000 + i * 0x100, 64, 1)
+            .malloc(t + 10, 0x80_0000 + i * 0x1000, 518, 2)
+            .free(t + 15, 0x80_0000 + i * 0x1000);
+    }
+    let r = report_of(
+        tb,
+        AnalyzeOptions {
+            at_peak: true,
+            ..Default::default()
+        },
+    );
+    let stack = |id| r.stacks.iter().find(|s| s.stack_id == id).unwrap();
+    let buffer = stack(2);
+    assert_eq!((buffer.bytes, buffer.count), (518, 1));
+    let g = buffer.growth.as_ref().unwrap();
+    assert_eq!(g.verdict, memleak_analyze::Verdict::Unknown, "{g:?}");
+    // The samples alone, without what the stack holds, read as a rise.
+    let window = r.timeline.as_ref().unwrap().window_ns;
+    let alone = memleak_analyze::Growth::classify(g.samples.clone(), window);
+    assert_eq!(
+        alone.verdict,
+        memleak_analyze::Verdict::Growing,
+        "{alone:?}"
+    );
+    let leak = stack(1).growth.as_ref().unwrap();
+    assert_eq!(leak.verdict, memleak_analyze::Verdict::Growing, "{leak:?}");
+    let text = text::render(&r);
+    let block = &text[text.find("from stack 2").unwrap()..];
+    assert!(
+        block.lines().nth(2).unwrap().trim() == "growth: unknown (too few samples)",
+        "{text}"
+    );
+    assert!(!block.contains("growing"), "{text}");
+    let page = html::render(&r).unwrap();
+    assert!(page.contains("too few samples"));
+}

@@ -546,12 +546,16 @@ fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
     match &st.growth {
         Some(g) => {
             let v = g.verdict.name();
+            // An unknown verdict has no trend to give a slope of.
+            let detail = match g.verdict {
+                crate::growth::Verdict::Unknown => "too few samples".to_string(),
+                _ => format!("{}/s, fit {:.2}", signed_bytes(g.slope_bytes_per_s), g.fit),
+            };
             let _ = write!(
                 out,
                 "<td data-v=\"{v}\"><span class=\"verdict {v}\">{v}</span><br>\
-<span class=\"muted\">{}/s, fit {:.2}</span></td>",
-                escape(&signed_bytes(g.slope_bytes_per_s)),
-                g.fit
+<span class=\"muted\">{}</span></td>",
+                escape(&detail)
             );
         }
         None => out.push_str("<td data-v=\"\" class=\"muted\">n/a</td>"),

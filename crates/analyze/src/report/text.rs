@@ -86,6 +86,10 @@ fn bytes_phrase(b: u64) -> String {
 /// `growing, +1.5 MiB/s (fit 0.98)`: the verdict, the slope of the last
 /// third of the samples and how well a line fits them.
 fn growth_phrase(g: &Growth) -> String {
+    if g.verdict == crate::growth::Verdict::Unknown {
+        // No slope: it would read as a trend.
+        return g.verdict.describe().to_string();
+    }
     let sign = if g.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let rate = g.slope_bytes_per_s.abs().round() as u64;
     let rate = if rate < 1024 {
