@@ -14,12 +14,16 @@ use memleak_analyze::{analyze_trace, pprof, Render, SortKey, Weight};
 
 use crate::output::{emit, emit_bytes};
 
+/// The help's heading of the options that say what a report shows and how.
+pub const OUTPUT: &str = "Output";
+
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     /// Top stacks, age histograms and a summary.
     Text,
-    /// The report as JSON (docs/json.md).
+    /// The report as JSON (fields described in memleak's JSON report
+    /// documentation).
     Json,
     /// Folded stacks for flamegraph tools.
     Folded,
@@ -78,33 +82,40 @@ pub enum WeightArg {
 
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memleak analyze trace.parquet                       # top 10 stacks by outstanding bytes
+  memleak analyze trace.parquet --older-than 5s -T 0  # every stack holding blocks 5 s old
+  memleak analyze trace.parquet --verdict definitely --group-by verdict
+  memleak analyze trace.parquet --at peak --sort growth
+  memleak analyze trace.parquet --format html -o report.html")]
 pub struct AnalyzeArgs {
     /// Trace directory written by `memleak record`.
     pub trace: PathBuf,
     /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "text")]
     pub format: Format,
     /// Write to this file instead of stdout (a directory for --format all).
-    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    #[arg(help_heading = OUTPUT, short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
     /// Number of stacks shown in text and JSON (0: all).
-    #[arg(short = 'T', long, default_value_t = 10, value_name = "N")]
+    #[arg(help_heading = OUTPUT, short = 'T', long, default_value_t = 10, value_name = "N")]
     pub top: usize,
     /// Order of the stacks.
-    #[arg(long, value_enum, default_value = "bytes")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub sort: SortArg,
     /// Group the stacks before --sort orders each group.
-    #[arg(long, value_enum, value_name = "GROUP")]
+    #[arg(help_heading = OUTPUT, long, value_enum, value_name = "GROUP")]
     pub group_by: Option<GroupArg>,
     /// What flamegraph widths measure (folded and svg).
-    #[arg(long, value_enum, default_value = "bytes")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
     /// Filters, `--at`, workers.
     #[command(flatten)]
     pub select: SelectArgs,
     /// An allocation freed within this time by the thread that made it,
     /// before the thread allocated again, counts as temporary.
-    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration)]
+    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration,
+          help_heading = OUTPUT)]
     pub temporary_threshold: Duration,
 }
 

@@ -19,7 +19,8 @@ use crate::select_args::{warn_of_losses, SelectArgs};
 pub enum DiffFormat {
     /// Grown and shrunk stacks and a summary.
     Text,
-    /// The diff as JSON (docs/json.md).
+    /// The diff as JSON (fields described in memleak's JSON report
+    /// documentation).
     Json,
     /// Two-column folded stacks (`path base new`) for differential
     /// flamegraphs.
@@ -39,38 +40,53 @@ pub enum DiffWeightArg {
 
 /// Arguments of `memleak diff`.
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memleak diff before.parquet after.parquet                 # did the fix work? grown stacks first
+  memleak diff before.parquet after.parquet --ignore-lines  # code moved between the builds
+  memleak diff base.parquet new.parquet --base-pid 10 --new-pid 20
+  memleak diff before.parquet after.parquet --format svg -o diff.svg")]
 pub struct DiffArgs {
     /// The trace before (e.g. without the fix).
     pub base: PathBuf,
     /// The trace after.
     pub new: PathBuf,
     /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(help_heading = crate::analyze_cmd::OUTPUT, long, value_enum, default_value = "text")]
     pub format: DiffFormat,
     /// Write to this file instead of stdout.
-    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    #[arg(help_heading = crate::analyze_cmd::OUTPUT, short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
     /// Stacks shown in text and JSON of each change: grown, shrunk,
     /// unchanged (0: all).
-    #[arg(short = 'T', long, default_value_t = 10, value_name = "N")]
+    #[arg(help_heading = crate::analyze_cmd::OUTPUT, short = 'T', long, default_value_t = 10, value_name = "N")]
     pub top: usize,
     /// What flamegraph widths measure (folded and svg).
-    #[arg(long, value_enum, default_value = "bytes")]
+    #[arg(help_heading = crate::analyze_cmd::OUTPUT, long, value_enum, default_value = "bytes")]
     pub weight: DiffWeightArg,
     /// Draw the flamegraph with BASE's widths rather than NEW's, so that
     /// what NEW no longer holds shows (colors still say NEW - BASE).
-    #[arg(long)]
+    #[arg(help_heading = crate::analyze_cmd::OUTPUT, long)]
     pub base_widths: bool,
     /// Match frames by function and source file only, not line: for
     /// builds whose code moved.
-    #[arg(long)]
+    #[arg(help_heading = "Matching stacks and processes", long)]
     pub ignore_lines: bool,
     /// Only these processes of BASE (repeat or separate with commas);
     /// replaces --pid for BASE.
-    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Matching stacks and processes",
+        long,
+        value_name = "PID",
+        value_delimiter = ','
+    )]
     pub base_pid: Vec<u32>,
     /// Only these processes of NEW; replaces --pid for NEW.
-    #[arg(long, value_name = "PID", value_delimiter = ',')]
+    #[arg(
+        help_heading = "Matching stacks and processes",
+        long,
+        value_name = "PID",
+        value_delimiter = ','
+    )]
     pub new_pid: Vec<u32>,
     /// Filters (applied to both traces), `--at`, workers.
     #[command(flatten)]

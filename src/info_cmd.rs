@@ -12,6 +12,10 @@ use crate::exit_status::{self, Exit};
 
 /// Arguments of `memleak info`.
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memleak info trace.parquet  # metadata, counters, lost events, tables
+  memleak info trace.parquet --json | jq .lost
+  memleak info trace.parquet --json | jq '.tables.events.rows'")]
 pub struct InfoArgs {
     /// Trace directory written by `memleak record`.
     pub trace: PathBuf,

@@ -865,3 +865,106 @@ fn info_says_a_death_by_signal() {
     assert_eq!(v["exit_code"], 137);
     assert_eq!(v["exit_signal"], serde_json::Value::Null);
 }
+
+/// The help of every replaying command: options under headings, 3 to 5
+/// examples that run, every value of every enum option listed, and no
+/// path into the source tree an installed binary does not have.
+#[test]
+fn help_has_headings_examples_and_every_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for (cmd, headings) in [
+        (
+            "analyze",
+            &[
+                "Output:",
+                "Filters and evaluation time:",
+                "Suppressions:",
+                "Running:",
+            ][..],
+        ),
+        (
+            "diff",
+            &[
+                "Output:",
+                "Matching stacks and processes:",
+                "Filters and evaluation time:",
+            ],
+        ),
+        ("info", &[]),
+    ] {
+        for flag in ["-h", "--help"] {
+            let out = memleak(&[cmd.as_ref(), flag.as_ref()]);
+            assert!(out.status.success(), "{cmd} {flag}");
+            let help = String::from_utf8(out.stdout).unwrap();
+            for h in headings {
+                assert!(
+                    help.lines().any(|l| l == *h),
+                    "{cmd} {flag}: no {h}\n{help}"
+                );
+            }
+            assert!(
+                !help.contains("docs/"),
+                "{cmd} {flag} names a source path\n{help}"
+            );
+            let examples: Vec<&str> = help
+                .split("Examples:\n")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{cmd} {flag}: no examples\n{help}"))
+                .lines()
+                .filter(|l| l.starts_with(&format!("  memleak {cmd} ")))
+                .collect();
+            assert!((3..=5).contains(&examples.len()), "{cmd}: {examples:?}");
+            if flag == "-h" {
+                for name in ["--format", "--sort", "--group-by", "--weight", "--kind"] {
+                    if let Some(l) = help.lines().find(|l| l.contains(&format!("{name} <"))) {
+                        assert!(l.contains("[possible values: "), "{cmd}: {l}");
+                    }
+                }
+            }
+            // --kind says each of its values, not "user, kernel or both".
+            let kind = help
+                .lines()
+                .find(|l| l.contains("--kind <KIND>"))
+                .filter(|_| flag == "-h");
+            if let Some(l) = kind {
+                let text = l.split("[default").next().unwrap();
+                for v in ["user", "kernel", "heap", "mmap", "all"] {
+                    assert!(text.contains(v), "{cmd} {flag}: --kind omits {v}: {l}");
+                }
+            }
+            // Every example runs: a usage error exits with 2.
+            for e in &examples {
+                let words: Vec<String> = e
+                    .split(" #")
+                    .next()
+                    .unwrap()
+                    .split('|')
+                    .next()
+                    .unwrap()
+                    .split_whitespace()
+                    .skip(1)
+                    .map(|w| match w.ends_with(".parquet") {
+                        true => root.to_str().unwrap().to_string(),
+                        false => w.to_string(),
+                    })
+                    .collect();
+                let words: Vec<&str> = words.iter().map(|w| w.as_str()).collect();
+                let quiet = if cmd == "info" { None } else { Some("-q") };
+                let out = Command::new(env!("CARGO_BIN_EXE_memleak"))
+                    .args(&words)
+                    .args(quiet)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap();
+                assert_ne!(
+                    out.status.code(),
+                    Some(2),
+                    "{e}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
+}
