@@ -623,3 +623,95 @@ fn one_live_buffer_at_the_peak_is_too_few_samples() {
     let page = html::render(&r).unwrap();
     assert!(page.contains("too few samples"));
 }
+
+/// The base64 flamegraph of `weight` (`bytes`, `count`) in the page,
+/// decoded.
+fn page_flamegraph(page: &str, weight: &str) -> String {
+    use base64::Engine as _;
+    let tag = format!("id=\"flamegraph-{weight}\">");
+    let at = page.find(&tag).expect("flamegraph element") + tag.len();
+    let end = at + page[at..].find("</script>").unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&page[at..end])
+        .unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// With a scan, the HTML page leads with the LEAK SUMMARY, has a verdict
+/// column, colours the flamegraph by verdict by default (definitely lost
+/// red from the root to the leak) and by growth on demand, and counts
+/// stacks alike everywhere.
+#[test]
+fn html_leads_with_the_leak_summary_and_colours_by_verdict() {
+    let r = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        },
+    );
+    let page = html::render(&r).unwrap();
+    let leak = page
+        .find("<section id=\"leak-summary\">")
+        .expect("leak summary");
+    assert!(leak < page.find("<section id=\"summary\">").unwrap());
+    assert!(leak < page.find("<section id=\"flamegraph\"").unwrap());
+    assert!(page.contains(
+        "<dt class=\"verdict definitely\">definitely lost</dt><dd>8192 bytes (8.00 KiB) in 2 blocks</dd>"
+    ));
+    assert!(page.contains("<dt class=\"verdict unscanned\">unscanned</dt>"));
+    // The verdict column: stack 1's worst is definitely lost.
+    assert!(page.contains("<th data-numeric title=\"worst verdict first\">verdict</th>"));
+    let row = &page[page.find("<tr data-stack=\"1\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("<span class=\"verdict definitely\">definitely lost</span>"),
+        "{row}"
+    );
+    // Coloured by verdict by default, with both toggles and legends.
+    assert!(page.contains("<section id=\"flamegraph\" data-colour=\"verdict\">"));
+    assert!(page.contains("data-colour=\"growth\" aria-pressed"));
+    let svg = page_flamegraph(&page, "bytes");
+    assert!(svg.contains(".by-verdict rect[data-verdict=\"definitely\"]"));
+    let rect_of = |name: &str| {
+        let g = &svg[svg.find(&format!("<title>{name} (")).unwrap()..];
+        g[..g.find("/>").unwrap()].to_string()
+    };
+    // The leak's frames and the root above it are definitely lost; the
+    // cache's own frame is indirectly lost (its worst), the kernel's
+    // unscanned.
+    for f in ["make_leak", "fill_buffer", "all"] {
+        assert!(
+            rect_of(f).contains("data-verdict=\"definitely\""),
+            "{f}: {}",
+            rect_of(f)
+        );
+    }
+    assert!(rect_of("cache_insert").contains("data-verdict=\"indirectly\""));
+    assert!(rect_of("kmalloc_trace").contains("data-verdict=\"unscanned\""));
+    assert!(rect_of("cache_insert").contains("data-growth=\"plateau\""));
+    assert!(rect_of("make_leak").contains("data-growth=\"unknown\""));
+    // Counts agree: the cards, the table's header, the flamegraphs'
+    // titles and the paragraph above them.
+    let n = r.summary.outstanding_stacks;
+    assert_eq!(n, 4);
+    assert!(page.contains(&format!(
+        "<div class=\"v\">{n}</div><div class=\"k\">stacks</div>"
+    )));
+    assert!(page.contains(&format!("Top 4 of {n} stacks with outstanding allocations")));
+    assert!(page.contains(&format!("the {n} stacks with outstanding allocations")));
+    for w in ["bytes", "count"] {
+        let svg = page_flamegraph(&page, w);
+        assert!(svg.contains(&format!(">{n} stacks<")), "{w}");
+    }
+    // The inlined fill_buffer labels stack 1, not make_leak.
+    assert!(row.contains("<code>fill_buffer (util.h:7)</code>"), "{row}");
+
+    // Without a scan: no summary, no column, colours by function.
+    let page = html::render(&report(AnalyzeOptions::default())).unwrap();
+    assert!(!page.contains("id=\"leak-summary\""));
+    assert!(!page.contains(">verdict</th>"));
+    assert!(!page.contains("<button type=\"button\" data-colour=\"verdict\""));
+    assert!(page.contains("<button type=\"button\" data-colour=\"growth\""));
+    assert!(page.contains("<section id=\"flamegraph\" data-colour=\"function\">"));
+}
