@@ -11,6 +11,7 @@ APT_PACKAGES=(
     linux-perf bpftool                                       # handy for debugging probes
     golang-go protobuf-compiler                              # pprof export test (go tool pprof, protoc)
     chromium                                                 # HTML report test (headless)
+    openjdk-17-jre-headless                                  # Spark (memleak sql test)
     ca-certificates curl git
 )
 
@@ -41,6 +42,16 @@ if ! python3 -c 'import duckdb, pyarrow, google.protobuf' 2>/dev/null; then
         || python3 -m pip install --quiet --break-system-packages duckdb pyarrow protobuf
 fi
 python3 -c 'import duckdb, pyarrow, google.protobuf' # fail loudly if still missing
+
+# Spark in local mode for the `memleak sql` test (tests/fleet_sql.rs):
+# PyPI's pyspark in a venv of its own, next to Debian's Java 17.
+SPARK_VENV=/opt/memleak-spark
+if ! "$SPARK_VENV/bin/python" -c 'import pyspark' 2>/dev/null; then
+    echo "setup: installing pyspark into $SPARK_VENV"
+    as_root python3 -m venv "$SPARK_VENV"
+    as_root "$SPARK_VENV/bin/pip" install --quiet pyspark
+fi
+"$SPARK_VENV/bin/python" -c 'import pyspark' # fail loudly if still missing
 
 # Rust: rustup is expected; install the toolchain pieces the scripts use.
 if ! command -v cargo >/dev/null; then

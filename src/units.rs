@@ -130,6 +130,21 @@ pub fn format_size(n: u64) -> String {
     format!("{n} bytes")
 }
 
+/// Year, month, day, hours, minutes and seconds (UTC) of a Unix time.
+pub fn utc_fields(secs: u64) -> [u64; 6] {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let doe = (days + 719_468) % 146_097;
+    let era = (days + 719_468) / 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    [year, month, day, rem / 3600, rem / 60 % 60, rem % 60]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

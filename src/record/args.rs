@@ -1,12 +1,12 @@
-//! `memleak record`'s arguments: what `record_cmd` runs and
-//! `record_targets` reads, apart from both so neither imports the other.
+//! `memleak record`'s arguments: what `session` runs and `targets` reads,
+//! apart from both so neither imports the other.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use memleak_recorder::unwind::WalkMode;
 
-use crate::capture::Capture;
+use super::capture::Capture;
 use crate::units::{format_size, parse_duration, parse_positive_duration, parse_size};
 
 /// Arguments of `memleak record`.
@@ -31,6 +31,11 @@ pub struct RecordArgs {
     /// Output trace directory.
     #[arg(short, long, default_value = "trace.parquet")]
     pub output: PathBuf,
+    /// Write the trace into a fleet dataset instead of -o: a new directory
+    /// ROOT/host=HOST/trace=START-PID/, which `memleak analyze ROOT` and
+    /// `memleak sql ROOT` read with every other host's.
+    #[arg(long, value_name = "ROOT", conflicts_with = "output")]
+    pub dataset: Option<PathBuf>,
     /// Replace an existing output.
     #[arg(long)]
     pub force: bool,
