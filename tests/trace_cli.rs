@@ -893,6 +893,7 @@ fn help_has_headings_examples_and_every_value() {
             ],
         ),
         ("info", &[]),
+        ("sql", &[]),
     ] {
         for flag in ["-h", "--help"] {
             let out = memleak(&[cmd.as_ref(), flag.as_ref()]);
@@ -913,7 +914,7 @@ fn help_has_headings_examples_and_every_value() {
                 .nth(1)
                 .unwrap_or_else(|| panic!("{cmd} {flag}: no examples\n{help}"))
                 .lines()
-                .filter(|l| l.starts_with(&format!("  memleak {cmd} ")))
+                .take_while(|l| l.starts_with("  "))
                 .collect();
             assert!((3..=5).contains(&examples.len()), "{cmd}: {examples:?}");
             if flag == "-h" {
@@ -935,12 +936,15 @@ fn help_has_headings_examples_and_every_value() {
                 }
             }
             // Every example runs: a usage error exits with 2.
-            for e in &examples {
+            let runnable = examples
+                .iter()
+                .filter(|l| l.starts_with(&format!("  memleak {cmd} ")));
+            for e in runnable {
                 let words: Vec<String> = e
                     .split(" #")
                     .next()
                     .unwrap()
-                    .split('|')
+                    .split(['|', '>', ';'])
                     .next()
                     .unwrap()
                     .split_whitespace()
@@ -951,7 +955,7 @@ fn help_has_headings_examples_and_every_value() {
                     })
                     .collect();
                 let words: Vec<&str> = words.iter().map(|w| w.as_str()).collect();
-                let quiet = if cmd == "info" { None } else { Some("-q") };
+                let quiet = matches!(cmd, "analyze" | "diff").then_some("-q");
                 let out = Command::new(env!("CARGO_BIN_EXE_memleak"))
                     .args(&words)
                     .args(quiet)
