@@ -16,12 +16,16 @@ use crate::analyze_fleet::{self, FleetRun};
 use crate::output::{emit, emit_bytes};
 use memleak_analyze::fleet::GroupBy;
 
+/// The help's heading of the options that say what a report shows and how.
+pub const OUTPUT: &str = "Output";
+
 /// Output formats.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum Format {
     /// Top stacks, age histograms and a summary.
     Text,
-    /// The report as JSON (docs/json.md).
+    /// The report as JSON (fields described in memleak's JSON report
+    /// documentation).
     Json,
     /// Folded stacks for flamegraph tools.
     Folded,
@@ -52,6 +56,17 @@ pub enum SortArg {
     /// Most temporary allocations first (stacks with nothing
     /// outstanding too).
     Temporary,
+    /// Worst scan verdict first (definitely lost, indirectly, possibly,
+    /// reachable, unscanned), then bytes: --group-by verdict --sort bytes.
+    Verdict,
+}
+
+/// Groupings of the stacks.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+pub enum GroupArg {
+    /// By worst scan verdict, definitely lost first, each group in the
+    /// --sort order. Needs a trace with a scan.
+    Verdict,
 }
 
 /// Flamegraph weights.
@@ -92,6 +107,12 @@ impl GroupByArg {
 
 /// Arguments of `memleak analyze`.
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memleak analyze trace.parquet                       # top 10 stacks by outstanding bytes
+  memleak analyze trace.parquet --older-than 5s -T 0  # every stack holding blocks 5 s old
+  memleak analyze trace.parquet --verdict definitely --group-by verdict
+  memleak analyze trace.parquet --at peak --sort growth
+  memleak analyze trace.parquet --format html -o report.html")]
 pub struct AnalyzeArgs {
     /// Trace directories written by `memleak record`, or dataset roots
     /// holding traces (`ROOT/host=H/trace=ID/`): several traces make one
@@ -99,26 +120,30 @@ pub struct AnalyzeArgs {
     #[arg(required = true, value_name = "TRACE|ROOT")]
     pub traces: Vec<PathBuf>,
     /// Output format.
-    #[arg(long, value_enum, default_value = "text")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "text")]
     pub format: Format,
     /// Write to this file instead of stdout (a directory for --format all).
-    #[arg(short = 'o', long = "output", value_name = "PATH")]
+    #[arg(help_heading = OUTPUT, short = 'o', long = "output", value_name = "PATH")]
     pub output: Option<PathBuf>,
     /// Number of stacks shown in text and JSON (0: all).
-    #[arg(short = 'T', long, default_value_t = 10, value_name = "N")]
+    #[arg(help_heading = OUTPUT, short = 'T', long, default_value_t = 10, value_name = "N")]
     pub top: usize,
     /// Order of the stacks.
-    #[arg(long, value_enum, default_value = "bytes")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub sort: SortArg,
+    /// Group the stacks before --sort orders each group.
+    #[arg(help_heading = OUTPUT, long, value_enum, value_name = "GROUP")]
+    pub group_by: Option<GroupArg>,
     /// What flamegraph widths measure (folded and svg).
-    #[arg(long, value_enum, default_value = "bytes")]
+    #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
     /// Filters, `--at`, workers.
     #[command(flatten)]
     pub select: SelectArgs,
     /// An allocation freed within this time by the thread that made it,
     /// before the thread allocated again, counts as temporary.
-    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration)]
+    #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration,
+          help_heading = OUTPUT)]
     pub temporary_threshold: Duration,
     /// Grouping of the per-trace breakdown of a report of several traces
     /// (default: trace); with one trace, makes that report of it.
@@ -176,10 +201,27 @@ fn options(args: &AnalyzeArgs) -> anyhow::Result<memleak_analyze::AnalyzeOptions
         SortArg::Age => SortKey::Age,
         SortArg::Growth => SortKey::Growth,
         SortArg::Temporary => SortKey::Temporary,
+        SortArg::Verdict => SortKey::Verdict,
     };
+    let group_by_verdict = args.group_by == Some(GroupArg::Verdict);
+    if (group_by_verdict || sort == SortKey::Verdict)
+        && trace.meta().scans.iter().all(|s| s.error.is_some())
+    {
+        let what = if group_by_verdict {
+            "--group-by verdict"
+        } else {
+            "--sort verdict"
+        };
+        bail!(
+            "{what}: {} has no scan to take verdicts from (record with a scan: at exit in -- CMD \
+             mode, or --scan with -p)",
+            trace.path().display()
+        );
+    }
     let mut opts = args
         .select
         .options(args.select.pids.clone(), args.top, sort)?;
+    opts.group_by_verdict = group_by_verdict;
     opts.temporary_threshold_ns =
         Some(args.temporary_threshold.as_nanos().min(u64::MAX as u128) as u64);
     Ok(opts)

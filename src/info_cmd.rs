@@ -12,6 +12,10 @@ use crate::exit_status::{self, Exit};
 
 /// Arguments of `memleak info`.
 #[derive(clap::Args)]
+#[command(after_help = "Examples:
+  memleak info trace.parquet  # metadata, counters, lost events, tables
+  memleak info trace.parquet --json | jq .lost
+  memleak info trace.parquet --json | jq '.tables.events.rows'")]
 pub struct InfoArgs {
     /// Trace directory written by `memleak record`.
     pub trace: PathBuf,
@@ -305,11 +309,6 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
         writeln!(out, "note:      {note}")?;
     }
 
-    writeln!(
-        out,
-        "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
-        "", "segments", "rows", "row groups", "bytes"
-    )?;
     for s in r.scans {
         let mib = (s.roots_bytes + s.heap_bytes) as f64 / (1 << 20) as f64;
         let per_mib = if mib > 0.0 {
@@ -334,6 +333,11 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
             None => writeln!(out)?,
         }
     }
+    writeln!(
+        out,
+        "tables:    {:<8} {:>8} {:>12} {:>10} {:>12}",
+        "", "segments", "rows", "row groups", "bytes"
+    )?;
     for name in Table::ALL.iter().map(|t| t.name()) {
         let Some(t) = r.tables.get(name) else {
             continue;

@@ -66,7 +66,8 @@ enum Command {
     /// Print a trace's metadata, tables and counters.
     Info(info_cmd::InfoArgs),
     /// Print the SQL that computes the outstanding-by-stack report over
-    /// traces or a dataset, for DuckDB or Spark (docs/fleet.md).
+    /// traces or a dataset, for DuckDB or Spark (memleak's fleet
+    /// documentation shows how to run it).
     Sql(sql_cmd::SqlArgs),
 }
 

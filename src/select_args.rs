@@ -29,9 +29,12 @@ pub enum KindArg {
     Heap,
     /// Memory mappings of processes (mmap, munmap, mremap).
     Mmap,
-    /// Both.
+    /// Everything: processes' and the kernel's.
     All,
 }
+
+/// The help's heading of the options that select what a report counts.
+const FILTERS: &str = "Filters and evaluation time";
 
 /// Filters, evaluation time and workers of a replay.
 #[derive(clap::Args, Clone, Debug)]
@@ -40,56 +43,60 @@ pub struct SelectArgs {
     /// started (e.g. 30s, 1.5m; a bare number is seconds) instead of at
     /// its end; at most the recording's length. `peak`: at the peak of
     /// the live total (with --pid, of the selected process).
-    #[arg(long, value_name = "TIME|peak", value_parser = parse_at)]
+    #[arg(help_heading = FILTERS, long, value_name = "TIME|peak", value_parser = parse_at)]
     pub at: Option<AtArg>,
     /// Only these processes (repeat or separate with commas).
-    #[arg(short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
+    #[arg(help_heading = FILTERS, short = 'p', long = "pid", value_name = "PID", value_delimiter = ',')]
     pub pids: Vec<u32>,
-    /// Only outstanding allocations at least this old (e.g. 5s, 500ms).
-    #[arg(long, value_name = "AGE", value_parser = parse_duration_ns)]
-    pub older_than: Option<u64>,
+    /// Only outstanding allocations at least this old (e.g. 5s, 500ms;
+    /// a bare number is seconds, not bcc's milliseconds).
+    #[arg(help_heading = FILTERS, long, value_name = "AGE", value_parser = parse_age)]
+    pub older_than: Option<Age>,
     /// Only allocations of at least this size (bytes; k, M, G suffixes,
     /// binary: 1k = 1024).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(help_heading = FILTERS, long, value_name = "SIZE", value_parser = parse_size)]
     pub min_size: Option<u64>,
     /// Only allocations of at most this size (bytes; k, M, G suffixes;
     /// at least --min-size).
-    #[arg(long, value_name = "SIZE", value_parser = parse_size)]
+    #[arg(help_heading = FILTERS, long, value_name = "SIZE", value_parser = parse_size)]
     pub max_size: Option<u64>,
     /// Only allocations made at or after this time since the start.
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    #[arg(help_heading = FILTERS, long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub from: Option<u64>,
     /// Only allocations made before this time since the start (after
     /// --from).
-    #[arg(long, value_name = "TIME", value_parser = parse_duration_ns)]
+    #[arg(help_heading = FILTERS, long, value_name = "TIME", value_parser = parse_duration_ns)]
     pub to: Option<u64>,
-    /// User-space allocations, kernel ones, or both.
-    #[arg(long, value_enum, default_value = "all")]
+    /// Which allocations: user (processes'), kernel, heap (processes'
+    /// heap blocks, what valgrind counts), mmap (processes' mappings) or
+    /// all.
+    #[arg(help_heading = FILTERS, long, value_enum, default_value = "all")]
     pub kind: KindArg,
     /// Only blocks of these scan verdicts, comma-separated: definitely,
     /// indirectly, possibly, reachable, unscanned, or lost (the first
     /// three). Needs a trace with a scan.
-    #[arg(long, value_name = "LIST", value_parser = parse_verdicts)]
+    #[arg(help_heading = FILTERS, long, value_name = "LIST", value_parser = parse_verdicts)]
     pub verdict: Option<VerdictSet>,
     /// Leave out the stacks a suppression file matches and count them
-    /// apart (repeatable; syntax in docs/analyzer.md).
-    #[arg(long, value_name = "FILE")]
+    /// apart (repeatable; the syntax is in memleak's analyzer
+    /// documentation, "Suppressions").
+    #[arg(help_heading = "Suppressions", long, value_name = "FILE")]
     pub suppress: Vec<PathBuf>,
     /// Do not apply the built-in suppressions of runtime holders (the
     /// libstdc++ emergency pool, glibc's thread stacks, ld.so).
-    #[arg(long)]
+    #[arg(help_heading = "Suppressions", long)]
     pub no_default_suppressions: bool,
     /// Worker threads, at least 1 (default: one per core).
-    #[arg(short = 'j', long, value_name = "N", value_parser = parse_jobs)]
+    #[arg(help_heading = "Running", short = 'j', long, value_name = "N", value_parser = parse_jobs)]
     pub jobs: Option<usize>,
     /// No progress bar.
-    #[arg(short = 'q', long)]
+    #[arg(help_heading = "Running", short = 'q', long)]
     pub quiet: bool,
     /// Exit with status 3, after writing the report, when the recorder
     /// lost events (ring buffer full, calls not traced, ...), which makes
     /// the outstanding figures uncertain; events kept without their stack
     /// do not count.
-    #[arg(long)]
+    #[arg(help_heading = "Running", long)]
     pub fail_on_loss: bool,
 }
 
@@ -126,6 +133,32 @@ fn parse_at(text: &str) -> Result<AtArg, String> {
         return Ok(AtArg::Peak);
     }
     parse_duration_ns(text).map(AtArg::Time)
+}
+
+/// `--older-than`: an age, as typed and in nanoseconds. A bare number is
+/// seconds, where bcc's `-o` took milliseconds: the warning of an age
+/// longer than the recording says which unit was assumed.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Age {
+    /// Nanoseconds.
+    pub ns: u64,
+    /// As typed.
+    pub text: String,
+}
+
+impl Age {
+    /// Typed as a bare number (seconds).
+    fn bare(&self) -> bool {
+        self.text.bytes().all(|c| c.is_ascii_digit() || c == b'.')
+    }
+}
+
+fn parse_age(text: &str) -> Result<Age, String> {
+    let ns = parse_duration_ns(text)?;
+    Ok(Age {
+        ns,
+        text: text.trim().to_string(),
+    })
 }
 
 fn parse_verdicts(text: &str) -> Result<VerdictSet, String> {
@@ -203,7 +236,19 @@ impl SelectArgs {
                 }
             }
         }
-        if let (Some(AtArg::Time(at)), Some(length)) = (self.at, recording_length(trace)?) {
+        if matches!(self.at, Some(AtArg::Time(_))) || self.older_than.is_some() {
+            if let Some(length) = recording_length(trace)? {
+                self.check_length(trace, length)?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Refuses an `--at` past `length`, the recording's, and warns of an
+    /// `--older-than` longer than it: no allocation can be that old, and a
+    /// report that says "0 bytes" would read as "no leak".
+    fn check_length(&self, trace: &memleak_trace::Trace, length: u64) -> anyhow::Result<()> {
+        if let Some(AtArg::Time(at)) = self.at {
             if at > length {
                 bail!(
                     "--at {} is past the end of the recording, which is {:.3}s long",
@@ -211,6 +256,23 @@ impl SelectArgs {
                     length as f64 / 1e9
                 );
             }
+        }
+        if let Some(age) = self.older_than.as_ref().filter(|a| a.ns > length) {
+            let read_as = if age.bare() {
+                format!(
+                    "{} (read as {} seconds: a number without a unit is seconds; write {}ms for \
+                     milliseconds)",
+                    age.text, age.text, age.text
+                )
+            } else {
+                age.text.clone()
+            };
+            say!(
+                "memleak: warning: --older-than {read_as} is longer than the recording of {}, \
+                 which is {:.3}s long: no allocation is that old",
+                trace.path().display(),
+                length as f64 / 1e9
+            );
         }
         Ok(())
     }
@@ -237,7 +299,7 @@ impl SelectArgs {
                 max_size: self.max_size,
                 from_ns: self.from,
                 to_ns: self.to,
-                older_than_ns: self.older_than,
+                older_than_ns: self.older_than.as_ref().map(|a| a.ns),
             },
             at_ns: match self.at {
                 Some(AtArg::Time(t)) => Some(t),
@@ -246,6 +308,7 @@ impl SelectArgs {
             at_peak: self.at == Some(AtArg::Peak),
             top,
             sort,
+            group_by_verdict: false,
             partitions: 0,
             verdicts: self.verdict.unwrap_or_default(),
             temporary_threshold_ns: None,

@@ -103,6 +103,16 @@ fn console_lines(run: &Run) -> Vec<&str> {
         .collect()
 }
 
+/// Fails on any console message of the run.
+fn assert_quiet(run: &Run) {
+    let console = console_lines(run);
+    assert!(
+        console.is_empty(),
+        "console messages:\n{}",
+        console.join("\n")
+    );
+}
+
 /// The value of `attr` on the first element whose start tag contains
 /// `marker`.
 fn attr_of<'a>(dom: &'a str, marker: &str, attr: &str) -> Option<&'a str> {
@@ -141,24 +151,49 @@ fn analyze_html(trace: &Path, out: &Path, extra: &[&str]) {
     assert!(status.success(), "analyze --format html failed: {status}");
 }
 
-#[test]
-fn html_report_renders_in_chromium() {
+/// Whether this machine can record and has Chromium (else the test is
+/// skipped, with its reason).
+fn can_record_and_render() -> bool {
     if !common::can_record() {
-        return;
+        return false;
     }
     if !Path::new(CHROMIUM).exists() {
         common::skip(format_args!(
             "{CHROMIUM} is not installed (Debian's chromium package)"
         ));
+        return false;
+    }
+    true
+}
+
+/// Records the fixture `name` and writes its HTML report into a new work
+/// directory: the fixture, the trace (and its directory), the work
+/// directory and the page.
+fn record_page(
+    name: &str,
+) -> (
+    Fixture,
+    tempfile::TempDir,
+    PathBuf,
+    tempfile::TempDir,
+    PathBuf,
+) {
+    let fx = Fixture::load(name);
+    let (dir, trace) = fx.record(&[]);
+    let work = tempfile::tempdir().unwrap();
+    let page = work.path().join("report.html");
+    analyze_html(&trace, &page, &[]);
+    (fx, dir, trace, work, page)
+}
+
+#[test]
+fn html_report_renders_in_chromium() {
+    if !can_record_and_render() {
         return;
     }
     // seed: 10 x malloc(4), every other block freed: 20 bytes in 5
     // allocations from one stack outstanding.
-    let fx = Fixture::load("seed");
-    let (_dir, trace) = fx.record(&[]);
-    let work = tempfile::tempdir().unwrap();
-    let page: PathBuf = work.path().join("report.html");
-    analyze_html(&trace, &page, &[]);
+    let (fx, _dir, trace, work, page) = record_page("seed");
     let text = fs::read_to_string(&page).unwrap();
     // Self-contained: nothing refers to anything outside the page.
     for outside in ["src=\"http", "href=\"http", "url(http", "@import", "<link "] {
@@ -211,12 +246,7 @@ fn html_report_renders_in_chromium() {
         ],
         work.path(),
     );
-    let console = console_lines(&run);
-    assert!(
-        console.is_empty(),
-        "console messages:\n{}",
-        console.join("\n")
-    );
+    assert_quiet(&run);
     assert!(shot.exists(), "no screenshot");
     assert!(png_is_not_blank(&shot), "blank screenshot");
 }
@@ -227,12 +257,7 @@ fn html_report_renders_in_chromium() {
 /// drawn) it returns.
 fn check_page(fx: &Fixture, page: &Path, work: &Path) -> String {
     let run = chromium(page, &["--dump-dom"], work);
-    let console = console_lines(&run);
-    assert!(
-        console.is_empty(),
-        "console messages:\n{}",
-        console.join("\n")
-    );
+    assert_quiet(&run);
     let dom = &run.stdout;
     // The page's script ran to its end.
     assert_eq!(
@@ -298,4 +323,73 @@ fn synthesize_growth(report: &mut Report) {
         fit: 0.99,
         samples: vec![bytes / 4, bytes / 2, bytes * 3 / 4, bytes],
     });
+}
+
+/// The page of a trace with a scan (the `verdicts` fixture) leads with
+/// the LEAK SUMMARY, in the first screen of a 1280x800 window: the DOM
+/// has its exact figures and its laid-out bottom above 800 px, the
+/// flamegraph is coloured by verdict with definitely lost frames, and a
+/// screenshot of that first screen is kept under target/.
+#[test]
+fn leak_summary_is_in_the_first_screen() {
+    if !can_record_and_render() {
+        return;
+    }
+    let (fx, _dir, _trace, work, page) = record_page("verdicts");
+
+    let run = chromium(
+        &page,
+        &["--dump-dom", "--window-size=1280,800"],
+        work.path(),
+    );
+    assert_quiet(&run);
+    let dom = &run.stdout;
+    let definitely = &fx.expected["verdicts"]["definitely"];
+    let line = format!(
+        "<dt class=\"verdict definitely\">definitely lost</dt><dd>{} bytes in {} blocks</dd>",
+        definitely["bytes"], definitely["blocks"]
+    );
+    assert!(dom.contains(&line), "{line} not in\n{dom}");
+    let leak_at = dom.find("id=\"leak-summary\"").unwrap();
+    assert!(leak_at < dom.find("<section id=\"summary\">").unwrap());
+    let bottom: f64 = attr_of(dom, "id=\"leak-summary\"", "data-bottom")
+        .expect("the script measured the summary")
+        .parse()
+        .unwrap();
+    assert!(
+        bottom > 0.0 && bottom <= 800.0,
+        "leak summary ends at {bottom}px"
+    );
+    // Coloured by verdict by default; the frame says how many frames are
+    // definitely lost.
+    assert_eq!(
+        attr_of(dom, "data-weight=\"bytes\" data-source", "data-coloured"),
+        Some("verdict"),
+        "{dom}"
+    );
+    let red: usize = attr_of(dom, "data-weight=\"bytes\" data-source", "data-definitely")
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!(red >= 2, "{red} definitely lost frames");
+    assert!(dom.contains(">verdict</th>"));
+
+    let shots = Path::new(env!("CARGO_TARGET_TMPDIR")).join("html_report");
+    fs::create_dir_all(&shots).unwrap();
+    let shot = shots.join("verdicts-first-screen.png");
+    let _ = fs::remove_file(&shot);
+    let run = chromium(
+        &page,
+        &[
+            &format!("--screenshot={}", shot.display()),
+            "--window-size=1280,800",
+        ],
+        work.path(),
+    );
+    assert_quiet(&run);
+    assert!(
+        png_is_not_blank(&shot),
+        "blank screenshot {}",
+        shot.display()
+    );
 }

@@ -19,10 +19,18 @@ use serde_json::Value;
 /// Compiles diff_leak.c with the Makefile's flags and `defines`, from a
 /// copy of the sources in a new temporary directory.
 fn build(defines: &[&str]) -> (tempfile::TempDir, PathBuf) {
+    build_with(defines, "")
+}
+
+/// [`build`] of diff_leak.c with `prefix` put before its first line.
+fn build_with(defines: &[&str], prefix: &str) -> (tempfile::TempDir, PathBuf) {
     let dir = tempfile::tempdir().unwrap();
     for f in ["diff_leak.c", "fx.h"] {
         std::fs::copy(root().join("fixtures").join(f), dir.path().join(f)).unwrap();
     }
+    let source = dir.path().join("diff_leak.c");
+    let text = std::fs::read_to_string(&source).unwrap();
+    std::fs::write(&source, format!("{prefix}{text}")).unwrap();
     let bin = dir.path().join("diff_leak");
     let out = Command::new("gcc")
         .args([
@@ -51,8 +59,8 @@ fn record(bin: &Path) -> (tempfile::TempDir, PathBuf) {
     record_command(&[bin.as_os_str()], &[])
 }
 
-/// Runs `memleak diff` and returns its stdout.
-fn diff(base: &Path, new: &Path, extra: &[&str]) -> String {
+/// Runs `memleak diff`, which must succeed.
+fn run_diff(base: &Path, new: &Path, extra: &[&str]) -> std::process::Output {
     let out = memleak()
         .arg("diff")
         .arg(base)
@@ -66,7 +74,12 @@ fn diff(base: &Path, new: &Path, extra: &[&str]) -> String {
         "memleak diff {extra:?}: {}",
         String::from_utf8_lossy(&out.stderr)
     );
-    String::from_utf8(out.stdout).unwrap()
+    out
+}
+
+/// Runs `memleak diff` and returns its stdout.
+fn diff(base: &Path, new: &Path, extra: &[&str]) -> String {
+    String::from_utf8(run_diff(base, new, extra).stdout).unwrap()
 }
 
 fn diff_json(base: &Path, new: &Path, extra: &[&str]) -> Value {
@@ -239,4 +252,42 @@ fn fixed_build_shows_exactly_the_leak() {
         svg.contains("leak_path"),
         "the leak is drawn with BASE's widths"
     );
+}
+
+/// Runs `memleak diff` and returns its stderr.
+fn diff_stderr(base: &Path, new: &Path, extra: &[&str]) -> String {
+    String::from_utf8(run_diff(base, new, extra).stderr).unwrap()
+}
+
+#[test]
+fn moved_lines_get_a_hint_of_ignore_lines() {
+    if !common::can_record() {
+        return;
+    }
+    let (_a, bin_a) = build(&[]);
+    // Three lines more at the top: every call is three lines further down.
+    let (_b, bin_b) = build_with(&[], "/* moved */\n\n\n");
+    let (_ta, trace_a) = record(&bin_a);
+    let (_tb, trace_b) = record(&bin_b);
+
+    // Matched by lines, both stacks read as gone and new.
+    let d = diff_json(&trace_a, &trace_b, &[]);
+    assert_eq!(d["summary"]["only_in_base"], 2, "{d:#}");
+    assert_eq!(d["summary"]["only_in_new"], 2, "{d:#}");
+    let e = diff_stderr(&trace_a, &trace_b, &[]);
+    assert!(
+        e.contains(
+            "memleak: hint: 2 of the 2 stacks only in BASE match a stack of NEW when line \
+             numbers are ignored"
+        ) && e.contains("try --ignore-lines"),
+        "{e}"
+    );
+    // With it, they match, and there is nothing to hint.
+    let d = diff_json(&trace_a, &trace_b, &["--ignore-lines"]);
+    assert_eq!(d["summary"]["only_in_base"], 0, "{d:#}");
+    assert!(diff_stderr(&trace_a, &trace_b, &["--ignore-lines"]).is_empty());
+    // Nor for a change that moved nothing: the fix of the leak.
+    let (_c, fixed) = build(&["-DFIXED"]);
+    let (_tc, trace_c) = record(&fixed);
+    assert!(!diff_stderr(&trace_a, &trace_c, &[]).contains("hint"));
 }

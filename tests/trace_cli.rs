@@ -398,6 +398,48 @@ fn analyze_refuses_contradictory_options() {
     }
 }
 
+/// An `--older-than` longer than the recording selects nothing: a
+/// warning says so, and which unit a bare number was read in (bcc's `-o`
+/// took milliseconds); the report is still written.
+#[test]
+fn older_than_longer_than_the_recording_is_warned_of() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    let run = |age: &str| {
+        let out = analyze(&root, &["--older-than", age]);
+        assert!(out.status.success(), "{out:?}");
+        (
+            String::from_utf8(out.stdout).unwrap(),
+            String::from_utf8(out.stderr).unwrap(),
+        )
+    };
+    let (_, err) = run("5000");
+    let warning = err
+        .lines()
+        .find(|l| l.starts_with("memleak: warning: --older-than"))
+        .unwrap_or_else(|| panic!("no warning: {err}"));
+    assert!(
+        warning.contains(
+            "--older-than 5000 (read as 5000 seconds: a number without a unit is seconds; \
+             write 5000ms for milliseconds) is longer than the recording"
+        ),
+        "{warning}"
+    );
+    assert!(warning.contains("which is 2.500s long"), "{warning}");
+    // With a unit, nothing is assumed.
+    let (_, err) = run("3s");
+    assert!(
+        err.contains("--older-than 3s is longer than the recording") && !err.contains("read as"),
+        "{err}"
+    );
+    // Within the recording, and a bare number that is, no warning.
+    for age in ["2", "2500ms"] {
+        let (_, err) = run(age);
+        assert!(!err.contains("--older-than"), "{age}: {err}");
+    }
+}
+
 /// A trace whose recorder never finished has no end in its meta: its
 /// length is up to its last event.
 #[test]
@@ -822,4 +864,111 @@ fn info_says_a_death_by_signal() {
     );
     assert_eq!(v["exit_code"], 137);
     assert_eq!(v["exit_signal"], serde_json::Value::Null);
+}
+
+/// The help of every replaying command: options under headings, 3 to 5
+/// examples that run, every value of every enum option listed, and no
+/// path into the source tree an installed binary does not have.
+#[test]
+fn help_has_headings_examples_and_every_value() {
+    let dir = tempfile::tempdir().unwrap();
+    let root = dir.path().join("t.parquet");
+    write(&root, 90, 40);
+    for (cmd, headings) in [
+        (
+            "analyze",
+            &[
+                "Output:",
+                "Filters and evaluation time:",
+                "Suppressions:",
+                "Running:",
+            ][..],
+        ),
+        (
+            "diff",
+            &[
+                "Output:",
+                "Matching stacks and processes:",
+                "Filters and evaluation time:",
+            ],
+        ),
+        ("info", &[]),
+        ("sql", &[]),
+    ] {
+        for flag in ["-h", "--help"] {
+            let out = memleak(&[cmd.as_ref(), flag.as_ref()]);
+            assert!(out.status.success(), "{cmd} {flag}");
+            let help = String::from_utf8(out.stdout).unwrap();
+            for h in headings {
+                assert!(
+                    help.lines().any(|l| l == *h),
+                    "{cmd} {flag}: no {h}\n{help}"
+                );
+            }
+            assert!(
+                !help.contains("docs/"),
+                "{cmd} {flag} names a source path\n{help}"
+            );
+            let examples: Vec<&str> = help
+                .split("Examples:\n")
+                .nth(1)
+                .unwrap_or_else(|| panic!("{cmd} {flag}: no examples\n{help}"))
+                .lines()
+                .take_while(|l| l.starts_with("  "))
+                .collect();
+            assert!((3..=5).contains(&examples.len()), "{cmd}: {examples:?}");
+            if flag == "-h" {
+                for name in ["--format", "--sort", "--group-by", "--weight", "--kind"] {
+                    if let Some(l) = help.lines().find(|l| l.contains(&format!("{name} <"))) {
+                        assert!(l.contains("[possible values: "), "{cmd}: {l}");
+                    }
+                }
+            }
+            // --kind says each of its values, not "user, kernel or both".
+            let kind = help
+                .lines()
+                .find(|l| l.contains("--kind <KIND>"))
+                .filter(|_| flag == "-h");
+            if let Some(l) = kind {
+                let text = l.split("[default").next().unwrap();
+                for v in ["user", "kernel", "heap", "mmap", "all"] {
+                    assert!(text.contains(v), "{cmd} {flag}: --kind omits {v}: {l}");
+                }
+            }
+            // Every example runs: a usage error exits with 2.
+            let runnable = examples
+                .iter()
+                .filter(|l| l.starts_with(&format!("  memleak {cmd} ")));
+            for e in runnable {
+                let words: Vec<String> = e
+                    .split(" #")
+                    .next()
+                    .unwrap()
+                    .split(['|', '>', ';'])
+                    .next()
+                    .unwrap()
+                    .split_whitespace()
+                    .skip(1)
+                    .map(|w| match w.ends_with(".parquet") {
+                        true => root.to_str().unwrap().to_string(),
+                        false => w.to_string(),
+                    })
+                    .collect();
+                let words: Vec<&str> = words.iter().map(|w| w.as_str()).collect();
+                let quiet = matches!(cmd, "analyze" | "diff").then_some("-q");
+                let out = Command::new(env!("CARGO_BIN_EXE_memleak"))
+                    .args(&words)
+                    .args(quiet)
+                    .current_dir(dir.path())
+                    .output()
+                    .unwrap();
+                assert_ne!(
+                    out.status.code(),
+                    Some(2),
+                    "{e}: {}",
+                    String::from_utf8_lossy(&out.stderr)
+                );
+            }
+        }
+    }
 }

@@ -442,6 +442,8 @@ fn verdict_and_suppress_errors_are_one_line() {
         "has no scan to take verdicts from",
     );
     err(&["--verdict", "leaked"], "unknown verdict \"leaked\"");
+    err(&["--group-by", "verdict"], "--group-by verdict: ");
+    err(&["--sort", "verdict"], "--sort verdict: ");
     let bad = dir.path().join("bad.supp");
     std::fs::write(&bad, "[x]\nfun: a\nkind: heap\n").unwrap();
     err(
@@ -470,6 +472,21 @@ fn info_shows_the_scan() {
         .unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains(" ms/MiB, "), "{line}");
     assert!(!line.contains("failed"), "{line}");
+    // The scan line comes before the tables, whose header is followed by
+    // its rows alone.
+    let lines: Vec<&str> = text.lines().collect();
+    let scan_at = lines.iter().position(|l| l.starts_with("scan:")).unwrap();
+    let tables_at = lines
+        .iter()
+        .position(|l| l.starts_with("tables:"))
+        .unwrap_or_else(|| panic!("{text}"));
+    assert!(scan_at < tables_at, "{text}");
+    let rows: Vec<&str> = lines[tables_at + 1..]
+        .iter()
+        .take_while(|l| l.starts_with("           "))
+        .map(|l| l.split_whitespace().next().unwrap())
+        .collect();
+    assert!(rows.contains(&"events") && rows.contains(&"scan"), "{text}");
     let out = memleak()
         .args(["info", "--json"])
         .arg(&trace)

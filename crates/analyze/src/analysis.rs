@@ -34,6 +34,10 @@ pub struct AnalyzeOptions {
     pub top: usize,
     /// Order of the stacks.
     pub sort: SortKey,
+    /// Group the stacks by their worst scan verdict (definitely lost
+    /// first) before `sort` orders each group; [`SortKey::Verdict`] does
+    /// too. No effect without a scan that applies.
+    pub group_by_verdict: bool,
     /// Replay partitions (0: one per two rayon threads).
     pub partitions: usize,
     /// Which scan verdicts count (`--verdict`); blocks of the others are
@@ -165,12 +169,25 @@ pub fn analyze_trace(
         eval_ts,
         &join,
     );
-    let ids: Vec<u64> = stacks.iter().map(|s| s.stack_id).collect();
-    let (growths, timeline) = crate::growth::classify_stacks(&ids, samples, &plan, start_ts);
+    let held: Vec<(u64, crate::growth::Held)> = stacks
+        .iter()
+        .map(|s| {
+            let held = crate::growth::Held {
+                count: s.count,
+                mean_size: s.allocated_bytes.checked_div(s.allocations).unwrap_or(0),
+            };
+            (s.stack_id, held)
+        })
+        .collect();
+    let (growths, timeline) = crate::growth::classify_stacks(&held, samples, &plan, start_ts);
     for (s, g) in stacks.iter_mut().zip(growths) {
         s.growth = Some(g);
     }
-    if join.scan.is_some() {
+    // Grouped by verdict only when asked: the order the headers name is
+    // the order the stacks are in.
+    let group_by_verdict =
+        join.scan.is_some() && (opts.group_by_verdict || opts.sort == SortKey::Verdict);
+    if group_by_verdict {
         sort_stacks_by_verdict(&mut stacks, opts.sort);
     } else {
         sort_stacks(&mut stacks, opts.sort);
@@ -275,6 +292,7 @@ pub fn analyze_trace(
             f
         },
         sort: opts.sort,
+        group_by_verdict,
         leak,
         scan_note,
         suppressed,

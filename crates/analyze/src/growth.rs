@@ -18,7 +18,12 @@
 //!   of those samples rises across it by at least [`GROWING_RISE`] ×
 //!   `max`, or by at least [`STEADY_RISE`] × `max` while at least
 //!   [`STEADY_SLOPE`] times as steep as the line through all of them (a
-//!   steady leak on top of a large base);
+//!   steady leak on top of a large base), and that rise is more than
+//!   noise: at least [`MIN_GROWING_ALLOCATIONS`] of the stack's
+//!   allocations (of their mean size), with at least as many outstanding
+//!   ([`Held`]); else [`Verdict::Unknown`], too few samples (a
+//!   per-request buffer caught live at the last window's end rises by
+//!   one allocation);
 //! * [`Verdict::Plateau`]: the rest.
 //!
 //! The slope is that line's (bytes per second: the current rate), and the
@@ -45,12 +50,22 @@ pub enum Verdict {
     Plateau,
     /// Returned to about zero: held for a while, then freed.
     Transient,
-    /// Too little to tell: nothing outstanding at any window's end, or
-    /// only in the last few windows.
+    /// Too little to tell (too few samples): nothing outstanding at any
+    /// window's end, only in the last few windows, or a rise of fewer
+    /// than [`MIN_GROWING_ALLOCATIONS`] allocations.
     Unknown,
 }
 
 impl Verdict {
+    /// What the verdict says, for text and HTML: its name, and for
+    /// `unknown` why.
+    pub fn describe(self) -> &'static str {
+        match self {
+            Verdict::Unknown => "unknown (too few samples)",
+            v => v.name(),
+        }
+    }
+
     /// Name in text and JSON.
     pub fn name(self) -> &'static str {
         match self {
@@ -115,9 +130,32 @@ pub const STEADY_SLOPE: f64 = 0.5;
 /// little for a trend: [`Verdict::Unknown`].
 pub const MIN_SAMPLES: usize = 4;
 
+/// A rise of fewer allocations than this (of the stack's mean size), or a
+/// stack holding fewer, is no trend: one block allocated and freed again
+/// and again, caught live at the end, rises by one. [`Verdict::Unknown`].
+pub const MIN_GROWING_ALLOCATIONS: u64 = 2;
+
+/// What a stack holds and allocates, which a rise must be more than the
+/// noise of to say [`Verdict::Growing`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Held {
+    /// Allocations outstanding at the evaluation time.
+    pub count: u64,
+    /// Mean size of the stack's allocations, bytes.
+    pub mean_size: u64,
+}
+
 impl Growth {
-    /// Classifies `samples`, taken at the end of windows of `window_ns`.
+    /// Classifies `samples`, taken at the end of windows of `window_ns`,
+    /// without what the stack holds (no rise is too small to count).
     pub fn classify(samples: Vec<u64>, window_ns: u64) -> Growth {
+        Growth::classify_held(samples, window_ns, None)
+    }
+
+    /// [`Growth::classify`], for a stack that `held` what it says: a
+    /// rise of fewer than [`MIN_GROWING_ALLOCATIONS`] of its allocations
+    /// is too few samples.
+    pub fn classify_held(samples: Vec<u64>, window_ns: u64, held: Option<Held>) -> Growth {
         let n = samples.len();
         let max = samples.iter().copied().max().unwrap_or(0);
         let Some(first) = samples.iter().position(|&v| v > 0) else {
@@ -136,6 +174,10 @@ impl Growth {
         let end = samples[n - 1] as f64;
         let max_f = max as f64;
         let rise = slope * (tail - 1) as f64 * window_ns as f64 / 1e9;
+        let too_few = held.is_some_and(|h| {
+            h.count < MIN_GROWING_ALLOCATIONS
+                || rise < (MIN_GROWING_ALLOCATIONS * h.mean_size) as f64
+        });
         let verdict = if end <= TRANSIENT_END * max_f {
             Verdict::Transient
         } else if span < MIN_SAMPLES {
@@ -143,7 +185,11 @@ impl Growth {
         } else if rise >= GROWING_RISE * max_f
             || (rise >= STEADY_RISE * max_f && slope >= STEADY_SLOPE * span_slope)
         {
-            Verdict::Growing
+            if too_few {
+                Verdict::Unknown
+            } else {
+                Verdict::Growing
+            }
         } else {
             Verdict::Plateau
         };
@@ -190,21 +236,23 @@ fn fit_line(ys: &[u64], window_ns: u64, max: u64) -> (f64, f64) {
 /// The verdict of each stack of `stack_ids` (in that order) from the
 /// replay's `samples`, and the timeline of the total.
 pub(crate) fn classify_stacks(
-    stack_ids: &[u64],
+    stacks: &[(u64, Held)],
     mut samples: GrowthSamples,
     plan: &GrowthPlan,
     start_ts: u64,
 ) -> (Vec<Growth>, Timeline) {
-    let rows: Vec<Option<Box<[u64]>>> =
-        stack_ids.iter().map(|id| samples.rows.remove(id)).collect();
+    let rows: Vec<(Option<Box<[u64]>>, Held)> = stacks
+        .iter()
+        .map(|(id, held)| (samples.rows.remove(id), *held))
+        .collect();
     let growths = rows
         .into_par_iter()
-        .map(|row| {
+        .map(|(row, held)| {
             let row = match row {
                 Some(r) => r.into_vec(),
                 None => vec![0; plan.windows],
             };
-            Growth::classify(row, plan.window_ns)
+            Growth::classify_held(row, plan.window_ns, Some(held))
         })
         .collect();
     let timeline = Timeline {
@@ -281,6 +329,36 @@ mod tests {
         assert_eq!(g.verdict, Verdict::Plateau, "{g:?}");
         // Too little to tell.
         assert_eq!(verdict(vec![0; WINDOWS]).verdict, Verdict::Unknown);
+        // A per-request buffer of 518 bytes, live at a few windows' ends
+        // and at the last one (as at the peak): a rise of one allocation.
+        let mut buffer = vec![0; WINDOWS];
+        for i in [3, 17, 30, 40, WINDOWS - 1] {
+            buffer[i] = 518;
+        }
+        assert_eq!(verdict(buffer.clone()).verdict, Verdict::Growing);
+        let one = Held {
+            count: 1,
+            mean_size: 518,
+        };
+        let g = Growth::classify_held(buffer.clone(), 10_000_000, Some(one));
+        assert_eq!(g.verdict, Verdict::Unknown, "{g:?}");
+        assert_eq!(g.verdict.describe(), "unknown (too few samples)");
+        // Two live, still one allocation's rise.
+        let two = Held { count: 2, ..one };
+        let mut pair = buffer.clone();
+        pair[WINDOWS - 1] = 1036;
+        pair[WINDOWS - 2] = 518;
+        assert_eq!(
+            Growth::classify_held(pair, 10_000_000, Some(two)).verdict,
+            Verdict::Unknown
+        );
+        // A leak of one 518-byte block per window is growing.
+        let leak: Vec<u64> = (1..=n).map(|i| i * 518).collect();
+        let held = Held { count: n, ..one };
+        assert_eq!(
+            Growth::classify_held(leak, 10_000_000, Some(held)).verdict,
+            Verdict::Growing
+        );
         let mut late = vec![0; WINDOWS];
         late[WINDOWS - 2] = 10;
         late[WINDOWS - 1] = 20;

@@ -33,6 +33,11 @@ pub enum SortKey {
     /// Most temporary allocations first; the stacks shown are those with
     /// temporary allocations, outstanding or not.
     Temporary,
+    /// By the scan's worst verdict of each stack (definitely lost first,
+    /// unscanned last), then by that verdict's bytes: the grouping of
+    /// [`AnalyzeOptions::group_by_verdict`](crate::AnalyzeOptions) with
+    /// bytes within each group. Without a scan, as [`SortKey::Bytes`].
+    Verdict,
 }
 
 impl SortKey {
@@ -44,6 +49,7 @@ impl SortKey {
             SortKey::Age => "age",
             SortKey::Growth => "growth",
             SortKey::Temporary => "temporary",
+            SortKey::Verdict => "verdict",
         }
     }
 }
@@ -260,6 +266,10 @@ pub struct Summary {
     pub suppressed: Vec<SuppressedTotals>,
     /// Sort order of the stacks.
     pub sort: SortKey,
+    /// Whether the stacks are grouped by their worst verdict before
+    /// `sort` orders each group (`--group-by verdict`, or `--sort
+    /// verdict`; only when a scan applies).
+    pub group_by_verdict: bool,
 }
 
 /// The peak an `--at peak` report shows the state at.
@@ -287,6 +297,20 @@ pub struct PidPeak {
 }
 
 impl Summary {
+    /// The order of the stacks as the reports' headers say it:
+    /// `by bytes`, `by verdict (definitely lost first), then by count`.
+    pub fn order(&self) -> String {
+        let key = match self.sort {
+            SortKey::Verdict => SortKey::Bytes,
+            k => k,
+        };
+        if self.group_by_verdict {
+            format!("by verdict (definitely lost first), then by {}", key.name())
+        } else {
+            format!("by {}", key.name())
+        }
+    }
+
     /// Time span from start to the evaluation time.
     pub fn duration_ns(&self) -> u64 {
         self.eval_ts.saturating_sub(self.start_ts)

@@ -318,7 +318,7 @@ pub fn sort_stacks_by_verdict(stacks: &mut [StackReport], key: SortKey) {
         (verdict_rank(v), t)
     };
     stacks.sort_unstable_by(|a, b| {
-        let leak = (b.count > 0).cmp(&(a.count > 0));
+        let leak = b.shown(key).cmp(&a.shown(key));
         let ((ra, ta), (rb, tb)) = (worst(a), worst(b));
         let by_key = match key {
             SortKey::Growth => {
@@ -328,7 +328,7 @@ pub fn sort_stacks_by_verdict(stacks: &mut [StackReport], key: SortKey) {
                 .temporary
                 .cmp(&a.temporary)
                 .then(b.allocations.cmp(&a.allocations)),
-            SortKey::Bytes => tb
+            SortKey::Bytes | SortKey::Verdict => tb
                 .bytes
                 .cmp(&ta.bytes)
                 .then(tb.allocations.cmp(&ta.allocations)),
@@ -360,7 +360,7 @@ pub fn sort_stacks(stacks: &mut [StackReport], key: SortKey) {
             SortKey::Growth => {
                 crate::growth::order((a.growth.as_ref(), a.bytes), (b.growth.as_ref(), b.bytes))
             }
-            SortKey::Bytes => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
+            SortKey::Bytes | SortKey::Verdict => b.bytes.cmp(&a.bytes).then(b.count.cmp(&a.count)),
             SortKey::Count => b.count.cmp(&a.count).then(b.bytes.cmp(&a.bytes)),
             SortKey::Age => b
                 .oldest_age_ns

@@ -468,3 +468,250 @@ fn svg_is_well_formed_and_names_the_leaks() {
     while !matches!(reader.read_event().unwrap(), Event::Eof) {}
     assert!(svg.contains("nothing to draw"));
 }
+
+/// The stack ids in the order each format lists them: the report's shown
+/// stacks, text, JSON, pprof samples (those with outstanding allocations),
+/// the HTML table; each must be the same.
+fn orders(r: &Report) -> Vec<u64> {
+    let shown: Vec<u64> = r.top_stacks().iter().map(|s| s.stack_id).collect();
+    let text = text::render(r);
+    let text_ids: Vec<u64> = text
+        .lines()
+        .filter_map(|l| l.split(" from stack ").nth(1))
+        .map(|rest| rest.split(' ').next().unwrap().parse().unwrap())
+        .collect();
+    assert_eq!(text_ids, shown, "text\n{text}");
+    let v: serde_json::Value = serde_json::from_str(&json::render(r)).unwrap();
+    let json_ids: Vec<u64> = v["stacks"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|s| s["stack_id"].as_u64().unwrap())
+        .collect();
+    assert_eq!(json_ids, shown, "json");
+    let p = pprof::profile(r, &pprof::Context::from_maps(Vec::new()));
+    let pprof_ids: Vec<u64> = p
+        .sample
+        .iter()
+        .filter(|s| s.value[0] > 0)
+        .map(|s| s.label.last().unwrap().num as u64)
+        .collect();
+    assert_eq!(pprof_ids, shown, "pprof");
+    let page = html::render(r).unwrap();
+    let html_ids: Vec<u64> = page
+        .split("<tr data-stack=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+        .collect();
+    assert_eq!(html_ids, shown, "html");
+    shown
+}
+
+/// `--sort` orders every format, with a scan too; stacks are grouped by
+/// verdict only when asked, and the headers name the order used.
+#[test]
+fn sort_is_honoured_with_a_scan() {
+    let run = |sort, group_by_verdict| {
+        report_of(
+            scanned_fixture(),
+            AnalyzeOptions {
+                top: 10,
+                sort,
+                group_by_verdict,
+                ..Default::default()
+            },
+        )
+    };
+    // Outstanding: stack 1 1008192 bytes in 3 (definitely lost and
+    // unscanned), 2 300 in 3 (indirectly, possibly, reachable), 3 24 in 1
+    // (reachable), 4 512 in 1 (kernel, unscanned).
+    let r = run(SortKey::Bytes, false);
+    assert_eq!(orders(&r), [1, 4, 2, 3]);
+    let text = text::render(&r);
+    assert!(
+        text.contains("Top 4 of 4 stacks with outstanding allocations, by bytes:"),
+        "{text}"
+    );
+    let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+    assert_eq!(v["summary"]["sort"], "bytes");
+    assert!(v["summary"].get("group_by").is_none());
+
+    // By count: ties of count by bytes.
+    assert_eq!(orders(&run(SortKey::Count, false)), [1, 2, 4, 3]);
+
+    // Grouped: definitely, indirectly (worst of stack 2), reachable,
+    // unscanned; the header says both.
+    for r in [run(SortKey::Verdict, false), run(SortKey::Bytes, true)] {
+        assert_eq!(orders(&r), [1, 2, 3, 4]);
+        let text = text::render(&r);
+        assert!(
+            text.contains(
+                "Top 4 of 4 stacks with outstanding allocations, by verdict (definitely lost \
+                 first), then by bytes:"
+            ),
+            "{text}"
+        );
+        let page = html::render(&r).unwrap();
+        assert!(
+            page.contains("by verdict (definitely lost first), then by bytes."),
+            "html header"
+        );
+        let v: serde_json::Value = serde_json::from_str(&json::render(&r)).unwrap();
+        assert_eq!(v["summary"]["group_by"], "verdict");
+    }
+    let r = run(SortKey::Temporary, true);
+    assert!(text::render(&r).contains(
+        "stacks with temporary or outstanding allocations, by verdict (definitely lost first), \
+         then by temporary:"
+    ));
+
+    // Without a scan, nothing to group by: the order is the sort's.
+    let r = report(AnalyzeOptions {
+        top: 10,
+        sort: SortKey::Verdict,
+        ..Default::default()
+    });
+    assert!(!r.summary.group_by_verdict);
+    assert!(text::render(&r).contains("outstanding allocations, by bytes:"));
+}
+
+/// A leak of one 64-byte block every 100 ms (stack 1) and a per-request
+/// buffer of 518 bytes (stack 2) allocated every 100 ms and freed 5 ms
+/// later: at the peak, the last request's buffer is live. Its rise is one
+/// allocation: too few samples for a verdict, not "growing".
+#[test]
+fn one_live_buffer_at_the_peak_is_too_few_samples() {
+    let mut tb = TraceBuilder::new();
+    tb.stack(1, &[0x401010]).stack(2, &[0x401300]);
+    tb.frame(100, 0x401010, "leak_session", 0, "server.c", 40)
+        .frame(100, 0x401300, "handle_request", 0, "server.c", 62);
+    for i in 0..100u64 {
+        let t = 100 + i * 100;
+        tb.malloc(t, 0x10_0000 + i * 0x100, 64, 1)
+            .malloc(t + 10, 0x80_0000 + i * 0x1000, 518, 2)
+            .free(t + 15, 0x80_0000 + i * 0x1000);
+    }
+    let r = report_of(
+        tb,
+        AnalyzeOptions {
+            at_peak: true,
+            ..Default::default()
+        },
+    );
+    let stack = |id| r.stacks.iter().find(|s| s.stack_id == id).unwrap();
+    let buffer = stack(2);
+    assert_eq!((buffer.bytes, buffer.count), (518, 1));
+    let g = buffer.growth.as_ref().unwrap();
+    assert_eq!(g.verdict, memleak_analyze::Verdict::Unknown, "{g:?}");
+    // The samples alone, without what the stack holds, read as a rise.
+    let window = r.timeline.as_ref().unwrap().window_ns;
+    let alone = memleak_analyze::Growth::classify(g.samples.clone(), window);
+    assert_eq!(
+        alone.verdict,
+        memleak_analyze::Verdict::Growing,
+        "{alone:?}"
+    );
+    let leak = stack(1).growth.as_ref().unwrap();
+    assert_eq!(leak.verdict, memleak_analyze::Verdict::Growing, "{leak:?}");
+    let text = text::render(&r);
+    let block = &text[text.find("from stack 2").unwrap()..];
+    assert!(
+        block.lines().nth(2).unwrap().trim() == "growth: unknown (too few samples)",
+        "{text}"
+    );
+    assert!(!block.contains("growing"), "{text}");
+    let page = html::render(&r).unwrap();
+    assert!(page.contains("too few samples"));
+}
+
+/// The base64 flamegraph of `weight` (`bytes`, `count`) in the page,
+/// decoded.
+fn page_flamegraph(page: &str, weight: &str) -> String {
+    use base64::Engine as _;
+    let tag = format!("id=\"flamegraph-{weight}\">");
+    let at = page.find(&tag).expect("flamegraph element") + tag.len();
+    let end = at + page[at..].find("</script>").unwrap();
+    let bytes = base64::engine::general_purpose::STANDARD
+        .decode(&page[at..end])
+        .unwrap();
+    String::from_utf8(bytes).unwrap()
+}
+
+/// With a scan, the HTML page leads with the LEAK SUMMARY, has a verdict
+/// column, colours the flamegraph by verdict by default (definitely lost
+/// red from the root to the leak) and by growth on demand, and counts
+/// stacks alike everywhere.
+#[test]
+fn html_leads_with_the_leak_summary_and_colours_by_verdict() {
+    let r = report_of(
+        scanned_fixture(),
+        AnalyzeOptions {
+            top: 10,
+            ..Default::default()
+        },
+    );
+    let page = html::render(&r).unwrap();
+    let leak = page
+        .find("<section id=\"leak-summary\">")
+        .expect("leak summary");
+    assert!(leak < page.find("<section id=\"summary\">").unwrap());
+    assert!(leak < page.find("<section id=\"flamegraph\"").unwrap());
+    assert!(page.contains(
+        "<dt class=\"verdict definitely\">definitely lost</dt><dd>8192 bytes (8.00 KiB) in 2 blocks</dd>"
+    ));
+    assert!(page.contains("<dt class=\"verdict unscanned\">unscanned</dt>"));
+    // The verdict column: stack 1's worst is definitely lost.
+    assert!(page.contains("<th data-numeric title=\"worst verdict first\">verdict</th>"));
+    let row = &page[page.find("<tr data-stack=\"1\"").unwrap()..];
+    let row = &row[..row.find("</tr>").unwrap()];
+    assert!(
+        row.contains("<span class=\"verdict definitely\">definitely lost</span>"),
+        "{row}"
+    );
+    // Coloured by verdict by default, with both toggles and legends.
+    assert!(page.contains("<section id=\"flamegraph\" data-colour=\"verdict\">"));
+    assert!(page.contains("data-colour=\"growth\" aria-pressed"));
+    let svg = page_flamegraph(&page, "bytes");
+    assert!(svg.contains(".by-verdict rect[data-verdict=\"definitely\"]"));
+    let rect_of = |name: &str| {
+        let g = &svg[svg.find(&format!("<title>{name} (")).unwrap()..];
+        g[..g.find("/>").unwrap()].to_string()
+    };
+    // The leak's frames and the root above it are definitely lost; the
+    // cache's own frame is indirectly lost (its worst), the kernel's
+    // unscanned.
+    for f in ["make_leak", "fill_buffer", "all"] {
+        assert!(
+            rect_of(f).contains("data-verdict=\"definitely\""),
+            "{f}: {}",
+            rect_of(f)
+        );
+    }
+    assert!(rect_of("cache_insert").contains("data-verdict=\"indirectly\""));
+    assert!(rect_of("kmalloc_trace").contains("data-verdict=\"unscanned\""));
+    assert!(rect_of("cache_insert").contains("data-growth=\"plateau\""));
+    assert!(rect_of("make_leak").contains("data-growth=\"unknown\""));
+    // Counts agree: the cards, the table's header, the flamegraphs'
+    // titles and the paragraph above them.
+    let n = r.summary.outstanding_stacks;
+    assert_eq!(n, 4);
+    assert!(page.contains(&format!(
+        "<div class=\"v\">{n}</div><div class=\"k\">stacks</div>"
+    )));
+    assert!(page.contains(&format!("Top 4 of {n} stacks with outstanding allocations")));
+    assert!(page.contains(&format!("the {n} stacks with outstanding allocations")));
+    for w in ["bytes", "count"] {
+        let svg = page_flamegraph(&page, w);
+        assert!(svg.contains(&format!(">{n} stacks<")), "{w}");
+    }
+    // The inlined fill_buffer labels stack 1, not make_leak.
+    assert!(row.contains("<code>fill_buffer (util.h:7)</code>"), "{row}");
+
+    // Without a scan: no summary, no column, colours by function.
+    let page = html::render(&report(AnalyzeOptions::default())).unwrap();
+    assert!(!page.contains("id=\"leak-summary\""));
+    assert!(!page.contains(">verdict</th>"));
+    assert!(!page.contains("<button type=\"button\" data-colour=\"verdict\""));
+    assert!(page.contains("<button type=\"button\" data-colour=\"growth\""));
+    assert!(page.contains("<section id=\"flamegraph\" data-colour=\"function\">"));
+}

@@ -323,6 +323,24 @@ pub fn diff_keyed(base: Keyed, new: Keyed, top: usize) -> Diff {
     }
 }
 
+/// The hint a diff matched by lines deserves when lines moved: `strict`
+/// matched frames with their lines, `loose` the same reports without
+/// (`ignore_lines`). When at least half of the stacks only in BASE (and at
+/// least one) find their match in NEW once lines are ignored, the code
+/// most likely moved between the builds, and every stack it holds reads
+/// as gone and new again: the hint says so and names `--ignore-lines`.
+pub fn moved_lines_hint(strict: &Diff, loose: &Diff) -> Option<String> {
+    let gone = strict.summary.only_in_base;
+    let rematched = gone.saturating_sub(loose.summary.only_in_base);
+    if strict.summary.ignore_lines || rematched == 0 || rematched * 2 < gone {
+        return None;
+    }
+    Some(format!(
+        "{rematched} of the {gone} stacks only in BASE match a stack of NEW when line numbers \
+         are ignored: if code moved between the two builds, try --ignore-lines"
+    ))
+}
+
 fn sort(stacks: &mut [DiffStack]) {
     let rank = |c: Change| match c {
         Change::Grown => 0,

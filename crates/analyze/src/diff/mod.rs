@@ -21,8 +21,8 @@ pub mod svg;
 pub mod text;
 
 pub use compare::{
-    diff, diff_keyed, frame_key, normalize_function, stack_key, Change, Diff, DiffStack,
-    DiffSummary, Keyed, MatchOptions, Side, SideSummary,
+    diff, diff_keyed, frame_key, moved_lines_hint, normalize_function, stack_key, Change, Diff,
+    DiffStack, DiffSummary, Keyed, MatchOptions, Side, SideSummary,
 };
 pub use folded::{render_folded, DiffWeight};
 pub use json::render_json;

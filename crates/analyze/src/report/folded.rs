@@ -88,7 +88,7 @@ pub fn render(report: &Report, weight: Weight) -> String {
 /// The frames of a stack from outermost to innermost, inlined functions
 /// expanded (suffix `_[i]`) and kernel frames marked (`_[k]`), as the
 /// flamegraph palettes expect.
-fn path(s: &StackReport) -> String {
+pub(crate) fn path(s: &StackReport) -> String {
     if s.frames.is_empty() {
         return if s.stack_id == 0 {
             "[no stack]".into()

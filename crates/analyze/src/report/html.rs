@@ -24,9 +24,12 @@ use std::io::{self, Write};
 use base64::Engine as _;
 use serde::Serialize;
 
-use crate::model::{Frame, Report, StackReport, Summary};
+use crate::model::{Frame, LeakSummary, Report, StackReport, Summary};
 use crate::report::folded::Weight;
 use crate::time::{format_bytes, format_duration};
+use crate::verdicts::{verdict_name, verdict_rank, VERDICTS_AND_UNSCANNED};
+
+mod colours;
 
 const CSS: &str = include_str!("html/report.css");
 const JS: &str = include_str!("html/report.js");
@@ -54,7 +57,8 @@ pub fn write(report: &Report, w: &mut dyn Write) -> io::Result<()> {
             FLAMEGRAPHS[..]
                 .par_iter()
                 .map(|&weight| {
-                    crate::report::svg::render(report, weight).map(|svg| embed_svg(&svg))
+                    crate::report::svg::render(report, weight)
+                        .map(|svg| embed_svg(&colours::annotate(&svg, report, weight)))
                 })
                 .collect()
         },
@@ -157,6 +161,11 @@ fn page_body(out: &mut String, report: &Report) {
             escape(&w)
         );
     }
+    if let Some(leak) = &s.leak {
+        // First, in the first screen: memcheck's verdicts, as the text
+        // report leads with them.
+        leak_summary(out, leak, s);
+    }
     summary(out, s);
     timeline(out, report);
     flamegraphs(out, report);
@@ -237,6 +246,56 @@ fn card(out: &mut String, value: &str, key: &str) {
         escape(value),
         escape(key)
     );
+}
+
+/// memcheck's LEAK SUMMARY: bytes and blocks per verdict, what
+/// suppressions hid, and the scans they come from.
+fn leak_summary(out: &mut String, leak: &LeakSummary, s: &Summary) {
+    out.push_str("<section id=\"leak-summary\">\n<h2>Leak summary</h2>\n<dl class=\"leak\">\n");
+    for v in VERDICTS_AND_UNSCANNED {
+        let t = leak.totals.get(v);
+        if v.is_none() && t.allocations == 0 {
+            continue;
+        }
+        let name = verdict_name(v);
+        let _ = writeln!(
+            out,
+            "<dt class=\"verdict {name}\">{}</dt><dd>{} in {}</dd>",
+            colours::legend_name(name),
+            escape(&bytes_phrase(t.bytes)),
+            plural(t.allocations, "block", "blocks")
+        );
+    }
+    for sup in &s.suppressed {
+        let _ = writeln!(
+            out,
+            "<dt>suppressed</dt><dd>{} in {} ({})</dd>",
+            escape(&bytes_phrase(sup.bytes)),
+            plural(sup.allocations, "block", "blocks"),
+            escape(&sup.name)
+        );
+    }
+    out.push_str("</dl>\n");
+    for scan in &leak.scans {
+        let _ = writeln!(
+            out,
+            "<p class=\"muted\">Scan of pid {} at {}: paused {:.3} ms for {} of roots and {} of \
+heap ({} blocks).</p>",
+            scan.pid,
+            escape(&format_duration(scan.ts_ns.saturating_sub(s.start_ts))),
+            scan.pause_ns as f64 / 1e6,
+            escape(&format_bytes(scan.roots_bytes)),
+            escape(&format_bytes(scan.heap_bytes)),
+            scan.blocks
+        );
+    }
+    if leak.totals.unscanned.allocations > 0 {
+        out.push_str(
+            "<p class=\"muted\">Unscanned: outstanding at the report's time but not in the scan \
+(allocated after it, or of a process or kind it did not read).</p>\n",
+        );
+    }
+    out.push_str("</section>\n");
 }
 
 fn summary(out: &mut String, s: &Summary) {
@@ -390,7 +449,7 @@ fn summary(out: &mut String, s: &Summary) {
             s.filters.join(", ")
         },
     );
-    row("sorted by", s.sort.name());
+    row("order of stacks", &s.order());
     out.push_str("</dl>\n</section>\n");
 }
 
@@ -417,12 +476,30 @@ outstanding bytes matching the filters, and the top stacks of the table.</p>",
 }
 
 fn flamegraphs(out: &mut String, report: &Report) {
-    out.push_str("<section id=\"flamegraph\">\n<h2>Flamegraph</h2>\n");
+    let s = &report.summary;
+    // The default colours: by verdict when there are verdicts, so that
+    // definitely lost memory is the red of the graph.
+    let default = if s.leak.is_some() {
+        "verdict"
+    } else {
+        "function"
+    };
     let _ = writeln!(
         out,
-        "<p class=\"muted\">Every stack of the report ({} with allocations), outermost \
-frame at the bottom. Click a frame to zoom, Ctrl-F to search.</p>",
-        report.stacks.len()
+        "<section id=\"flamegraph\" data-colour=\"{default}\">\n<h2>Flamegraph</h2>"
+    );
+    let allocated = report
+        .stacks
+        .iter()
+        .filter(|st| st.allocated_bytes > 0)
+        .count();
+    let _ = writeln!(
+        out,
+        "<p class=\"muted\">Every stack of the report: the {} with outstanding allocations by \
+outstanding bytes or allocations, the {} that allocated by allocated bytes; outermost frame at \
+the bottom. Click a frame to zoom, Ctrl-F to search.</p>",
+        plural(s.outstanding_stacks, "stack", "stacks"),
+        allocated
     );
     out.push_str("<div class=\"toggle\" role=\"group\" aria-label=\"flamegraph weight\">");
     for w in FLAMEGRAPHS {
@@ -434,6 +511,7 @@ frame at the bottom. Click a frame to zoom, Ctrl-F to search.</p>",
         );
     }
     out.push_str("</div>\n");
+    colour_toggle(out, s.leak.is_some());
     for w in FLAMEGRAPHS {
         let _ = writeln!(
             out,
@@ -446,12 +524,66 @@ title=\"flamegraph by {1}\"></iframe>",
     out.push_str("</section>\n");
 }
 
-/// The innermost frame of a stack, for labels: function and source line.
+/// The buttons that colour the flamegraphs by function (inferno's), by
+/// verdict (with a scan) and by growth, and the legend of each.
+fn colour_toggle(out: &mut String, verdicts: bool) {
+    out.push_str("<div class=\"toggle colour\" role=\"group\" aria-label=\"flamegraph colours\">");
+    for (mode, label) in [
+        ("function", "colour by function"),
+        ("verdict", "by leak verdict"),
+        ("growth", "by growth"),
+    ] {
+        if mode == "verdict" && !verdicts {
+            continue;
+        }
+        let _ = write!(
+            out,
+            "<button type=\"button\" data-colour=\"{mode}\" aria-pressed=\"false\">{label}</button>"
+        );
+    }
+    out.push_str("</div>\n");
+    for (mode, classes) in [
+        ("verdict", &colours::VERDICT_CLASSES[..5]),
+        ("growth", &colours::GROWTH_CLASSES[..4]),
+    ] {
+        if mode == "verdict" && !verdicts {
+            continue;
+        }
+        let _ = write!(out, "<div class=\"legend colours\" data-colour=\"{mode}\">");
+        for class in classes {
+            let fill = colours::FILLS
+                .iter()
+                .find(|(c, _)| c == class)
+                .map_or("#ccc", |f| f.1);
+            let _ = write!(
+                out,
+                "<span><span class=\"swatch box\" style=\"background:{fill}\"></span>{}</span>",
+                colours::legend_name(class)
+            );
+        }
+        out.push_str(
+            "<span class=\"muted\">(each frame in the colour of the worst beneath it)</span></div>\n",
+        );
+    }
+}
+
+/// The innermost frame of a stack, for labels: function and source line,
+/// of the innermost inlined function when there is one (two call sites
+/// in one function differ by what was inlined there).
 fn stack_label(st: &StackReport) -> String {
     match st.frames.first() {
         Some(f) => {
-            let name = f.function.clone().unwrap_or_else(|| object_loc(f));
-            match source_loc(f.file.as_deref(), f.line) {
+            let (name, loc) = match f.inlined.first() {
+                Some(inl) => (
+                    inl.function.clone(),
+                    source_loc(inl.file.as_deref(), inl.line),
+                ),
+                None => (
+                    f.function.clone().unwrap_or_else(|| object_loc(f)),
+                    source_loc(f.file.as_deref(), f.line),
+                ),
+            };
+            match loc {
                 Some(loc) => format!("{name} ({loc})"),
                 None => name,
             }
@@ -491,26 +623,32 @@ fn stacks_table(out: &mut String, report: &Report) {
     }
     let _ = writeln!(
         out,
-        "<p class=\"muted\">Top {} of {} stacks with outstanding allocations, by {}. \
+        "<p class=\"muted\">Top {} of {} stacks with outstanding allocations, {}. \
 Click a header to sort, a stack to see its frames.</p>",
         top.len(),
         s.outstanding_stacks,
-        s.sort.name()
+        escape(&s.order())
     );
+    let verdicts = s.leak.is_some();
     out.push_str(
         "<table class=\"stacks\">\n<thead><tr>\
-<th data-numeric>#</th><th>stack (innermost frame)</th>\
-<th data-numeric>bytes</th><th data-numeric>count</th>\
+<th data-numeric>#</th><th>stack (innermost frame)</th>",
+    );
+    if verdicts {
+        out.push_str("<th data-numeric title=\"worst verdict first\">verdict</th>");
+    }
+    out.push_str(
+        "<th data-numeric>bytes</th><th data-numeric>count</th>\
 <th data-numeric>allocated bytes</th><th data-numeric>oldest</th>\
 <th>growth</th><th>age histogram</th></tr></thead>\n<tbody>\n",
     );
     for (i, st) in top.iter().enumerate() {
-        stack_row(out, i + 1, st);
+        stack_row(out, i + 1, st, verdicts);
     }
     out.push_str("</tbody>\n</table>\n</section>\n");
 }
 
-fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
+fn stack_row(out: &mut String, rank: usize, st: &StackReport, verdicts: bool) {
     let _ = write!(
         out,
         "<tr data-stack=\"{}\"><td class=\"num rank\" data-v=\"{rank}\">{rank}</td><td>",
@@ -530,6 +668,9 @@ fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
     );
     frames_list(out, st);
     out.push_str("</details></td>");
+    if verdicts {
+        verdict_cell(out, st);
+    }
     num_cell(out, st.bytes, Some(format_bytes(st.bytes)));
     num_cell(out, st.count, None);
     num_cell(
@@ -546,12 +687,16 @@ fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
     match &st.growth {
         Some(g) => {
             let v = g.verdict.name();
+            // An unknown verdict has no trend to give a slope of.
+            let detail = match g.verdict {
+                crate::growth::Verdict::Unknown => "too few samples".to_string(),
+                _ => format!("{}/s, fit {:.2}", signed_bytes(g.slope_bytes_per_s), g.fit),
+            };
             let _ = write!(
                 out,
                 "<td data-v=\"{v}\"><span class=\"verdict {v}\">{v}</span><br>\
-<span class=\"muted\">{}/s, fit {:.2}</span></td>",
-                escape(&signed_bytes(g.slope_bytes_per_s)),
-                g.fit
+<span class=\"muted\">{}</span></td>",
+                escape(&detail)
             );
         }
         None => out.push_str("<td data-v=\"\" class=\"muted\">n/a</td>"),
@@ -559,6 +704,40 @@ fn stack_row(out: &mut String, rank: usize, st: &StackReport) {
     out.push_str("<td>");
     age_histogram(out, st);
     out.push_str("</td></tr>\n");
+}
+
+/// The stack's worst verdict, sortable (definitely lost first), and its
+/// bytes and blocks by verdict.
+fn verdict_cell(out: &mut String, st: &StackReport) {
+    let Some(v) = &st.verdicts else {
+        out.push_str("<td data-v=\"9\" class=\"muted\">n/a</td>");
+        return;
+    };
+    let Some((worst, _)) = v.worst() else {
+        out.push_str("<td data-v=\"9\" class=\"muted\">none</td>");
+        return;
+    };
+    let name = verdict_name(worst);
+    // Sorted descending first by the page: worst verdict, highest value.
+    let _ = write!(
+        out,
+        "<td data-v=\"{}\"><span class=\"verdict {name}\">{}</span>",
+        9 - verdict_rank(worst),
+        colours::legend_name(name)
+    );
+    for k in VERDICTS_AND_UNSCANNED {
+        let t = v.get(k);
+        if t.allocations > 0 || t.bytes > 0 {
+            let _ = write!(
+                out,
+                "<br><span class=\"muted\">{} {} in {}</span>",
+                verdict_name(k),
+                escape(&format_bytes(t.bytes)),
+                t.allocations
+            );
+        }
+    }
+    out.push_str("</td>");
 }
 
 fn num_cell(out: &mut String, v: u64, human: Option<String>) {
@@ -827,12 +1006,10 @@ mod tests {
         assert!(page.contains("/lib/libx.so+0x2a"));
         assert!(page.contains("min_size=&lt;1k&gt;"));
         // The data for the script: no `<` to end its element early, and
-        // the label is the innermost frame's.
+        // the label is the innermost frame's, the function inlined there.
         let data = page_data(&page);
-        assert_eq!(
-            data["series"][0]["label"],
-            "#1 std::vector<int, A&B>::push_back (/usr/include/c++/<vector>:12)"
-        );
+        assert_eq!(data["series"][0]["label"], "#1 grow<\"x\"> (a&b.h:3)");
+        assert!(page.contains("<summary><code>grow&lt;&quot;x&quot;&gt; (a&amp;b.h:3)</code>"));
     }
 
     #[test]

@@ -147,6 +147,8 @@ struct SummaryJson<'a> {
     behaviour: SummaryBehaviourJson,
     filters: &'a [String],
     sort: &'static str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    group_by: Option<&'static str>,
     stacks_shown: usize,
     #[serde(skip_serializing_if = "Option::is_none")]
     leak_summary: Option<LeakJson<'a>>,
@@ -452,6 +454,7 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
             behaviour: summary_json(s),
             filters: &s.filters,
             sort: s.sort.name(),
+            group_by: s.group_by_verdict.then_some("verdict"),
             stacks_shown: shown,
             leak_summary: s.leak.as_ref().map(|l| LeakJson {
                 scans: l

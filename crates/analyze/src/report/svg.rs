@@ -20,7 +20,10 @@ pub fn render(report: &Report, weight: Weight) -> std::io::Result<Vec<u8>> {
     }
     let mut opts = Options::default();
     opts.title = title;
-    let mut subtitle = format!("{} stacks", lines.len());
+    // Stacks, as every report counts them, not the distinct frame paths
+    // they fold into: the page's "6 stacks" and this title must agree.
+    let stacks = report.stacks.iter().filter(|s| weight.of(s) > 0).count();
+    let mut subtitle = format!("{stacks} stacks");
     if !report.summary.filters.is_empty() {
         subtitle.push_str(&format!("; filters: {}", report.summary.filters.join(", ")));
     }

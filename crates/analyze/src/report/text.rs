@@ -43,30 +43,30 @@ pub fn render(report: &Report) -> String {
             out.push_str(" in the part of the recording that was saved");
         }
         out.push_str(".\n\n");
-    } else if s.sort == crate::model::SortKey::Temporary {
+    } else if s.sort == SortKey::Temporary {
         let _ = writeln!(
             out,
-            "Top {} stacks with temporary or outstanding allocations, by temporary:\n",
-            top.len()
+            "Top {} stacks with temporary or outstanding allocations, {}:\n",
+            top.len(),
+            s.order()
+        );
+    } else if s.sort == SortKey::Growth {
+        let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
+        let _ = writeln!(
+            out,
+            "Top {} of {} stacks with outstanding allocations or freed late, {}:\n",
+            top.len(),
+            shown,
+            s.order()
         );
     } else {
-        if s.sort == SortKey::Growth {
-            let shown = report.stacks.iter().filter(|st| st.shown(s.sort)).count();
-            let _ = writeln!(
-                out,
-                "Top {} of {} stacks with outstanding allocations or freed late, by growth:\n",
-                top.len(),
-                shown,
-            );
-        } else {
-            let _ = writeln!(
-                out,
-                "Top {} of {} stacks with outstanding allocations, by {}:\n",
-                top.len(),
-                s.outstanding_stacks,
-                s.sort.name()
-            );
-        }
+        let _ = writeln!(
+            out,
+            "Top {} of {} stacks with outstanding allocations, {}:\n",
+            top.len(),
+            s.outstanding_stacks,
+            s.order()
+        );
     }
     let fleet = report.fleet.as_deref();
     for (i, st) in top.iter().enumerate() {
@@ -169,6 +169,10 @@ fn bytes_phrase(b: u64) -> String {
 /// `growing, +1.5 MiB/s (fit 0.98)`: the verdict, the slope of the last
 /// third of the samples and how well a line fits them.
 fn growth_phrase(g: &Growth) -> String {
+    if g.verdict == crate::growth::Verdict::Unknown {
+        // No slope: it would read as a trend.
+        return g.verdict.describe().to_string();
+    }
     let sign = if g.slope_bytes_per_s < 0.0 { "-" } else { "+" };
     let rate = g.slope_bytes_per_s.abs().round() as u64;
     let rate = if rate < 1024 {

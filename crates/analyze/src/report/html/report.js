@@ -126,15 +126,46 @@
     document.querySelectorAll("iframe.flamegraph").forEach(function (f) {
       frames[f.getAttribute("data-weight")] = f;
     });
+    var section = document.getElementById("flamegraph");
+    var colourButtons = document.querySelectorAll(".toggle button[data-colour]");
+    function colour() { return section.getAttribute("data-colour"); }
+    function coloured(f, m) {
+      f.setAttribute("data-coloured", String(m.memleakColoured));
+      f.setAttribute("data-definitely", String(m.definitely));
+      f.setAttribute("data-growing", String(m.growing));
+    }
+    function paint(f) {
+      if (f.contentWindow && f.getAttribute("data-rendered")) {
+        f.contentWindow.postMessage({ memleakColour: colour() }, "*");
+      }
+    }
+    function setColour(mode) {
+      section.setAttribute("data-colour", mode);
+      colourButtons.forEach(function (b) {
+        b.setAttribute("aria-pressed", String(b.getAttribute("data-colour") === mode));
+      });
+      for (var w in frames) paint(frames[w]);
+    }
+    colourButtons.forEach(function (b) {
+      b.addEventListener("click", function () { setColour(b.getAttribute("data-colour")); });
+    });
+    setColour(colour());
     window.addEventListener("message", function (e) {
       var m = e.data;
-      if (!m || typeof m !== "object" || !("memleakFlamegraph" in m)) return;
+      if (!m || typeof m !== "object") return;
       for (var w in frames) {
         var f = frames[w];
         if (f.contentWindow !== e.source) continue;
-        if (m.height > 0) f.style.height = Math.ceil(m.height) + 4 + "px";
-        f.setAttribute("data-frames", String(m.frames));
-        f.setAttribute("data-rendered", "true");
+        if ("memleakFlamegraph" in m) {
+          if (m.height > 0) f.style.height = Math.ceil(m.height) + 4 + "px";
+          f.setAttribute("data-frames", String(m.frames));
+          f.setAttribute("data-rendered", "true");
+          coloured(f, m.coloured);
+          // The colours may have changed while it loaded.
+          if (m.coloured.memleakColoured !== colour()) paint(f);
+        } else if ("memleakColoured" in m) {
+          coloured(f, m);
+        }
       }
     });
     function load(f) {
@@ -147,7 +178,8 @@
       var bin = atob(src.textContent.trim());
       var bytes = new Uint8Array(bin.length);
       for (var i = 0; i < bin.length; i++) bytes[i] = bin.charCodeAt(i);
-      f.src = URL.createObjectURL(new Blob([bytes], { type: "image/svg+xml" }));
+      f.src = URL.createObjectURL(new Blob([bytes], { type: "image/svg+xml" })) +
+        "#colour=" + colour();
     }
     function show(weight) {
       buttons.forEach(function (b) {
@@ -199,5 +231,12 @@
   drawTimeline(data);
   setupFlamegraphs();
   setupSort();
+  // Where the leak summary was laid out, for a check that it is in the
+  // first screen.
+  var leak = document.getElementById("leak-summary");
+  if (leak) {
+    var box = leak.getBoundingClientRect();
+    leak.setAttribute("data-bottom", String(Math.ceil(box.bottom + window.scrollY)));
+  }
   document.body.setAttribute("data-rendered", "true");
 })();
