@@ -61,14 +61,6 @@ pub enum SortArg {
     Verdict,
 }
 
-/// Groupings of the stacks.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-pub enum GroupArg {
-    /// By worst scan verdict, definitely lost first, each group in the
-    /// --sort order. Needs a trace with a scan.
-    Verdict,
-}
-
 /// Flamegraph weights.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum WeightArg {
@@ -85,6 +77,9 @@ pub enum WeightArg {
 /// What `--group-by` groups.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 pub enum GroupByArg {
+    /// The stacks, by worst scan verdict, definitely lost first, each
+    /// group in the --sort order. Needs a trace with a scan.
+    Verdict,
     /// The per-trace breakdown of a report of several traces, by host.
     Host,
     /// The per-trace breakdown, one row per trace.
@@ -98,6 +93,7 @@ impl GroupByArg {
     /// (`None`: a grouping of something else).
     fn breakdown(self) -> Option<GroupBy> {
         match self {
+            GroupByArg::Verdict => None,
             GroupByArg::Host => Some(GroupBy::Host),
             GroupByArg::Trace => Some(GroupBy::Trace),
             GroupByArg::Command => Some(GroupBy::Command),
@@ -131,9 +127,12 @@ pub struct AnalyzeArgs {
     /// Order of the stacks.
     #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub sort: SortArg,
-    /// Group the stacks before --sort orders each group.
+    /// `verdict`: group the stacks by verdict before --sort orders each
+    /// group. `host`, `trace`, `command`: the grouping of the per-trace
+    /// breakdown of a report of several traces (default: trace); with one
+    /// trace, makes that report of it.
     #[arg(help_heading = OUTPUT, long, value_enum, value_name = "GROUP")]
-    pub group_by: Option<GroupArg>,
+    pub group_by: Option<GroupByArg>,
     /// What flamegraph widths measure (folded and svg).
     #[arg(help_heading = OUTPUT, long, value_enum, default_value = "bytes")]
     pub weight: WeightArg,
@@ -145,10 +144,6 @@ pub struct AnalyzeArgs {
     #[arg(long, value_name = "TIME", default_value = "1ms", value_parser = parse_positive_duration,
           help_heading = OUTPUT)]
     pub temporary_threshold: Duration,
-    /// Grouping of the per-trace breakdown of a report of several traces
-    /// (default: trace); with one trace, makes that report of it.
-    #[arg(long, value_enum, value_name = "KEY")]
-    pub group_by: Option<GroupByArg>,
 }
 
 pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
@@ -177,6 +172,7 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     }
     let trace = memleak_trace::Trace::open(&args.traces[0])?;
     args.select.check_trace(&trace)?;
+    check_verdict_order(&args, &trace)?;
     for w in trace.warnings() {
         say!("memleak: warning: {w}");
     }
@@ -193,18 +189,10 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
     Ok(args.select.exit_status(uncertain))
 }
 
-/// The analysis options of `args`, for every process.
-fn options(args: &AnalyzeArgs) -> anyhow::Result<memleak_analyze::AnalyzeOptions> {
-    let sort = match args.sort {
-        SortArg::Bytes => SortKey::Bytes,
-        SortArg::Count => SortKey::Count,
-        SortArg::Age => SortKey::Age,
-        SortArg::Growth => SortKey::Growth,
-        SortArg::Temporary => SortKey::Temporary,
-        SortArg::Verdict => SortKey::Verdict,
-    };
-    let group_by_verdict = args.group_by == Some(GroupArg::Verdict);
-    if (group_by_verdict || sort == SortKey::Verdict)
+/// `--sort verdict` and `--group-by verdict` need a trace with a scan.
+fn check_verdict_order(args: &AnalyzeArgs, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
+    let group_by_verdict = args.group_by == Some(GroupByArg::Verdict);
+    if (group_by_verdict || args.sort == SortArg::Verdict)
         && trace.meta().scans.iter().all(|s| s.error.is_some())
     {
         let what = if group_by_verdict {
@@ -218,6 +206,20 @@ fn options(args: &AnalyzeArgs) -> anyhow::Result<memleak_analyze::AnalyzeOptions
             trace.path().display()
         );
     }
+    Ok(())
+}
+
+/// The analysis options of `args`, for every process.
+fn options(args: &AnalyzeArgs) -> anyhow::Result<memleak_analyze::AnalyzeOptions> {
+    let sort = match args.sort {
+        SortArg::Bytes => SortKey::Bytes,
+        SortArg::Count => SortKey::Count,
+        SortArg::Age => SortKey::Age,
+        SortArg::Growth => SortKey::Growth,
+        SortArg::Temporary => SortKey::Temporary,
+        SortArg::Verdict => SortKey::Verdict,
+    };
+    let group_by_verdict = args.group_by == Some(GroupByArg::Verdict);
     let mut opts = args
         .select
         .options(args.select.pids.clone(), args.top, sort)?;

@@ -89,7 +89,7 @@ mod tests {
         assert_eq!(rate(0.0), "0 events/s");
         assert_eq!(rate(850.4), "850 events/s");
         assert_eq!(rate(12_345.0), "12.3k events/s");
-        assert_eq!(rate(4_561_234.5678), "4.56M events/s");
+        assert_eq!(rate(4_561_234.567_8), "4.56M events/s");
         assert_eq!(rate(123_456_789.0), "123M events/s");
         assert_eq!(rate(2.5e9), "2.50G events/s");
         assert_eq!(rate(f64::NAN), "0 events/s");
