@@ -129,11 +129,27 @@ impl Mapping {
     }
 }
 
+/// Makes the ring's slots free for their first lap (slot i waits for
+/// position i), then writes the magic: an agent that sees it sees the rest.
+fn init_ring(map: &Mapping, ring_off: usize, nslots: u64) {
+    let ring = map.base.wrapping_add(ring_off);
+    for i in 0..nslots {
+        // SAFETY: slot i is within the ring; its seq is its first word.
+        let seq = unsafe { &*(ring.add(i as usize * SLOT_BYTES) as *const AtomicU64) };
+        seq.store(i, Ordering::Relaxed);
+    }
+    std::sync::atomic::fence(Ordering::Release);
+    // SAFETY: the header's first word; no agent reads it before this.
+    unsafe { (*(map.base as *mut Header)).magic = MAGIC };
+}
+
 /// The memory shared with the agents of one recording, and the consumer
 /// of its ring.
 pub struct Shared {
     fd: OwnedFd,
     map: Arc<Mapping>,
+    /// The ring's initialization, until [`Shared::ready`].
+    init: Option<std::thread::JoinHandle<()>>,
     nslots: u64,
     ring: *mut u8,
     tail: u64,
@@ -218,18 +234,19 @@ impl Shared {
             (*h).unwind_mode = cfg.unwind_mode;
         }
         let ring = map.base.wrapping_add(ring_off as usize);
-        for i in 0..nslots {
-            // SAFETY: slot i is within the ring; its seq is its first word.
-            let seq = unsafe { &*(ring.add(i as usize * SLOT_BYTES) as *const AtomicU64) };
-            seq.store(i, Ordering::Relaxed);
-        }
-        // The magic last: an agent that sees it sees the rest.
-        std::sync::atomic::fence(Ordering::Release);
-        // SAFETY: the header's first word.
-        unsafe { (*(map.base as *mut Header)).magic = MAGIC };
+        // Writing every slot's sequence word makes the ring's pages (tens
+        // of MiB, a page fault each): on a thread of its own, while the
+        // caller loads the probes. [`Shared::ready`] waits for it.
+        let init = {
+            let map = map.clone();
+            std::thread::Builder::new()
+                .name("memleak-ring".into())
+                .spawn(move || init_ring(&map, ring_off as usize, nslots))?
+        };
         Ok(Shared {
             fd,
             map,
+            init: Some(init),
             nslots,
             ring,
             tail: 0,
@@ -237,6 +254,15 @@ impl Shared {
             ends: vec![0; crate::event::UNWIND_ENDS.len()],
             unfinished: 0,
         })
+    }
+
+    /// Waits until the ring is ready for the agents: call it before the
+    /// command runs (an agent that finds no magic records nothing).
+    pub fn ready(&mut self) -> io::Result<()> {
+        match self.init.take().map(std::thread::JoinHandle::join) {
+            Some(Err(_)) => Err(io::Error::other("the ring's initialization panicked")),
+            _ => Ok(()),
+        }
     }
 
     /// The memfd.
