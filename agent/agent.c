@@ -649,10 +649,14 @@ static inline struct mla_slot *slot_at(u64 pos)
 	return (struct mla_slot *)(slots + (pos & slot_mask) * (u64)MLA_SLOT_BYTES);
 }
 
-/* Wakes the recorder if it sleeps between drains. */
+/* Wakes the recorder if it sleeps between drains. The first writer to
+ * see it asleep takes the flag, so one system call wakes it: every writer
+ * that found the ring full (and every 256th claim past half full) used to
+ * make one until the recorder ran again, thousands a second. */
 static void wake_recorder(void)
 {
-	if (__atomic_load_n(&H->sleeping, __ATOMIC_RELAXED)) {
+	if (__atomic_load_n(&H->sleeping, __ATOMIC_RELAXED) &&
+	    __atomic_exchange_n(&H->sleeping, 0, __ATOMIC_ACQ_REL)) {
 		__atomic_fetch_add(&H->wake_seq, 1, __ATOMIC_RELEASE);
 		syscall(SYS_futex, &H->wake_seq, FUTEX_WAKE, 1, NULL, NULL, 0);
 	}
