@@ -20,7 +20,7 @@ use crate::unwind::{ProcTable, Row, UnwindSink};
 /// `MLA_MAGIC`: "MLAGENT1".
 pub const MAGIC: u64 = 0x3154_4e45_4741_4c4d;
 /// `MLA_VERSION`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// `MLA_MAX_PIDS`.
 pub const MAX_PIDS: usize = 4096;
 /// `MLA_SLOT_BYTES`: a slot's header (16) and a whole event.
@@ -56,7 +56,9 @@ struct Header {
     stop: AtomicU32,
     wake_seq: AtomicU32,
     sleeping: AtomicU32,
-    _pad0: [u8; 140],
+    room_seq: AtomicU32,
+    room_waiting: AtomicU32,
+    _pad0: [u8; 132],
     head: AtomicU64,
     _pad1: [u8; 56],
     tail: AtomicU64,
@@ -70,6 +72,8 @@ struct Header {
 
 const _: () = assert!(std::mem::offset_of!(Header, tables_gen) == 96);
 const _: () = assert!(std::mem::offset_of!(Header, stop) == 104);
+const _: () = assert!(std::mem::offset_of!(Header, room_seq) == 116);
+const _: () = assert!(std::mem::offset_of!(Header, room_waiting) == 120);
 const _: () = assert!(std::mem::offset_of!(Header, head) == 256);
 const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
@@ -337,6 +341,43 @@ impl Shared {
     /// lost), and none waits for room in the ring.
     pub fn stop(&self) {
         self.header().stop.store(1, Ordering::SeqCst);
+        self.wake_writers(true);
+    }
+
+    /// Wakes the writers waiting for room in the ring, once a quarter of
+    /// it is free or, with `done`, at once (the drain caught up, or the
+    /// recording stopped). Woken for every freed slot, a writer would fill
+    /// it and sleep again, a system call on each side per event.
+    fn wake_writers(&self, done: bool) {
+        let h = self.header();
+        // Against the writer's look-then-sleep (agent.c, wait_for_room):
+        // the slots freed are visible before room_waiting is read.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if h.room_waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if !done {
+            let free = (self.tail + self.nslots).saturating_sub(h.head.load(Ordering::Relaxed));
+            if free < self.nslots / 4 {
+                return;
+            }
+        }
+        if h.room_waiting.swap(0, Ordering::AcqRel) != 0 {
+            h.room_seq.fetch_add(1, Ordering::Release);
+            // SAFETY: a futex word in the shared mapping (not private: the
+            // writers wait in other processes).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    h.room_seq.as_ptr(),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
     }
 
     /// Processes whose agent started.
@@ -365,10 +406,22 @@ impl Shared {
     /// false to stop), and frees its slot. Stops at a slot still being
     /// written; one whose writer's process is gone is skipped (and
     /// counted) once it has stayed so for a while, or at once with
-    /// `final_drain`.
+    /// `final_drain`. Stops too after a ring's worth of slots, all that
+    /// was in it when called: writers faster than the recorder would
+    /// otherwise keep it here, away from its other work.
     pub fn drain(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
+        let n = self.drain_some(final_drain, f);
+        self.wake_writers(true);
+        n
+    }
+
+    fn drain_some(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
         let mut n = 0;
-        loop {
+        let limit = self.tail + self.nslots;
+        while self.tail < limit {
+            if self.tail & 255 == 0 {
+                self.wake_writers(false);
+            }
             let slot = self.slot(self.tail);
             prefetch(self.slot(self.tail + PREFETCH_AHEAD));
             // SAFETY: the slot is within the mapping; its first word is
@@ -433,6 +486,7 @@ impl Shared {
                 self.stall = None;
             }
         }
+        n
     }
 
     /// Counts how the event's walk ended, from its flags and frame count
