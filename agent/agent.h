@@ -38,7 +38,7 @@
 #define MLA_NAME "memleak-agent.so."
 
 /* The value the agent's own SIGSTOPs carry (SI_QUEUE), so that the
- * recorder tells them from a user's: src/child.rs. */
+ * recorder tells them from a user's: src/record/child.rs. */
 #define MLA_STOP_VALUE 0x4d4c5354
 
 struct mla_header {

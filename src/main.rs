@@ -1,8 +1,8 @@
 //! `memleak`: record allocations of live processes with eBPF, analyze them
 //! anywhere.
 //!
-//! The binary is thin: `record` wires the probes (`probes`, the only module
-//! that touches libbpf) to the recording pipeline in `memleak-recorder`;
+//! The binary is thin: `record` wires the probes (`record::probes`, the only
+//! module that touches libbpf) to the recording pipeline in `memleak-recorder`;
 //! `analyze`, `diff` and `info` read traces through `memleak-trace` and
 //! `memleak-analyze`, and build without BPF (`--no-default-features`).
 
@@ -31,30 +31,15 @@ macro_rules! say_inline {
 }
 
 mod analyze_cmd;
-#[cfg(feature = "bpf")]
-mod capture;
-#[cfg(feature = "bpf")]
-mod child;
 mod diff_cmd;
 mod exit_status;
 mod info_cmd;
+mod malloc_tuning;
 mod output;
 #[cfg(feature = "bpf")]
-mod private_libs;
-#[cfg(feature = "bpf")]
-mod probes;
-#[cfg(feature = "bpf")]
-mod record_args;
-#[cfg(feature = "bpf")]
-mod record_cmd;
-#[cfg(feature = "bpf")]
-mod record_targets;
-#[cfg(feature = "bpf")]
-mod scan_run;
+mod record;
 mod select_args;
 mod units;
-#[cfg(feature = "bpf")]
-mod unwinder;
 
 /// eBPF memory-leak tracer with record and replay.
 #[derive(Parser)]
@@ -68,7 +53,7 @@ struct Cli {
 enum Command {
     /// Record allocations of a process (-p PID) or a command (-c / --) into a trace.
     #[cfg(feature = "bpf")]
-    Record(record_cmd::RecordArgs),
+    Record(record::RecordArgs),
     /// Replay a trace and report outstanding allocations by stack.
     Analyze(analyze_cmd::AnalyzeArgs),
     /// Compare the outstanding allocations of two traces, stack by stack
@@ -76,22 +61,6 @@ enum Command {
     Diff(diff_cmd::DiffArgs),
     /// Print a trace's metadata, tables and counters.
     Info(info_cmd::InfoArgs),
-}
-
-/// Both commands work through multi-megabyte buffers freed and allocated
-/// again (decoded row groups; Parquet pages being encoded). By default glibc
-/// hands such blocks back to the kernel (mmap'd chunks, heap trimming) and
-/// the next one faults its pages in again: measured, a sixth of analyze's
-/// run time. Keep them instead; peak memory is unchanged, since the same
-/// sizes are reused.
-pub(crate) fn keep_freed_memory() {
-    #[cfg(all(target_os = "linux", target_env = "gnu"))]
-    // SAFETY: mallopt only tunes the allocator; called before any thread starts.
-    unsafe {
-        libc::mallopt(libc::M_MMAP_THRESHOLD, 32 << 20);
-        libc::mallopt(libc::M_TRIM_THRESHOLD, 1 << 30);
-        libc::mallopt(libc::M_ARENA_MAX, 4);
-    }
 }
 
 /// A command-line error as one `memleak: error:` line, like every other
@@ -127,7 +96,7 @@ fn main() -> ExitCode {
     };
     let result = match cli.command {
         #[cfg(feature = "bpf")]
-        Command::Record(args) => record_cmd::run(args),
+        Command::Record(args) => record::run(args),
         Command::Analyze(args) => analyze_cmd::run(args),
         Command::Diff(args) => diff_cmd::run(args),
         Command::Info(args) => info_cmd::run(args),

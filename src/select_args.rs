@@ -154,7 +154,7 @@ impl SelectArgs {
     /// Sizes the worker pool and rejects filters no allocation can match.
     /// Call once, before opening a trace.
     pub fn check(&self) -> anyhow::Result<()> {
-        crate::keep_freed_memory();
+        crate::malloc_tuning::keep_freed_memory();
         if let Some(j) = self.jobs {
             // Only fails if the pool was already built, which cannot happen here.
             let _ = memleak_analyze::replay::set_threads(j);

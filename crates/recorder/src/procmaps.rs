@@ -72,7 +72,7 @@ pub fn gone(pid: u32) -> bool {
 /// A file the kernel calls deleted but that the process still reaches
 /// under the same name, as the same inode, is named without the
 /// ` (deleted)` suffix: the private library copies of a recorded command
-/// (`src/private_libs.rs`) are bind mounts of unnamed files, which the
+/// (`src/record/private_libs.rs`) are bind mounts of unnamed files, which the
 /// kernel shows with the suffix although the path opens them. A deleted
 /// file replaced by another one (an upgraded library) keeps its suffix.
 pub fn read_maps(pid: u32) -> std::io::Result<Vec<Mapping>> {

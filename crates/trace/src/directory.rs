@@ -2,7 +2,7 @@
 //! one, or a memleak trace holding only what memleak writes, never `/`,
 //! the working directory or one of its parents; and a trace being
 //! recorded only by the recorder that holds its lock ([`TraceLock`]).
-//! [`TraceWriter::create`](crate::TraceWriter::create) claims its
+//! [`TraceWriter::create`](crate::writer::TraceWriter::create) claims its
 //! directory here, `--force` empties one here, and [`remove_trace`]
 //! removes one (docs/format.md, "The lock").
 

@@ -60,8 +60,8 @@ impl Counters {
     }
     /// The losses sorted by what they mean for a report
     /// ([`crate::losses`]).
-    pub fn losses(&self) -> crate::Losses {
-        crate::Losses::of(&self.lost)
+    pub fn losses(&self) -> crate::losses::Losses {
+        crate::losses::Losses::of(&self.lost)
     }
     /// Sum of all written events.
     pub fn events_total(&self) -> u64 {

@@ -115,9 +115,9 @@ impl EventBatch {
         self.rows == 0
     }
 
-    /// Row `i` as an [`crate::Event`] (requires every column).
-    pub fn event(&self, i: usize) -> crate::Event {
-        crate::Event {
+    /// Row `i` as an [`crate::schema::Event`] (requires every column).
+    pub fn event(&self, i: usize) -> crate::schema::Event {
+        crate::schema::Event {
             ts_ns: self.ts_ns[i],
             pid: self.pid[i],
             tid: self.tid[i],

@@ -11,7 +11,7 @@
 //! block.
 
 use super::mem::Memory;
-use super::{Block, ScanError, Verdict};
+use super::types::{Block, ScanError, Verdict};
 
 /// Bytes read per batch.
 const WINDOW: u64 = 4 << 20;

@@ -1,7 +1,7 @@
 //! Reading a stopped process's memory: many ranges per `process_vm_readv`
 //! call, with a page-by-page fallback where a range is partly unreadable.
 
-use super::ScanError;
+use super::types::ScanError;
 
 /// Remote ranges per `process_vm_readv` call (the kernel's `IOV_MAX`).
 const IOVECS: usize = 1024;

@@ -17,7 +17,7 @@
 
 use super::mem::Memory;
 use super::stop::{ExitedThread, StoppedThread};
-use super::{Block, ScanError};
+use super::types::{Block, ScanError};
 use crate::procmaps::Mapping;
 
 /// Bytes below the stack pointer that the x86-64 ABI lets a function use

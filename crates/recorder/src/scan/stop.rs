@@ -10,7 +10,7 @@
 use std::collections::HashSet;
 use std::time::{Duration, Instant};
 
-use super::ScanError;
+use super::types::ScanError;
 use crate::procmaps::gone;
 
 /// One stopped thread.

@@ -12,8 +12,8 @@ use memleak_recorder::placement::Policy;
 use memleak_recorder::providers::{Allocators, Search};
 use memleak_recorder::targets::{self, LibraryProbes, CXX_ALLOCATORS, C_ALLOCATORS};
 
-use crate::probes::Probes;
-use crate::record_args::{Placement, RecordArgs};
+use super::args::{Placement, RecordArgs};
+use super::probes::Probes;
 
 /// The placement `--probe-placement` asks for.
 pub fn placement_policy(args: &RecordArgs) -> Policy {
@@ -63,9 +63,9 @@ pub fn libraries_for(
     };
     let mut out = Vec::new();
     // In -c mode the child will run our libc (same system), seen through
-    // its root: the private copy when it has one (crate::private_libs).
+    // its root: the private copy when it has one (super::private_libs).
     let in_child = |p: PathBuf| match launched {
-        true => crate::private_libs::as_seen_by(pid, &std::fs::canonicalize(&p).unwrap_or(p)),
+        true => super::private_libs::as_seen_by(pid, &std::fs::canonicalize(&p).unwrap_or(p)),
         false => p,
     };
     let libc = targets::find_library(if launched { std::process::id() } else { pid }, "libc.so")

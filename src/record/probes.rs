@@ -839,7 +839,7 @@ mod tests {
     /// The value of `#define NAME value` or `NAME = value,` in memleak.h,
     /// evaluated for the simple forms the header uses (`40 + 128`, `1u`).
     fn header_value(name: &str) -> i64 {
-        let header = include_str!("../bpf/memleak.h");
+        let header = include_str!("../../bpf/memleak.h");
         let line = header
             .lines()
             .map(str::trim)

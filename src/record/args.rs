@@ -1,12 +1,12 @@
-//! `memleak record`'s arguments: what `record_cmd` runs and
-//! `record_targets` reads, apart from both so neither imports the other.
+//! `memleak record`'s arguments: what `session` runs and `targets` reads,
+//! apart from both so neither imports the other.
 
 use std::path::PathBuf;
 use std::time::Duration;
 
 use memleak_recorder::unwind::WalkMode;
 
-use crate::capture::Capture;
+use super::capture::Capture;
 use crate::units::{format_size, parse_duration, parse_positive_duration, parse_size};
 
 /// Arguments of `memleak record`.

@@ -30,7 +30,7 @@ pub struct Child {
     listening: std::collections::HashSet<u32>,
 }
 
-/// What became of the private library copies ([`crate::private_libs`]).
+/// What became of the private library copies ([`super::private_libs`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum PrivateLibs {
     /// Not asked for (`--shared-libraries`, or not root).
@@ -175,12 +175,12 @@ impl Child {
     /// a terminal stops only the recording.
     ///
     /// With a `private` plan, the child gets its own copies of those
-    /// libraries before anything is probed ([`crate::private_libs`]);
+    /// libraries before anything is probed ([`super::private_libs`]);
     /// [`Child::private_libs`] says whether that worked.
     pub fn spawn(
         argv: &[String],
         detach: bool,
-        mut private: Option<&mut crate::private_libs::Plan>,
+        mut private: Option<&mut super::private_libs::Plan>,
         env: &[(String, String)],
     ) -> Result<Child> {
         // The environment, with `env` set in it (built before the fork:
@@ -280,7 +280,7 @@ impl Child {
             match (private.is_some(), n == 4, code) {
                 (false, _, _) => PrivateLibs::Off,
                 (true, true, 0) => PrivateLibs::Done,
-                (true, true, c) => PrivateLibs::Failed(crate::private_libs::describe_failure(c)),
+                (true, true, c) => PrivateLibs::Failed(super::private_libs::describe_failure(c)),
                 (true, false, _) => PrivateLibs::Failed("the command ended early".into()),
             }
         };

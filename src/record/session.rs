@@ -8,7 +8,6 @@ use std::io::{IsTerminal, Write};
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicI32, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Result};
@@ -17,15 +16,18 @@ use memleak_recorder::targets;
 use memleak_recorder::{Recorder, TableUpdate};
 use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 
-use crate::capture::{self, Agent, Chosen};
-use crate::child::{Child, PrivateLibs};
-use crate::exit_status::{self, Exit};
-use crate::probes::{self, ProbeConfig, Probes};
-pub use crate::record_args::RecordArgs;
-use crate::record_targets::{add_providers, libraries_for, placement_policy, show_probes};
-use crate::scan_run;
-use crate::units::{format_duration, format_size};
-use crate::unwinder::Unwinder;
+use super::args::RecordArgs;
+use super::capture::{self, Agent, Chosen};
+use super::child::{Child, PrivateLibs};
+use super::probes::{self, ProbeConfig, Probes};
+use super::scan;
+use super::signals::{
+    self, catch_stop_signals, catch_suspend_signals, Stopping, Suspending, DEFAULT_KILL_AFTER,
+};
+use super::targets::{add_providers, libraries_for, placement_policy, show_probes};
+use super::unwinder::Unwinder;
+use crate::exit_status::Exit;
+use crate::units::format_size;
 use memleak_recorder::scan::Stopped;
 
 /// The advice after a recording whose ring buffer filled: record again
@@ -51,219 +53,9 @@ fn ring_advice(used: u32) -> String {
     )
 }
 
-/// SIGINT and SIGTERM received so far.
-static SIGNALS: AtomicU32 = AtomicU32::new(0);
-/// The last of them.
-static LAST_SIGNAL: AtomicI32 = AtomicI32::new(0);
-/// Whether the terminal sent it (Ctrl-C): then it went to the whole
-/// foreground process group, and a command in ours has it already.
-static FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_signal(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
-    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
-    FROM_TERMINAL.store(code == libc::SI_KERNEL, Ordering::SeqCst);
-    LAST_SIGNAL.store(sig, Ordering::SeqCst);
-    SIGNALS.fetch_add(1, Ordering::SeqCst);
-}
-
-/// A handler that gets the siginfo (to tell the terminal's signals).
-type InfoHandler = extern "C" fn(libc::c_int, *mut libc::siginfo_t, *mut libc::c_void);
-
-/// Installs `handler` for `signals` (SA_SIGINFO, SA_RESTART).
-fn catch(signals: &[libc::c_int], handler: InfoHandler) {
-    // SAFETY: the handlers only store to atomics; the struct is filled.
-    unsafe {
-        let mut sa: libc::sigaction = std::mem::zeroed();
-        sa.sa_sigaction = handler as *const () as libc::sighandler_t;
-        sa.sa_flags = libc::SA_SIGINFO | libc::SA_RESTART;
-        libc::sigemptyset(&mut sa.sa_mask);
-        for &sig in signals {
-            libc::sigaction(sig, &sa, std::ptr::null_mut());
-        }
-    }
-}
-
-fn catch_stop_signals() {
-    catch(&[libc::SIGINT, libc::SIGTERM], on_signal);
-}
-
-/// A stop signal (SIGTSTP, SIGTTIN, SIGTTOU) memleak received while it
-/// records a command, not yet acted on; 0 if none.
-static SUSPEND: AtomicI32 = AtomicI32::new(0);
-/// Whether the terminal sent it (Ctrl-Z, or a background job's access to
-/// the terminal): then the whole process group got it.
-static SUSPEND_FROM_TERMINAL: AtomicBool = AtomicBool::new(false);
-
-extern "C" fn on_suspend(sig: libc::c_int, info: *mut libc::siginfo_t, _: *mut libc::c_void) {
-    // SAFETY: the kernel passes a valid siginfo with SA_SIGINFO.
-    let code = unsafe { info.as_ref() }.map_or(0, |i| i.si_code);
-    SUSPEND_FROM_TERMINAL.store(code == libc::SI_KERNEL, Ordering::SeqCst);
-    SUSPEND.store(sig, Ordering::SeqCst);
-}
-
-/// While memleak records a command that shares its job (no --detach), a
-/// stop signal does not stop memleak at once: see [`Suspending`].
-fn catch_suspend_signals() {
-    catch(&[libc::SIGTSTP, libc::SIGTTIN, libc::SIGTTOU], on_suspend);
-}
-
-/// How long memleak, asked to stop, waits for its command to stop first.
-/// A command that ignores or handles the signal and runs on keeps memleak
-/// running too, as the job would run on without memleak.
-const SUSPEND_WAIT: Duration = Duration::from_secs(1);
-
-/// memleak was sent a stop signal (Ctrl-Z, `kill -TSTP`) while recording
-/// a command in its job: like the rest of the job, it stops, but only
-/// once the command has (every thread in a group-stop), so that the
-/// command does not run on untended and the shell sees the job stopped
-/// when it is. A signal sent to memleak alone is passed on to the
-/// command, and so is, then, the SIGCONT that resumes memleak; one the
-/// terminal sent reached the command's process group already, as the
-/// SIGCONT of the shell's `fg` and `bg` will.
-struct Suspending {
-    signal: libc::c_int,
-    passed_on: bool,
-    since: Instant,
-}
-
-impl Suspending {
-    fn begin(c: &Child, signal: libc::c_int, from_terminal: bool) -> Suspending {
-        let passed_on = !(from_terminal && c.in_our_process_group());
-        if passed_on {
-            c.signal(signal);
-        }
-        Suspending {
-            signal,
-            passed_on,
-            since: Instant::now(),
-        }
-    }
-}
-
-/// Stops memleak with `sig` as its default action would, and returns once
-/// memleak is continued (SIGCONT).
-fn stop_self(sig: libc::c_int) {
-    // SAFETY: sigaction with filled structs; raise has no preconditions.
-    unsafe {
-        let mut dfl: libc::sigaction = std::mem::zeroed();
-        dfl.sa_sigaction = libc::SIG_DFL;
-        libc::sigemptyset(&mut dfl.sa_mask);
-        let mut ours: libc::sigaction = std::mem::zeroed();
-        libc::sigaction(sig, &dfl, &mut ours);
-        libc::raise(sig);
-        libc::sigaction(sig, &ours, std::ptr::null_mut());
-    }
-}
-
-fn signal_name(sig: libc::c_int) -> String {
-    exit_status::signal_name(sig).unwrap_or_else(|| format!("signal {sig}"))
-}
-
-/// How long a command gets to exit after SIGTERM (or a passed-on signal)
-/// before it is killed, without --kill-after.
-const DEFAULT_KILL_AFTER: Duration = Duration::from_secs(5);
 /// How often the loss counters are read into the metadata that the
 /// checkpoints write.
 const LOST_EVERY: Duration = Duration::from_millis(500);
-/// How long after SIGKILL memleak still waits for the command.
-const KILL_GRACE: Duration = Duration::from_secs(5);
-
-/// A command memleak started, being stopped because the recording ends
-/// (--duration, or a SIGINT or SIGTERM memleak received): like timeout(1),
-/// it is sent the signal, recorded until it exits, and killed if it takes
-/// longer than --kill-after.
-struct Stopping {
-    /// The signal the command got first.
-    signal: libc::c_int,
-    /// The --duration that expired, if that is why.
-    duration: Option<Duration>,
-    /// The signal came from the terminal to the command itself.
-    from_terminal: bool,
-    since: Instant,
-    signals_seen: u32,
-    /// When SIGKILL was sent, and why.
-    killed: Option<(Instant, String)>,
-}
-
-impl Stopping {
-    fn begin(c: &Child, signals: u32, duration: Option<Duration>) -> Stopping {
-        let (signal, duration, from_terminal) = if signals > 0 {
-            let sig = LAST_SIGNAL.load(Ordering::SeqCst);
-            let from_terminal = FROM_TERMINAL.load(Ordering::SeqCst) && c.in_our_process_group();
-            (sig, None, from_terminal)
-        } else {
-            (libc::SIGTERM, duration, false)
-        };
-        if !from_terminal {
-            c.signal(signal);
-        }
-        // A stopped command would not act on it before --kill-after's
-        // SIGKILL: as timeout(1) does, it is continued.
-        if c.stopped() {
-            c.signal(libc::SIGCONT);
-        }
-        Stopping {
-            signal,
-            duration,
-            from_terminal,
-            since: Instant::now(),
-            signals_seen: signals,
-            killed: None,
-        }
-    }
-
-    /// Sends SIGKILL on a second SIGINT or SIGTERM, or after `kill_after`.
-    fn escalate(&mut self, c: &Child, signals: u32, kill_after: Duration) {
-        if self.killed.is_some() {
-            return;
-        }
-        let why = if signals > self.signals_seen {
-            format!(
-                "on a second {}",
-                signal_name(LAST_SIGNAL.load(Ordering::SeqCst))
-            )
-        } else if self.since.elapsed() >= kill_after {
-            format!("after --kill-after {}", format_duration(kill_after))
-        } else {
-            return;
-        };
-        c.signal(libc::SIGKILL);
-        self.killed = Some((Instant::now(), why));
-    }
-
-    /// SIGKILL was sent long ago and the command is still there.
-    fn given_up(&self) -> bool {
-        self.killed
-            .as_ref()
-            .is_some_and(|(t, _)| t.elapsed() > KILL_GRACE)
-    }
-
-    /// What happened, for the summary.
-    fn describe(&self, pid: u32, exit: Option<Exit>) -> String {
-        let sig = signal_name(self.signal);
-        let mut out = match (self.duration, self.from_terminal) {
-            (Some(d), _) => format!(
-                "sent {sig} to the command (pid {pid}) after --duration {}",
-                format_duration(d)
-            ),
-            (None, true) => format!("the command (pid {pid}) got {sig} from the terminal"),
-            (None, false) => format!("passed {sig} on to the command (pid {pid})"),
-        };
-        if let Some((_, why)) = &self.killed {
-            out += &format!(", then SIGKILL {why}");
-        }
-        match exit {
-            Some(exit) => out + &format!("; it {exit}"),
-            None => {
-                out + &format!(
-                    "; it did not exit within {} of SIGKILL",
-                    format_duration(KILL_GRACE)
-                )
-            }
-        }
-    }
-}
 
 /// The program being traced.
 enum Target {
@@ -273,7 +65,7 @@ enum Target {
 }
 
 pub fn run(args: RecordArgs) -> Result<ExitCode> {
-    crate::keep_freed_memory();
+    crate::malloc_tuning::keep_freed_memory();
     let argv: Vec<String> = match (&args.command, args.argv.is_empty()) {
         (Some(c), true) => c.split_whitespace().map(str::to_string).collect(),
         (Some(_), false) => bail!("give the command either with -c or after --, not both"),
@@ -684,15 +476,15 @@ fn record(
             return Ok(());
         }
         let mut rec = recorder.borrow_mut();
-        if !scan_run::whole_process_exiting(child_pid) {
+        if !scan::whole_process_exiting(child_pid) {
             let why = "the main thread exited before the other threads: no scan".to_string();
             scan_lines
                 .borrow_mut()
                 .push(format!("memleak: warning: {why}"));
-            return scan_run::record_failure(&mut rec, child_pid, why);
+            return scan::record_failure(&mut rec, child_pid, why);
         }
         let stopped = Stopped::traced(child_pid);
-        let line = match scan_run::scan_into(&mut rec, stopped, contents)? {
+        let line = match scan::scan_into(&mut rec, stopped, contents)? {
             Ok(line) => line,
             Err(why) => format!("memleak: warning: scan of pid {child_pid} failed: {why}"),
         };
@@ -737,7 +529,7 @@ fn record(
             rec.tick()?;
             status.update(&rec, &probes);
         }
-        let signals = SIGNALS.load(Ordering::SeqCst);
+        let signals = signals::stop_signals_received();
         let time_up = args.duration.is_some_and(|d| started.elapsed() >= d);
         match &mut target {
             // The recording ends with the command: ask it to stop, and keep
@@ -751,22 +543,14 @@ fn record(
                     Some(s) => s.escalate(c, signals, kill_after),
                 }
                 c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
-                let sig = SUSPEND.swap(0, Ordering::SeqCst);
-                if sig != 0 && suspending.is_none() {
-                    let from_terminal = SUSPEND_FROM_TERMINAL.load(Ordering::SeqCst);
-                    suspending = Some(Suspending::begin(c, sig, from_terminal));
+                if suspending.is_none() {
+                    suspending = Suspending::received(c);
                 }
-                if let Some(s) = &suspending {
-                    if c.all_stopped() {
-                        status.clear();
-                        stop_self(s.signal);
-                        if s.passed_on {
-                            c.signal(libc::SIGCONT);
-                        }
-                        suspending = None;
-                    } else if s.since.elapsed() >= SUSPEND_WAIT {
-                        suspending = None;
-                    }
+                if suspending
+                    .as_ref()
+                    .is_some_and(|s| s.settle(c, || status.clear()))
+                {
+                    suspending = None;
                 }
                 if let Some(e) = c.exit() {
                     // Followed processes got the signal too: wait for them.
@@ -830,7 +614,7 @@ fn record(
                 scan_lines
                     .borrow_mut()
                     .push(format!("memleak: warning: {why}"));
-                scan_run::record_failure(&mut recorder.borrow_mut(), pid, why)?;
+                scan::record_failure(&mut recorder.borrow_mut(), pid, why)?;
                 continue;
             }
             let stopped = Stopped::seize(pid);
@@ -840,12 +624,12 @@ fn record(
             }
             let mut rec = recorder.borrow_mut();
             let line = match stopped {
-                Ok(stopped) => match scan_run::scan_into(&mut rec, stopped, contents)? {
+                Ok(stopped) => match scan::scan_into(&mut rec, stopped, contents)? {
                     Ok(line) => line,
                     Err(why) => format!("memleak: warning: scan of pid {pid} failed: {why}"),
                 },
                 Err(e) => {
-                    scan_run::record_failure(&mut rec, pid, e.to_string())?;
+                    scan::record_failure(&mut rec, pid, e.to_string())?;
                     format!("memleak: warning: scan of pid {pid} failed: {e}")
                 }
             };
@@ -928,7 +712,7 @@ fn record(
         let lost = meta.counters.lost_total();
         for line in scan_lines.borrow().iter() {
             // analyze's figures: the default suppressions applied and said.
-            say!("{}", scan_run::closing_line(&args.output, line));
+            say!("{}", scan::closing_line(&args.output, line));
         }
         say!(
             "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
@@ -984,10 +768,10 @@ fn unwind_ends(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> 
     }
 }
 
-/// The libraries a command gets private copies of (crate::private_libs):
+/// The libraries a command gets private copies of (super::private_libs):
 /// libc and libstdc++, where the allocators are, unless
 /// `--shared-libraries`. Bind mounts need root.
-fn private_plan(args: &RecordArgs) -> Option<crate::private_libs::Plan> {
+fn private_plan(args: &RecordArgs) -> Option<super::private_libs::Plan> {
     // SAFETY: geteuid has no preconditions.
     if args.shared_libraries || unsafe { libc::geteuid() } != 0 {
         return None;
@@ -996,7 +780,7 @@ fn private_plan(args: &RecordArgs) -> Option<crate::private_libs::Plan> {
         .into_iter()
         .collect();
     libs.extend(targets::system_cxx_library());
-    Some(crate::private_libs::Plan::new(&libs))
+    Some(super::private_libs::Plan::new(&libs))
 }
 
 /// Objects whose unwind rows a recording will need first: for a command,
@@ -1103,7 +887,7 @@ impl Status {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::record_args::parse_ring_size;
+    use crate::record::args::parse_ring_size;
 
     #[test]
     fn the_ring_advice_names_a_ring_four_times_as_large() {

@@ -1,0 +1,30 @@
+//! `memleak record`: everything that runs while a recording is made, and
+//! only that; the rest of the binary builds without BPF.
+//!
+//! [`session`] runs a recording and is the only child that uses the
+//! others; each of them does one thing:
+//! * [`args`]: the command line;
+//! * [`capture`]: which capture records a command (the probes or the
+//!   preloaded agent), the agent's memfd and environment;
+//! * [`targets`]: where each target's allocator probes go;
+//! * [`probes`]: loading and attaching the BPF program, the only module
+//!   that touches libbpf;
+//! * [`child`]: a command memleak starts, held with ptrace;
+//! * [`private_libs`]: private copies of a command's allocator libraries;
+//! * [`signals`]: SIGINT, SIGTERM and the stop signals;
+//! * [`unwinder`]: the unwind tables, built on a thread of their own;
+//! * [`scan`]: the leak scan of a stopped target.
+
+mod args;
+mod capture;
+mod child;
+mod private_libs;
+mod probes;
+mod scan;
+mod session;
+mod signals;
+mod targets;
+mod unwinder;
+
+pub use args::RecordArgs;
+pub use session::run;
