@@ -31,6 +31,7 @@ macro_rules! say_inline {
 }
 
 mod analyze_cmd;
+mod bcc_flags;
 mod diff_cmd;
 mod exit_status;
 mod info_cmd;
@@ -39,6 +40,7 @@ mod output;
 #[cfg(feature = "bpf")]
 mod record;
 mod select_args;
+mod sql_cmd;
 mod units;
 
 /// eBPF memory-leak tracer with record and replay.
@@ -61,6 +63,9 @@ enum Command {
     Diff(diff_cmd::DiffArgs),
     /// Print a trace's metadata, tables and counters.
     Info(info_cmd::InfoArgs),
+    /// Print the SQL that computes the outstanding-by-stack report over
+    /// traces or a dataset, for DuckDB or Spark (docs/fleet.md).
+    Sql(sql_cmd::SqlArgs),
 }
 
 /// A command-line error as one `memleak: error:` line, like every other
@@ -76,7 +81,23 @@ fn usage_error(e: &clap::Error) -> String {
         .collect::<Vec<_>>()
         .join(" ");
     let line = line.strip_prefix("error: ").unwrap_or(&line);
-    format!("memleak: error: {line}")
+    format!("memleak: error: {line}{}", bcc_hint(e))
+}
+
+/// For an option `record` does not take but bcc's memleak does: where it
+/// lives here (`bcc_flags`).
+fn bcc_hint(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue, ErrorKind};
+    let subcommand = std::env::args().nth(1);
+    if e.kind() != ErrorKind::UnknownArgument || subcommand.as_deref() != Some("record") {
+        return String::new();
+    }
+    match e.get(ContextKind::InvalidArg) {
+        Some(ContextValue::String(arg)) => bcc_flags::record_hint(arg)
+            .map(|h| format!("; {h}"))
+            .unwrap_or_default(),
+        _ => String::new(),
+    }
 }
 
 fn main() -> ExitCode {
@@ -100,6 +121,7 @@ fn main() -> ExitCode {
         Command::Analyze(args) => analyze_cmd::run(args),
         Command::Diff(args) => diff_cmd::run(args),
         Command::Info(args) => info_cmd::run(args),
+        Command::Sql(args) => sql_cmd::run(args),
     };
     match result {
         Ok(code) => code,

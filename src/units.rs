@@ -130,9 +130,82 @@ pub fn format_size(n: u64) -> String {
     format!("{n} bytes")
 }
 
+/// Year, month, day, hours, minutes and seconds (UTC) of a Unix time.
+pub fn utc_fields(secs: u64) -> [u64; 6] {
+    let (days, rem) = (secs / 86_400, secs % 86_400);
+    // Civil date from days since 1970-01-01 (Howard Hinnant's algorithm).
+    let doe = (days + 719_468) % 146_097;
+    let era = (days + 719_468) / 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + u64::from(month <= 2);
+    [year, month, day, rem / 3600, rem / 60 % 60, rem % 60]
+}
+
+/// A byte count for people, in one set of units: `680 B`, `125.0 KiB`,
+/// `3.4 MiB`, `1.2 GiB` (binary multiples, one decimal).
+#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
+pub fn human_size(n: u64) -> String {
+    if n < 1024 {
+        return format!("{n} B");
+    }
+    let mut v = n as f64 / 1024.0;
+    for unit in ["KiB", "MiB", "GiB"] {
+        if v < 1024.0 || unit == "GiB" {
+            return format!("{v:.1} {unit}");
+        }
+        v /= 1024.0;
+    }
+    unreachable!()
+}
+
+/// A signed byte change for people: `+1.5 KiB`, `-20 B`, `0 B`.
+#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
+pub fn human_change(delta: i64) -> String {
+    let size = human_size(delta.unsigned_abs());
+    match delta {
+        0 => size,
+        d if d > 0 => format!("+{size}"),
+        _ => format!("-{size}"),
+    }
+}
+
+/// A time span for people, in one set of units: `850 us`, `12.3 ms`,
+/// `4.20 s`, `3m05s`.
+#[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
+pub fn human_duration(d: Duration) -> String {
+    let ns = d.as_nanos();
+    if ns < 1_000_000 {
+        format!("{} us", ns / 1000)
+    } else if ns < 1_000_000_000 {
+        format!("{:.1} ms", ns as f64 / 1e6)
+    } else if ns < 60_000_000_000 {
+        format!("{:.2} s", ns as f64 / 1e9)
+    } else {
+        let s = d.as_secs();
+        format!("{}m{:02}s", s / 60, s % 60)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn sizes_and_times_for_people() {
+        assert_eq!(human_size(680), "680 B");
+        assert_eq!(human_size(128_000), "125.0 KiB");
+        assert_eq!(human_size(3 << 20), "3.0 MiB");
+        assert_eq!(human_change(-20), "-20 B");
+        assert_eq!(human_change(1536), "+1.5 KiB");
+        assert_eq!(human_change(0), "0 B");
+        assert_eq!(human_duration(Duration::from_micros(850)), "850 us");
+        assert_eq!(human_duration(Duration::from_millis(1620)), "1.62 s");
+        assert_eq!(human_duration(Duration::from_secs(185)), "3m05s");
+    }
 
     #[test]
     fn durations_with_units_and_fractions() {

@@ -229,7 +229,7 @@ fn command_that_cannot_run_is_refused() {
         .unwrap();
     let line = one_line_error(&out);
     assert!(
-        line.contains("cannot execute command: No such file or directory"),
+        line.contains("cannot execute /nonexistent/prog: No such file or directory"),
         "{line}"
     );
 }

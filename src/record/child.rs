@@ -17,6 +17,8 @@ pub struct Child {
     pub pid: u32,
     /// Whether the command runs with private copies of its libraries.
     pub private_libs: PrivateLibs,
+    /// argv[0], as given: errors name it.
+    program: String,
     go_tx: libc::c_int,
     err_rx: libc::c_int,
     /// How the command ended, once it is known.
@@ -286,6 +288,7 @@ impl Child {
         };
         Ok(Child {
             private_libs,
+            program: argv[0].clone(),
             pid: pid as u32,
             go_tx: go[1],
             err_rx: err[0],
@@ -373,7 +376,8 @@ impl Child {
             }
             if n == 4 {
                 bail!(
-                    "cannot execute command: {}",
+                    "cannot execute {}: {}",
+                    self.program,
                     crate::output::describe(&std::io::Error::from_raw_os_error(e))
                 );
             }

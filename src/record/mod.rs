@@ -7,22 +7,31 @@
 //! * [`capture`]: which capture records a command (the probes or the
 //!   preloaded agent), the agent's memfd and environment;
 //! * [`targets`]: where each target's allocator probes go;
+//! * [`dataset`]: where `--dataset` puts a recording;
 //! * [`probes`]: loading and attaching the BPF program, the only module
 //!   that touches libbpf;
 //! * [`child`]: a command memleak starts, held with ptrace;
 //! * [`private_libs`]: private copies of a command's allocator libraries;
 //! * [`signals`]: SIGINT, SIGTERM and the stop signals;
+//! * [`status`]: the status line while recording, and [`summary`] what
+//!   is said at the end;
+//! * [`live_report`]: `--interval`'s reports of the top outstanding
+//!   stacks;
 //! * [`unwinder`]: the unwind tables, built on a thread of their own;
 //! * [`scan`]: the leak scan of a stopped target.
 
 mod args;
 mod capture;
 mod child;
+mod dataset;
+mod live_report;
 mod private_libs;
 mod probes;
 mod scan;
 mod session;
 mod signals;
+mod status;
+mod summary;
 mod targets;
 mod unwinder;
 

@@ -13,7 +13,7 @@ use memleak_recorder::scan::{self, Block, ScanOptions, Stopped, Totals, Verdict}
 use memleak_recorder::Recorder;
 use memleak_trace::{ScanInfo, ScanRecord, ScanVerdict, Trace};
 
-use crate::units::format_size;
+use crate::units::human_size;
 
 /// The outstanding blocks of `pid` in the trace at `path` (heap blocks,
 /// and the pieces of its mappings), without those its exec at
@@ -57,7 +57,7 @@ fn verdict_phrases(bytes: [u64; 4], blocks: [u64; 4]) -> String {
                 Verdict::Reachable => "still reachable".to_string(),
                 v => format!("{} lost", v.name()),
             };
-            format!("{name} {} in {} blocks", format_size(bytes[k]), blocks[k])
+            format!("{name} {} in {} blocks", human_size(bytes[k]), blocks[k])
         })
         .collect::<Vec<_>>()
         .join(", ")
@@ -75,7 +75,7 @@ pub fn suppressed_phrase(suppressed: &[memleak_analyze::SuppressedTotals]) -> Op
     let names: Vec<&str> = hidden.iter().map(|s| s.name.as_str()).collect();
     Some(format!(
         "{} in {blocks} blocks suppressed ({})",
-        format_size(bytes),
+        human_size(bytes),
         names.join(", ")
     ))
 }
@@ -136,8 +136,8 @@ pub fn summary(
         "memleak: scan of pid {pid}: {}; paused {ms:.1} ms (marking {:.1} ms) for {} roots + {} heap ({:.2} ms/MiB)",
         verdict_phrases(t.bytes, t.blocks),
         scan_ns as f64 / 1e6,
-        format_size(info.roots_bytes),
-        format_size(info.heap_bytes),
+        human_size(info.roots_bytes),
+        human_size(info.heap_bytes),
         if mib > 0.0 { ms / mib } else { 0.0 }
     )
 }

@@ -4,7 +4,7 @@
 //! SIGTERM arrives.
 
 use std::cell::RefCell;
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -19,15 +19,18 @@ use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
 use super::args::RecordArgs;
 use super::capture::{self, Agent, Chosen};
 use super::child::{Child, PrivateLibs};
+use super::live_report::LiveReport;
 use super::probes::{self, ProbeConfig, Probes};
 use super::scan;
 use super::signals::{
     self, catch_stop_signals, catch_suspend_signals, Stopping, Suspending, DEFAULT_KILL_AFTER,
 };
+use super::status::Status;
+use super::summary;
 use super::targets::{add_providers, libraries_for, placement_policy, show_probes};
 use super::unwinder::Unwinder;
 use crate::exit_status::Exit;
-use crate::units::format_size;
+use crate::units::{format_duration, format_size};
 use memleak_recorder::scan::Stopped;
 
 /// The advice after a recording whose ring buffer filled: record again
@@ -64,15 +67,29 @@ enum Target {
     KernelOnly,
 }
 
-pub fn run(args: RecordArgs) -> Result<ExitCode> {
+pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
     crate::malloc_tuning::keep_freed_memory();
     let argv: Vec<String> = match (&args.command, args.argv.is_empty()) {
         (Some(c), true) => c.split_whitespace().map(str::to_string).collect(),
         (Some(_), false) => bail!("give the command either with -c or after --, not both"),
         (None, _) => args.argv.clone(),
     };
+    if let Some(w) = crate::bcc_flags::numeric_output_warning(&args.output.to_string_lossy()) {
+        say!("memleak: warning: {w}");
+    }
+    if let (Some(n), None) = (args.top, args.interval()) {
+        say!(
+            "memleak: note: -T/--top {n} sets the stacks of live reports (--interval); \
+             the trace keeps every stack, see `memleak analyze TRACE -T {n}`"
+        );
+    }
     if args.pid.is_empty() && argv.is_empty() && !args.kernel && args.kernel_pid.is_none() {
         bail!("nothing to trace: give -p PID, -c CMD, -- CMD ARGS, or --kernel");
+    }
+    if let Some(program) = argv.first().filter(|p| !p.contains('/')) {
+        if find_in_path(program).is_none() {
+            bail!("{program}: command not found (not a file in any directory of PATH)");
+        }
     }
     if !args.pid.is_empty() && !argv.is_empty() {
         bail!("give either -p PID or a command, not both");
@@ -135,6 +152,9 @@ pub fn run(args: RecordArgs) -> Result<ExitCode> {
         say!("memleak: note: capture bpf: {why}");
     }
     let mut meta = Meta::for_this_host(env!("CARGO_PKG_VERSION"));
+    if let Some(root) = &args.dataset {
+        args.output = super::dataset::trace_dir(root, &meta.host)?;
+    }
     meta.capture = Some(chosen.name().to_string());
     meta.command = std::env::args().collect();
     meta.options = serde_json::json!({
@@ -318,8 +338,8 @@ fn record(
         }
     }
 
-    let track_live = !args.quiet && std::io::stderr().is_terminal();
-    let mut recorder = Recorder::new(writer, track_live);
+    let status_line = !args.quiet && std::io::stderr().is_terminal();
+    let mut recorder = Recorder::new(writer, status_line || args.interval().is_some());
     if let Some((base, size)) = page_frames {
         recorder.set_page_frames(base, size);
     }
@@ -495,7 +515,11 @@ fn record(
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
-    let mut status = Status::new(track_live);
+    let mut status = Status::new(status_line, args.duration, &pids);
+    let mut live = args.interval().map(|every| {
+        let start_ns = recorder.borrow_mut().meta_mut().start_ns;
+        LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns)
+    });
     let mut exit: Option<Exit> = None;
     let mut stopping: Option<Stopping> = None;
     let mut suspending: Option<Suspending> = None;
@@ -527,17 +551,31 @@ fn record(
                 }
             }
             rec.tick()?;
-            status.update(&rec, &probes);
+            status.update(&rec, probes.lost().iter().take(3).sum());
+            if let (Some(live), Some(now)) = (&mut live, rec.outstanding()) {
+                if live.due() {
+                    status.clear();
+                    live.print(now);
+                }
+            }
         }
         let signals = signals::stop_signals_received();
-        let time_up = args.duration.is_some_and(|d| started.elapsed() >= d);
+        let reports_done = live.as_ref().is_some_and(LiveReport::done);
+        let time_up = args.duration.is_some_and(|d| started.elapsed() >= d) || reports_done;
         match &mut target {
             // The recording ends with the command: ask it to stop, and keep
             // recording until it has, so that its exit is in the trace.
             Target::Child(c) if !args.detach => {
                 match &mut stopping {
                     None if signals > 0 || time_up => {
-                        stopping = Some(Stopping::begin(c, signals, args.duration));
+                        let why = match args.duration {
+                            _ if reports_done => {
+                                format!("after {} reports", args.count.unwrap_or(0))
+                            }
+                            Some(d) => format!("after --duration {}", format_duration(d)),
+                            None => String::new(),
+                        };
+                        stopping = Some(Stopping::begin(c, signals, why));
                     }
                     None => {}
                     Some(s) => s.escalate(c, signals, kill_after),
@@ -580,7 +618,7 @@ fn record(
             Target::KernelOnly => {}
         }
     }
-    status.clear();
+    status.finish();
     let mut ending = None;
     if let Target::Child(c) = &mut target {
         if let Some(s) = &stopping {
@@ -709,26 +747,10 @@ fn record(
         if let Some(ending) = ending {
             say!("memleak: {ending}");
         }
-        let lost = meta.counters.lost_total();
         for line in scan_lines.borrow().iter() {
             // analyze's figures: the default suppressions applied and said.
             say!("{}", scan::closing_line(&args.output, line));
         }
-        say!(
-            "memleak: recorded {} events ({:.0} ns CPU each), {} stacks, {} frames in {:.2}s to {}; lost {} events{}",
-            stats.events,
-            cpu_ns as f64 / stats.events.max(1) as f64,
-            stats.stacks,
-            stats.frames,
-            started.elapsed().as_secs_f64(),
-            args.output.display(),
-            lost,
-            if lost > 0 {
-                format!(" ({:?})", meta.counters.lost)
-            } else {
-                String::new()
-            }
-        );
     }
     // Even with -q: the trace is not what it seems.
     let losses = meta.counters.losses();
@@ -739,6 +761,14 @@ fn record(
             String::new()
         };
         say!("memleak: warning: {w}{advice}");
+    }
+    if !args.quiet {
+        let (elapsed, out) = (started.elapsed(), &args.output);
+        say!(
+            "{}",
+            summary::figures(&stats, elapsed, cpu_ns, out, &meta.counters.lost)
+        );
+        say!("{}", summary::next_command(out));
     }
     // A shell's status for the command: its code, or 128 + the signal.
     Ok(match exit {
@@ -805,11 +835,7 @@ fn prefetch_paths(pids: &[u32], argv: &[String]) -> Vec<PathBuf> {
         let exe = if cmd.contains('/') {
             Some(PathBuf::from(cmd))
         } else {
-            std::env::var_os("PATH").and_then(|path| {
-                std::env::split_paths(&path)
-                    .map(|d| d.join(cmd))
-                    .find(|p| p.is_file())
-            })
+            find_in_path(cmd)
         };
         let me = std::process::id();
         // libstdc++ only for a program linked with it (its name is in the
@@ -830,6 +856,16 @@ fn prefetch_paths(pids: &[u32], argv: &[String]) -> Vec<PathBuf> {
     out
 }
 
+/// Where a command name without a slash is found in PATH, as execvp
+/// looks for it.
+fn find_in_path(cmd: &str) -> Option<PathBuf> {
+    std::env::var_os("PATH").and_then(|path| {
+        std::env::split_paths(&path)
+            .map(|d| d.join(cmd))
+            .find(|p| p.is_file())
+    })
+}
+
 fn self_cpu_ns() -> u64 {
     // SAFETY: getrusage fills the struct.
     let mut ru: libc::rusage = unsafe { std::mem::zeroed() };
@@ -840,48 +876,6 @@ fn self_cpu_ns() -> u64 {
 
 fn process_alive(pid: u32) -> bool {
     !memleak_recorder::procmaps::gone(pid)
-}
-
-/// The live status line on stderr.
-struct Status {
-    enabled: bool,
-    last: Instant,
-    last_events: u64,
-}
-
-impl Status {
-    fn new(enabled: bool) -> Self {
-        Status {
-            enabled,
-            last: Instant::now(),
-            last_events: 0,
-        }
-    }
-
-    fn update(&mut self, rec: &Recorder, probes: &Probes<'_>) {
-        if !self.enabled || self.last.elapsed() < Duration::from_secs(1) {
-            return;
-        }
-        let s = rec.stats();
-        let rate = (s.events - self.last_events) as f64 / self.last.elapsed().as_secs_f64();
-        let lost: u64 = probes.lost().iter().take(3).sum();
-        say_inline!(
-            "\r\x1b[Kmemleak: {:>10.0} events/s  {} events  {} outstanding bytes  {} lost",
-            rate,
-            s.events,
-            s.outstanding_bytes,
-            lost
-        );
-        let _ = std::io::stderr().flush();
-        self.last = Instant::now();
-        self.last_events = s.events;
-    }
-
-    fn clear(&self) {
-        if self.enabled {
-            say_inline!("\r\x1b[K");
-        }
-    }
 }
 
 #[cfg(test)]

@@ -159,8 +159,9 @@ const KILL_GRACE: Duration = Duration::from_secs(5);
 pub(super) struct Stopping {
     /// The signal the command got first.
     signal: libc::c_int,
-    /// The --duration that expired, if that is why.
-    duration: Option<Duration>,
+    /// Why memleak ended the recording when no signal did: "after
+    /// --duration 10s", "after 3 reports".
+    why: String,
     /// The signal came from the terminal to the command itself.
     from_terminal: bool,
     since: Instant,
@@ -170,13 +171,13 @@ pub(super) struct Stopping {
 }
 
 impl Stopping {
-    pub(super) fn begin(c: &Child, signals: u32, duration: Option<Duration>) -> Stopping {
-        let (signal, duration, from_terminal) = if signals > 0 {
+    pub(super) fn begin(c: &Child, signals: u32, why: String) -> Stopping {
+        let (signal, why, from_terminal) = if signals > 0 {
             let sig = LAST_SIGNAL.load(Ordering::SeqCst);
             let from_terminal = FROM_TERMINAL.load(Ordering::SeqCst) && c.in_our_process_group();
-            (sig, None, from_terminal)
+            (sig, String::new(), from_terminal)
         } else {
-            (libc::SIGTERM, duration, false)
+            (libc::SIGTERM, why, false)
         };
         if !from_terminal {
             c.signal(signal);
@@ -188,7 +189,7 @@ impl Stopping {
         }
         Stopping {
             signal,
-            duration,
+            why,
             from_terminal,
             since: Instant::now(),
             signals_seen: signals,
@@ -225,13 +226,10 @@ impl Stopping {
     /// What happened, for the summary.
     pub(super) fn describe(&self, pid: u32, exit: Option<Exit>) -> String {
         let sig = signal_name(self.signal);
-        let mut out = match (self.duration, self.from_terminal) {
-            (Some(d), _) => format!(
-                "sent {sig} to the command (pid {pid}) after --duration {}",
-                format_duration(d)
-            ),
-            (None, true) => format!("the command (pid {pid}) got {sig} from the terminal"),
-            (None, false) => format!("passed {sig} on to the command (pid {pid})"),
+        let mut out = match (self.why.as_str(), self.from_terminal) {
+            (why, _) if !why.is_empty() => format!("sent {sig} to the command (pid {pid}) {why}"),
+            (_, true) => format!("the command (pid {pid}) got {sig} from the terminal"),
+            (_, false) => format!("passed {sig} on to the command (pid {pid})"),
         };
         if let Some((_, why)) = &self.killed {
             out += &format!(", then SIGKILL {why}");

@@ -64,6 +64,9 @@ def with_duckdb(trace, exp):
     check("duckdb", "last ts", row[6], e["last_ts"])
     tids = [t for (t,) in q("SELECT DISTINCT tid FROM @T ORDER BY tid", "events")]
     check("duckdb", "tids", tids, e["tids"])
+    # seq numbers the rows 0, 1, 2… in the order they were written.
+    row = q("SELECT min(seq), max(seq), count(DISTINCT seq) FROM @T", "events")[0]
+    check("duckdb", "seq min, max, distinct", list(row), [0, e["rows"] - 1, e["rows"]])
     m = q("SELECT addr, old_addr, old_size FROM @T WHERE kind = 'mremap'", "events")
     check("duckdb", "mremap row", [list(r) for r in m], [[e["mremap"]["addr"], e["mremap"]["old_addr"], e["mremap"]["old_size"]]])
 
@@ -119,6 +122,7 @@ def with_pyarrow(trace, exp):
     check("pyarrow", "first ts", ts[0], e["first_ts"])
     check("pyarrow", "last ts", ts[-1], e["last_ts"])
     check("pyarrow", "ts sorted", ts == sorted(ts), True)
+    check("pyarrow", "seq is the row number", ev.column("seq").to_pylist() == list(range(ev.num_rows)), True)
     check("pyarrow", "tids", sorted(set(ev.column("tid").to_pylist())), e["tids"])
 
     st = tables["stacks"].to_pylist()

@@ -38,6 +38,7 @@ mod ranges;
 pub mod render;
 pub mod replay;
 pub mod report;
+pub mod sql;
 mod stacks;
 pub mod suppress;
 mod table;

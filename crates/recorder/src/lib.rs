@@ -7,6 +7,7 @@
 //! - [`functions`]: the ELF function symbols a return address lies in.
 //! - [`symbolize`]: blazesym symbolization of normalized frames.
 //! - [`pipeline`]: [`Recorder`], which ties them to a `TraceWriter`.
+//! - [`live`]: what is outstanding now, by stack, for live reports.
 //! - [`placement`]: where on an allocator function to put the probe.
 //! - [`targets`] and [`providers`]: which functions to probe, and in which
 //!   loaded object: the one the process's calls really bind to.
@@ -33,6 +34,7 @@ pub mod agent;
 pub mod elf;
 pub mod event;
 pub mod functions;
+pub mod live;
 pub mod pipeline;
 pub mod placement;
 pub mod procmaps;

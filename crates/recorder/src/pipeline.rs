@@ -16,6 +16,7 @@ use crate::event::{
     RawEvent, UnwindEnd, FLAG_KERNEL_STACK, FLAG_STACK_FULL, LOST_REASONS, UNWIND_ENDS,
 };
 use crate::functions::{FunctionIndexes, Lookup};
+use crate::live::Outstanding;
 use crate::procmaps::{resolve_in_process, MapsCache};
 use crate::stacks::StackInterner;
 use crate::symbolize::{FrameSymbolizer, PendingFrame};
@@ -81,7 +82,9 @@ pub struct Recorder {
     /// Function and object of each symbolized user frame, to judge stack
     /// completeness.
     frame_functions: HashMap<(u32, u64), (Option<String>, Option<String>)>,
-    live: Option<HashMap<(u32, u64), u64>>,
+    /// What is outstanding, by stack, when the caller asked (the status
+    /// line, live reports).
+    live: Option<Outstanding>,
     /// `vmemmap_base` and `sizeof(struct page)`: page events then carry
     /// page frame numbers instead of struct page pointers.
     page_frames: Option<(u64, u64)>,
@@ -113,8 +116,10 @@ enum Reread {
 const SNAPSHOT_MIN_INTERVAL: Duration = Duration::from_millis(20);
 
 impl Recorder {
-    /// Wraps a writer. With `track_live`, outstanding bytes are kept up to
-    /// date for the status line (costs a hash map update per event).
+    /// Wraps a writer. With `track_live`, what is outstanding is kept up
+    /// to date by stack ([`Recorder::outstanding`]: the status line, live
+    /// reports; two hash map updates per event). The trace is the same
+    /// either way.
     pub fn new(writer: TraceWriter, track_live: bool) -> Self {
         Recorder {
             writer,
@@ -132,7 +137,7 @@ impl Recorder {
             track_tables: false,
             table_updates: Vec::new(),
             frame_functions: HashMap::new(),
-            live: track_live.then(HashMap::new),
+            live: track_live.then(Outstanding::default),
             page_frames: None,
             stats: Stats::default(),
             last_ts: 0,
@@ -146,6 +151,11 @@ impl Recorder {
         if struct_size > 0 {
             self.page_frames = Some((base, struct_size));
         }
+    }
+
+    /// What is outstanding now, by stack, if `track_live` was asked for.
+    pub fn outstanding(&self) -> Option<&Outstanding> {
+        self.live.as_ref()
     }
 
     /// Current totals.
@@ -240,7 +250,7 @@ impl Recorder {
                 self.seen_frames.retain(|&(p, _)| p != raw.pid);
                 self.not_frames.retain(|&(p, _), _| p != raw.pid);
                 if let Some(live) = &mut self.live {
-                    live.retain(|&(p, _), _| p != raw.pid);
+                    live.forget_pid(raw.pid);
                 }
                 self.snapshot_maps(raw.pid)?;
                 self.table_update(TableUpdate::Refresh(raw.pid));
@@ -264,7 +274,10 @@ impl Recorder {
             raw.addr = page_frame(raw.addr, base, size);
         }
         if let Some(live) = &mut self.live {
-            track_live(live, &mut self.stats.outstanding_bytes, kind, &raw);
+            let pid = if kind.is_kernel() { 0 } else { raw.pid };
+            let stack = stack_id.unwrap_or(0);
+            live.apply(kind, pid, raw.addr, raw.size, raw.old_addr, stack);
+            self.stats.outstanding_bytes = live.total().bytes;
         }
         // Ring order is causal: an allocation is submitted before its call
         // returns, so before any free of the block, on whatever CPU. Event
@@ -374,6 +387,9 @@ impl Recorder {
         debug_assert_eq!(self.trace_ids.len() as u64, seen.id - 1);
         self.trace_ids.push(interned.id);
         if interned.new {
+            if let Some(live) = &mut self.live {
+                live.new_stack(interned.id, pid, &frames);
+            }
             self.stats.stacks += 1;
             self.stats.cut_stacks += u64::from(cut);
             // How the walk ended says whether the stack is complete,
@@ -470,6 +486,9 @@ impl Recorder {
         if !self.pending.is_empty() {
             let pending = std::mem::take(&mut self.pending);
             for rec in self.symbolizer.symbolize(pending) {
+                if let Some(live) = &mut self.live {
+                    live.symbolized(&rec);
+                }
                 if rec.pid != 0 {
                     let key = (rec.pid, rec.addr);
                     self.frame_functions
@@ -592,40 +611,6 @@ fn looks_complete(outermost: Option<&(Option<String>, Option<String>)>) -> bool 
             .any(|r| f == *r || f.starts_with(&format!("{r}@")))
     };
     in_runtime || function.as_deref().is_some_and(is_root)
-}
-
-fn track_live(
-    live: &mut HashMap<(u32, u64), u64>,
-    total: &mut u64,
-    kind: EventKind,
-    raw: &RawEvent<'_>,
-) {
-    use memleak_trace::schema::KindClass;
-    let pid = if kind.is_kernel() { 0 } else { raw.pid };
-    let mut free = |addr: u64, total: &mut u64| {
-        if let Some(sz) = live.remove(&(pid, addr)) {
-            *total -= sz;
-        }
-    };
-    match kind.class() {
-        KindClass::Alloc | KindClass::MapRange => {
-            if let Some(old) = live.insert((pid, raw.addr), raw.size) {
-                *total -= old;
-            }
-            *total += raw.size;
-        }
-        KindClass::Free | KindClass::UnmapRange => free(raw.addr, total),
-        KindClass::Realloc | KindClass::RemapRange => {
-            if raw.old_addr != 0 {
-                free(raw.old_addr, total);
-            }
-            if raw.addr != 0 {
-                live.insert((pid, raw.addr), raw.size);
-                *total += raw.size;
-            }
-        }
-        KindClass::Process => {}
-    }
 }
 
 /// The page frame number of the struct page at `addr` in the kernel's

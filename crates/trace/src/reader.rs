@@ -23,8 +23,8 @@ use parquet::arrow::ProjectionMask;
 use crate::error::{Error, Result};
 use crate::meta::Meta;
 use crate::schema::{
-    EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord, Table,
-    TABLE_KEY,
+    column_since, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict,
+    StackRecord, Table, TABLE_KEY,
 };
 
 /// A set of `events` columns to decode.
@@ -734,10 +734,23 @@ fn check_schema(table: Table, path: &Path, meta: &ArrowReaderMetadata) -> Result
                     field.data_type()
                 )))
             }
+            // A column added after the version that wrote the segment.
+            Err(_) if written_by(kv).is_some_and(|v| v < column_since(table, field.name())) => {}
             Err(_) => return Err(foreign(format!("missing column {}", field.name()))),
         }
     }
     Ok(())
+}
+
+/// The format version a segment says wrote it (`memleak.format_version`).
+fn written_by(kv: Option<&Vec<parquet::file::metadata::KeyValue>>) -> Option<(u32, u32)> {
+    let v = kv?
+        .iter()
+        .find(|k| k.key == "memleak.format_version")?
+        .value
+        .as_deref()?;
+    let (a, b) = v.split_once('.')?;
+    Some((a.parse().ok()?, b.parse().ok()?))
 }
 
 /// Checks a listed segment's length and CRC-32 against its entry, so that

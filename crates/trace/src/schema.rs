@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 /// Major version of the format. Readers refuse a newer major.
 pub const FORMAT_MAJOR: u32 = 1;
 /// Minor version of the format. Newer minors only add tables or columns.
-pub const FORMAT_MINOR: u32 = 4;
+pub const FORMAT_MINOR: u32 = 5;
 /// Value of the `format` field of `meta.json`.
 pub const FORMAT_NAME: &str = "memleak-trace";
 /// Parquet key-value metadata key naming the table a segment belongs to.
@@ -396,7 +396,17 @@ pub fn events_schema() -> SchemaRef {
         u64f("old_addr", true),
         u64f("old_size", true),
         u64f("stack_id", true),
+        u64f("seq", false),
     ]))
+}
+
+/// The format version that added a column to a table, for the columns
+/// added after 1.0: a segment written by an older version lacks it.
+pub fn column_since(table: Table, column: &str) -> (u32, u32) {
+    match (table, column) {
+        (Table::Events, "seq") => (1, 5),
+        _ => (1, 0),
+    }
 }
 
 /// Schema of `stacks`.

@@ -76,6 +76,9 @@ pub(super) struct EventRows {
     old_addr: OptU64,
     old_size: OptU64,
     stack_id: OptU64,
+    seq: Vec<u64>,
+    /// The `seq` of the next event: rows written so far, in every segment.
+    next_seq: u64,
 }
 
 impl EventRows {
@@ -91,6 +94,8 @@ impl EventRows {
             old_addr: OptU64::new(),
             old_size: OptU64::new(),
             stack_id: OptU64::new(),
+            seq: Vec::with_capacity(capacity),
+            next_seq: 0,
         }
     }
 
@@ -106,6 +111,8 @@ impl EventRows {
         self.kind.push(KIND_KEYS[e.kind as u8 as usize]);
         self.addr.push(e.addr);
         self.size.push(e.size);
+        self.seq.push(self.next_seq);
+        self.next_seq += 1;
     }
 }
 
@@ -150,6 +157,7 @@ impl Rows for EventRows {
             Arc::new(self.old_addr.take(rows)),
             Arc::new(self.old_size.take(rows)),
             Arc::new(self.stack_id.take(rows)),
+            Arc::new(UInt64Array::from(take(&mut self.seq))),
         ];
         RecordBatch::try_new(Table::Events.schema(), cols).expect("events batch matches schema")
     }
@@ -166,7 +174,7 @@ impl Rows for EventRows {
         let u64s = |i: usize| prim::<UInt64Type>(&cols[i]);
         let u32s = |i: usize| prim::<UInt32Type>(&cols[i]);
         let (ts, pid, tid, addr, size) = (u64s(0), u32s(1), u32s(2), u64s(4), u64s(5));
-        let (old_addr, old_size, stack_id) = (u64s(6), u64s(7), u64s(8));
+        let (old_addr, old_size, stack_id, seq) = (u64s(6), u64s(7), u64s(8), u64s(9));
         // Our clones are the last references once the batch is gone.
         drop(cols);
         let cap = self.capacity;
@@ -179,6 +187,7 @@ impl Rows for EventRows {
         reuse(&mut self.old_addr.values, old_addr, cap);
         reuse(&mut self.old_size.values, old_size, cap);
         reuse(&mut self.stack_id.values, stack_id, cap);
+        reuse(&mut self.seq, seq, cap);
     }
 }
 

@@ -95,7 +95,8 @@ fn base_props(
 ///   benchmark's trace).
 /// - `pid` and `tid` change only between bursts: DELTA_BINARY_PACKED stores
 ///   runs as zero-width miniblocks, as small as dictionary indices and
-///   cheaper to compute than a hash lookup per value.
+///   cheaper to compute than a hash lookup per value. `seq` counts by one:
+///   every miniblock has width 0, a few bytes per 128 rows.
 /// - `size` uses BYTE_STREAM_SPLIT: the low bytes of sizes are skewed but
 ///   not byte-aligned once bit-packed, and zstd entropy-codes the split
 ///   byte streams better than it does dictionary indices.
@@ -122,7 +123,7 @@ pub(super) fn events_props(opts: &WriterOptions) -> WriterProperties {
         .set_column_delta_binary_packed_encoder_options(ts.clone(), miniblocks)
         .set_column_dictionary_enabled(size.clone(), false)
         .set_column_encoding(size, Encoding::BYTE_STREAM_SPLIT);
-    for col in ["pid", "tid"] {
+    for col in ["pid", "tid", "seq"] {
         b = b
             .set_column_dictionary_enabled(ColumnPath::from(col), false)
             .set_column_encoding(ColumnPath::from(col), Encoding::DELTA_BINARY_PACKED);
