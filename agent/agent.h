@@ -28,7 +28,7 @@
 #include "../bpf/memleak.h"
 
 #define MLA_MAGIC 0x31544e4547414c4dULL /* "MLAGENT1" */
-#define MLA_VERSION 1
+#define MLA_VERSION 2
 /* Processes the agent may record in (the command, and the processes it
  * forks under --follow-forks). */
 #define MLA_MAX_PIDS 4096
@@ -63,7 +63,9 @@ struct mla_header {
 	__u32 stop;          /* 104: the recording ended: record nothing more */
 	__u32 wake_seq;      /* 108: a futex the recorder sleeps on */
 	__u32 sleeping;      /* 112: the recorder is asleep on wake_seq */
-	__u8 pad0[140];
+	__u32 room_seq;      /* 116: a futex writers wait on for room */
+	__u32 room_waiting;  /* 120: a writer waits on room_seq */
+	__u8 pad0[132];
 	__u64 head;          /* 256: next position to claim */
 	__u8 pad1[56];
 	__u64 tail;          /* 320: next position the recorder reads */
@@ -100,6 +102,8 @@ struct mla_slot {
 #define MLA_SLOT_BYTES 1088
 
 _Static_assert(offsetof(struct mla_header, stop) == 104, "stop");
+_Static_assert(offsetof(struct mla_header, room_seq) == 116, "room_seq");
+_Static_assert(offsetof(struct mla_header, room_waiting) == 120, "room_waiting");
 _Static_assert(offsetof(struct mla_header, head) == 256, "head");
 _Static_assert(offsetof(struct mla_header, tail) == 320, "tail");
 _Static_assert(offsetof(struct mla_header, lost) == 384, "lost");

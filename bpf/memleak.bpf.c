@@ -1424,8 +1424,12 @@ static __always_inline int lifecycle(__u8 kind, __u32 tgid, __u64 arg)
 	return 0;
 }
 
-SEC("tracepoint/sched/sched_process_exec")
-int on_exec(void *ctx)
+/* The lifecycle programs are BTF-typed (tp_btf), not perf-event
+ * tracepoints: detaching a perf-event tracepoint waits for RCU grace
+ * periods (100-180 ms here) at the end of every recording; a BTF
+ * tracepoint link is released without waiting. */
+SEC("tp_btf/sched_process_exec")
+int BPF_PROG(on_exec)
 {
 	__u32 tgid = bpf_get_current_pid_tgid() >> 32;
 
@@ -1437,8 +1441,8 @@ int on_exec(void *ctx)
 	return lifecycle(MK_EXEC, tgid, 0);
 }
 
-SEC("tracepoint/sched/sched_process_exit")
-int on_exit(void *ctx)
+SEC("tp_btf/sched_process_exit")
+int BPF_PROG(on_exit)
 {
 	__u64 id = bpf_get_current_pid_tgid();
 

@@ -185,9 +185,11 @@ pub struct Probes<'obj> {
     count_only: bool,
 }
 
-/// Detaching a uprobe or tracepoint link waits for an RCU grace period
-/// (tens of milliseconds each); one after the other they kept a finished
-/// recording alive for a noticeable time, so they are detached in parallel.
+/// Detaching a uprobe link (or a perf-event tracepoint's: the lifecycle
+/// and kernel programs are BTF tracepoints where they can be, whose links
+/// go without waiting) waits for RCU grace periods (100-180 ms here); one
+/// after the other they kept a finished recording alive for a noticeable
+/// time, so they are detached in parallel.
 fn drop_links(links: Vec<Link>) {
     std::thread::scope(|s| {
         for link in links {
@@ -389,14 +391,13 @@ impl<'obj> Probes<'obj> {
         for (prog, name) in [
             (&p.on_exec, "sched_process_exec"),
             (&p.on_exit, "sched_process_exit"),
+            (&p.on_fork, "sched_process_fork"),
         ] {
             let link = prog
-                .attach_tracepoint(TracepointCategory::Sched, name)
+                .attach()
                 .with_context(|| format!("attaching sched:{name}"))?;
             self.links.borrow_mut().push(link);
         }
-        let fork = p.on_fork.attach().context("attaching sched_process_fork")?;
-        self.links.borrow_mut().push(fork);
         Ok(())
     }
 

@@ -20,7 +20,7 @@ use crate::unwind::{ProcTable, Row, UnwindSink};
 /// `MLA_MAGIC`: "MLAGENT1".
 pub const MAGIC: u64 = 0x3154_4e45_4741_4c4d;
 /// `MLA_VERSION`.
-pub const VERSION: u32 = 1;
+pub const VERSION: u32 = 2;
 /// `MLA_MAX_PIDS`.
 pub const MAX_PIDS: usize = 4096;
 /// `MLA_SLOT_BYTES`: a slot's header (16) and a whole event.
@@ -56,7 +56,9 @@ struct Header {
     stop: AtomicU32,
     wake_seq: AtomicU32,
     sleeping: AtomicU32,
-    _pad0: [u8; 140],
+    room_seq: AtomicU32,
+    room_waiting: AtomicU32,
+    _pad0: [u8; 132],
     head: AtomicU64,
     _pad1: [u8; 56],
     tail: AtomicU64,
@@ -70,6 +72,8 @@ struct Header {
 
 const _: () = assert!(std::mem::offset_of!(Header, tables_gen) == 96);
 const _: () = assert!(std::mem::offset_of!(Header, stop) == 104);
+const _: () = assert!(std::mem::offset_of!(Header, room_seq) == 116);
+const _: () = assert!(std::mem::offset_of!(Header, room_waiting) == 120);
 const _: () = assert!(std::mem::offset_of!(Header, head) == 256);
 const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
@@ -129,11 +133,27 @@ impl Mapping {
     }
 }
 
+/// Makes the ring's slots free for their first lap (slot i waits for
+/// position i), then writes the magic: an agent that sees it sees the rest.
+fn init_ring(map: &Mapping, ring_off: usize, nslots: u64) {
+    let ring = map.base.wrapping_add(ring_off);
+    for i in 0..nslots {
+        // SAFETY: slot i is within the ring; its seq is its first word.
+        let seq = unsafe { &*(ring.add(i as usize * SLOT_BYTES) as *const AtomicU64) };
+        seq.store(i, Ordering::Relaxed);
+    }
+    std::sync::atomic::fence(Ordering::Release);
+    // SAFETY: the header's first word; no agent reads it before this.
+    unsafe { (*(map.base as *mut Header)).magic = MAGIC };
+}
+
 /// The memory shared with the agents of one recording, and the consumer
 /// of its ring.
 pub struct Shared {
     fd: OwnedFd,
     map: Arc<Mapping>,
+    /// The ring's initialization, until [`Shared::ready`].
+    init: Option<std::thread::JoinHandle<()>>,
     nslots: u64,
     ring: *mut u8,
     tail: u64,
@@ -218,18 +238,19 @@ impl Shared {
             (*h).unwind_mode = cfg.unwind_mode;
         }
         let ring = map.base.wrapping_add(ring_off as usize);
-        for i in 0..nslots {
-            // SAFETY: slot i is within the ring; its seq is its first word.
-            let seq = unsafe { &*(ring.add(i as usize * SLOT_BYTES) as *const AtomicU64) };
-            seq.store(i, Ordering::Relaxed);
-        }
-        // The magic last: an agent that sees it sees the rest.
-        std::sync::atomic::fence(Ordering::Release);
-        // SAFETY: the header's first word.
-        unsafe { (*(map.base as *mut Header)).magic = MAGIC };
+        // Writing every slot's sequence word makes the ring's pages (tens
+        // of MiB, a page fault each): on a thread of its own, while the
+        // caller loads the probes. [`Shared::ready`] waits for it.
+        let init = {
+            let map = map.clone();
+            std::thread::Builder::new()
+                .name("memleak-ring".into())
+                .spawn(move || init_ring(&map, ring_off as usize, nslots))?
+        };
         Ok(Shared {
             fd,
             map,
+            init: Some(init),
             nslots,
             ring,
             tail: 0,
@@ -237,6 +258,15 @@ impl Shared {
             ends: vec![0; crate::event::UNWIND_ENDS.len()],
             unfinished: 0,
         })
+    }
+
+    /// Waits until the ring is ready for the agents: call it before the
+    /// command runs (an agent that finds no magic records nothing).
+    pub fn ready(&mut self) -> io::Result<()> {
+        match self.init.take().map(std::thread::JoinHandle::join) {
+            Some(Err(_)) => Err(io::Error::other("the ring's initialization panicked")),
+            _ => Ok(()),
+        }
     }
 
     /// The memfd.
@@ -311,6 +341,43 @@ impl Shared {
     /// lost), and none waits for room in the ring.
     pub fn stop(&self) {
         self.header().stop.store(1, Ordering::SeqCst);
+        self.wake_writers(true);
+    }
+
+    /// Wakes the writers waiting for room in the ring, once a quarter of
+    /// it is free or, with `done`, at once (the drain caught up, or the
+    /// recording stopped). Woken for every freed slot, a writer would fill
+    /// it and sleep again, a system call on each side per event.
+    fn wake_writers(&self, done: bool) {
+        let h = self.header();
+        // Against the writer's look-then-sleep (agent.c, wait_for_room):
+        // the slots freed are visible before room_waiting is read.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if h.room_waiting.load(Ordering::Relaxed) == 0 {
+            return;
+        }
+        if !done {
+            let free = (self.tail + self.nslots).saturating_sub(h.head.load(Ordering::Relaxed));
+            if free < self.nslots / 4 {
+                return;
+            }
+        }
+        if h.room_waiting.swap(0, Ordering::AcqRel) != 0 {
+            h.room_seq.fetch_add(1, Ordering::Release);
+            // SAFETY: a futex word in the shared mapping (not private: the
+            // writers wait in other processes).
+            unsafe {
+                libc::syscall(
+                    libc::SYS_futex,
+                    h.room_seq.as_ptr(),
+                    libc::FUTEX_WAKE,
+                    i32::MAX,
+                    std::ptr::null::<libc::timespec>(),
+                    std::ptr::null::<u32>(),
+                    0,
+                )
+            };
+        }
     }
 
     /// Processes whose agent started.
@@ -339,11 +406,24 @@ impl Shared {
     /// false to stop), and frees its slot. Stops at a slot still being
     /// written; one whose writer's process is gone is skipped (and
     /// counted) once it has stayed so for a while, or at once with
-    /// `final_drain`.
+    /// `final_drain`. Stops too after a ring's worth of slots, all that
+    /// was in it when called: writers faster than the recorder would
+    /// otherwise keep it here, away from its other work.
     pub fn drain(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
+        let n = self.drain_some(final_drain, f);
+        self.wake_writers(true);
+        n
+    }
+
+    fn drain_some(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
         let mut n = 0;
-        loop {
+        let limit = self.tail + self.nslots;
+        while self.tail < limit {
+            if self.tail & 255 == 0 {
+                self.wake_writers(false);
+            }
             let slot = self.slot(self.tail);
+            prefetch(self.slot(self.tail + PREFETCH_AHEAD));
             // SAFETY: the slot is within the mapping; its first word is
             // the sequence, the next two the writer and length.
             let (seq, pid, len) = unsafe {
@@ -406,6 +486,7 @@ impl Shared {
                 self.stall = None;
             }
         }
+        n
     }
 
     /// Counts how the event's walk ended, from its flags and frame count
@@ -420,6 +501,26 @@ impl Shared {
             }
         }
     }
+}
+
+/// How many slots ahead of the one it reads the drain asks for: a slot
+/// was written by another CPU, and reading its lines is the drain's main
+/// cost when they are fetched one at a time.
+const PREFETCH_AHEAD: u64 = 4;
+
+/// Asks for a slot's first two cache lines: the slot's header and the
+/// event's (the frames of a short stack are in the second).
+#[inline(always)]
+fn prefetch(slot: *const u8) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: a prefetch is a hint; it never faults, whatever the address.
+    unsafe {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        _mm_prefetch(slot.cast(), _MM_HINT_T0);
+        _mm_prefetch(slot.wrapping_add(64).cast(), _MM_HINT_T0);
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = slot;
 }
 
 /// The agent's unwind tables: an [`UnwindSink`] into the shared memory.
