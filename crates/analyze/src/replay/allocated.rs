@@ -147,6 +147,15 @@ impl StackTotals {
         }
     }
 
+    /// Hints the CPU to fetch the entry of `stack`, if it is in the flat
+    /// array.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, stack: u64) {
+        if let Some(e) = self.dense.get(stack as usize) {
+            crate::table::prefetch(e as *const Entry as *const u8);
+        }
+    }
+
     fn add_totals(&mut self, stack: u64, t: &AllocatedTotals) {
         let e = &mut self.entry(stack).t;
         e.allocations += t.allocations;

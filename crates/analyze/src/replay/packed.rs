@@ -77,6 +77,9 @@ pub(super) const CODE_SHIFT: u32 = 56;
 /// The code of an operation that is a whole [`Row`].
 const C_ROW: u8 = 0x88;
 
+/// How many rows ahead [`count_rows`] prefetches the per-stack totals.
+const STACK_AHEAD: usize = 16;
+
 /// Counts the allocations replay makes in these rows, which depend on
 /// the row alone, not on the outstanding blocks: done while decoding, on
 /// the threads that wait for the single replay thread otherwise, they
@@ -152,6 +155,9 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     let spare = &mut out.ops.spare_capacity_mut()[..if PACK { 2 * n } else { 0 }];
     let mut len = 0usize;
     for i in 0..n {
+        if let Some(&s) = b.stack_id.get(i + STACK_AHEAD) {
+            acc.totals.prefetch(s);
+        }
         let kind = b.kind[i] as usize;
         kinds[kind] += 1;
         let class = ctx.alloc_class[kind];
