@@ -16,11 +16,11 @@ that the 3 leaky hosts are found.
     cargo build --release -p memleak-analyze --example gen_trace
     python3 crates/analyze/bench/fleet.py [--hosts 200] [--events 300000]
 
-Adding an engine (DuckDB or Spark running the SQL that `memleak sql`
-prints): write `run_NAME(args, root) -> Result` like `run_memleak`, whose
-`stacks` maps the stack key (`stack_key()` below builds it from
-symbolized frames the way memleak does) to (bytes, count) and whose
-`hosts` maps each host to (bytes, count), and add it to ENGINES. The
+The engines: `memleak analyze ROOT --group-by host`, and the statement
+`memleak sql --group-by host ROOT` prints, run on DuckDB (python module)
+and on Spark in local mode (pyspark, with Java; its wall time includes
+starting Spark). Each gives the outstanding bytes and count per stack
+(keyed by memleak's stack key, which the SQL writes too) and per host; the
 first engine is the reference the others are checked against.
 """
 import argparse
@@ -143,17 +143,42 @@ def run_memleak(a, root):
     return r
 
 
+def run_sql(a, root, dialect, python, name):
+    """The SQL of `memleak sql --dialect DIALECT --group-by host ROOT`,
+    run by tests/python/fleet_sql.py on `python`: per stack and per host
+    from its rows (host, frames = memleak's stack key, bytes, count)."""
+    if python is None:
+        print(f"{name}: skipped (no python with it)", file=sys.stderr)
+        return None
+    sql = os.path.join(a.dir, f"{dialect}.sql")
+    with open(sql, "w") as f:
+        subprocess.run([a.memleak, "sql", "--dialect", dialect, "--group-by", "host", root],
+                       stdout=f, check=True)
+    out = os.path.join(a.dir, f"{dialect}.json")
+    before = os.getloadavg()
+    with open(out, "w") as f:
+        wall, cpu, rss = timed([python, os.path.join(ROOT, "tests/python/fleet_sql.py"),
+                                dialect, sql], stdout=f)
+    r = Result(name, wall, cpu, rss, (before, os.getloadavg()))
+    for row in json.load(open(out)):
+        for d, k in ((r.stacks, row["frames"]), (r.hosts, row["host"])):
+            b, c = d.get(k, (0, 0))
+            d[k] = (b + row["bytes"], c + row["count"])
+    return r
+
+
+def has_module(python, module):
+    ok = subprocess.run([python, "-c", f"import {module}"], capture_output=True).returncode == 0
+    return python if ok else None
+
+
 def run_duckdb(a, root):
-    """Hook: DuckDB over the SQL of `memleak sql --dialect duckdb
-    --group-by stack ROOT` (python module `duckdb`), then per host with
-    --group-by host. Not yet: returns None."""
-    return None
+    return run_sql(a, root, "duckdb", has_module("python3", "duckdb"), "DuckDB (memleak sql)")
 
 
 def run_spark(a, root):
-    """Hook: Spark (pyspark, local[N]) over the SQL of `memleak sql
-    --dialect spark`. Not yet: returns None."""
-    return None
+    return run_sql(a, root, "spark", has_module(a.spark_python, "pyspark"),
+                   "Spark local[2] (memleak sql)")
 
 
 ENGINES = [run_memleak, run_duckdb, run_spark]
@@ -196,6 +221,8 @@ def main():
     ap.add_argument("--keep", action="store_true", help="keep the dataset afterwards")
     ap.add_argument("--memleak", default=os.path.join(ROOT, "target/release/memleak"))
     ap.add_argument("--gen", default=os.path.join(ROOT, "target/release/examples/gen_trace"))
+    ap.add_argument("--spark-python", default="/opt/memleak-spark/bin/python",
+                    help="a python with pyspark (scripts/setup.sh installs it there)")
     a = ap.parse_args()
     if len(leaky(a.hosts)) < 3:
         sys.exit("--hosts: at least 8")

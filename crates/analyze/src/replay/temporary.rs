@@ -530,10 +530,10 @@ mod tests {
             let tid = 1 + (x % threads) as u32;
             let ts = 1000 + step;
             let addr = match reference.last.get(&tid) {
-                Some(&(a, _, _)) if (x >> 20) % 3 == 0 => a,
+                Some(&(a, _, _)) if (x >> 20).is_multiple_of(3) => a,
                 _ => 0x1000 + ((x >> 32) % 3000) * 16,
             };
-            if (x >> 40) % 2 == 0 {
+            if (x >> 40).is_multiple_of(2) {
                 scan.alloc(tid, addr, ts, 1, true);
                 reference.alloc(tid, addr, ts);
             } else {
