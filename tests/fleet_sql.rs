@@ -283,8 +283,26 @@ fn fleet_host(root: &Path, host: usize, leaky: bool) -> PathBuf {
             .unwrap();
         }
     }
+    // A kernel stack: its frames are the kernel's (pid 0).
+    w.push_stack(&StackRecord {
+        stack_id: 10,
+        pid: 0,
+        kernel: true,
+        truncated: false,
+        frames: vec![0xffff_ffff_8100_1000],
+    })
+    .unwrap();
+    w.push_frame(&FrameRecord {
+        pid: 0,
+        addr: 0xffff_ffff_8100_1000,
+        function: Some("alloc_skb".to_string()),
+        file: Some("net/core/skbuff.c".to_string()),
+        line: Some(640),
+        ..Default::default()
+    })
+    .unwrap();
     let mut ts = 1_000;
-    let mut ev = |kind: EventKind, addr: u64, size: u64, stack: Option<u64>| {
+    let mut ev = |kind: EventKind, addr: u64, size: u64, stack: Option<u64>, pid: u32| {
         ts += 1;
         // Ties, as the recorder's clock gives them: only seq orders.
         let e = Event {
@@ -304,17 +322,27 @@ fn fleet_host(root: &Path, host: usize, leaky: bool) -> PathBuf {
     for round in 0..40u64 {
         for s in 0..3u64 {
             let a = heap + s * 0x1000;
-            ev(EventKind::Malloc, a, 64 + s, Some(s + 1));
+            ev(EventKind::Malloc, a, 64 + s, Some(s + 1), pid);
             if !(s == 2 && round == 39) {
-                ev(EventKind::Free, a, 0, None);
+                ev(EventKind::Free, a, 0, None, pid);
             }
         }
+        // Kernel blocks, freed from another process's context (the
+        // kernel's table is one for all) but for the last round's; a user
+        // block at the same number is another table's.
+        let k = 0xffff_8880_0000_0000u64 + round * 64;
+        ev(EventKind::Kmalloc, k, 256, Some(10), pid);
+        if round < 39 {
+            ev(EventKind::Kfree, k, 0, None, pid + 5000);
+        }
+        ev(EventKind::Free, k, 0, None, pid);
         if leaky {
             ev(
                 EventKind::Malloc,
                 heap + 0x10_0000 + round * 0x100,
                 4096,
                 Some(4),
+                pid,
             );
         }
     }

@@ -84,7 +84,7 @@ def generate(a, root):
             # Another build: every user frame elsewhere, same functions and lines.
             cmd += ["--addr-shift", str(0x10000), "--build-id", "b2"]
         if i in leaky(a.hosts):
-            cmd += ["--fleet-leak", "0.02"]
+            cmd += ["--fleet-leak", str(a.fleet_leak)]
         subprocess.run(["nice", "-n", "10"] + cmd, check=True, stderr=subprocess.DEVNULL)
         events += a.events
     return events
@@ -215,7 +215,9 @@ def check_leaky(ref, hosts):
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--hosts", type=int, default=200)
-    ap.add_argument("--events", type=int, default=300_000, help="events per host")
+    ap.add_argument("--events", type=int, default=50_000, help="events per host")
+    ap.add_argument("--fleet-leak", type=float, default=0.1,
+                    help="fraction of the leaky hosts' blocks leaked from fleet_leak")
     ap.add_argument("--dir", default="/tmp/mlfleet")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--keep", action="store_true", help="keep the dataset afterwards")

@@ -6,7 +6,8 @@
 //! the last operation on an address decides, in the order of the events'
 //! `seq` column (format 1.5; `ts_ns` ties, docs/format.md):
 //!
-//! - heap blocks, per process and address: an allocation (or the new
+//! - heap blocks, per process and address (kernel slab blocks and pages
+//!   in tables of their own, as replay keeps them): an allocation (or the new
 //!   block of a realloc) is outstanding when no free (or realloc away) of
 //!   its address follows it; a realloc in place frees and allocates at
 //!   the same `seq`, and the allocation wins;
@@ -19,9 +20,8 @@
 //! - `fork`: a child's copies of its parent's blocks are not reported
 //!   (the parent's are), as in the analyzer without `--pid`.
 //!
-//! Left out, and said in docs/fleet.md: kernel allocations (`--kernel`),
-//! the analyzer's filters and `--at`, verdicts, and a pid reused within
-//! one trace.
+//! Left out, and said in docs/fleet.md: the analyzer's filters and
+//! `--at`, verdicts, and a pid reused within one trace.
 //!
 //! Stacks are keyed by their symbolized frames as `memleak diff` and
 //! `memleak analyze A B…` key them (`diff::stack_key`: function without
@@ -99,6 +99,13 @@ const USER_ALLOCS: &str =
     "'malloc', 'calloc', 'posix_memalign', 'memalign', 'aligned_alloc', 'valloc', 'pvalloc', 'new', 'new[]'";
 const USER_FREES: &str = "'free', 'delete', 'delete[]'";
 const REALLOCS: &str = "'realloc', 'reallocarray'";
+const KERNEL_ALLOCS: &str = "'kmalloc', 'kmem_cache_alloc', 'percpu_alloc', 'page_alloc'";
+const KERNEL_FREES: &str = "'kfree', 'kmem_cache_free', 'percpu_free', 'page_free'";
+/// The table an address belongs to: its process's heap, the kernel's
+/// slabs, or the kernel's pages (page frame numbers), as replay keeps them.
+const NAMESPACE: &str = "CASE WHEN kind IN ('page_alloc', 'page_free') THEN -2 \
+     WHEN kind IN ('kmalloc', 'kfree', 'kmem_cache_alloc', 'kmem_cache_free', 'percpu_alloc', \
+     'percpu_free') THEN -1 ELSE CAST(pid AS BIGINT) END";
 
 /// The statement computing outstanding bytes and allocations by stack
 /// over `sources`, one row per `group`, most bytes first.
@@ -142,21 +149,22 @@ pub fn outstanding_sql(
     let _ = write!(
         s,
         "\
--- Heap blocks: the last operation on a process's address decides; a
+-- Heap blocks: the last operation on an address decides, within a
+-- process's heap (ns = pid), the kernel's slabs (-1) or its pages (-2); a
 -- realloc frees its old block and allocates its new one at one seq.
 heap_ops AS (
-  SELECT host, trace, pid, addr, seq, 1 AS op, size, stack_id FROM events
-    WHERE kind IN ({USER_ALLOCS}, {REALLOCS}) AND addr <> 0
+  SELECT host, trace, {ns} AS ns, addr, seq, 1 AS op, size, stack_id FROM events
+    WHERE kind IN ({USER_ALLOCS}, {KERNEL_ALLOCS}, {REALLOCS}) AND addr <> 0
   UNION ALL
-  SELECT host, trace, pid, addr, seq, 0 AS op, 0 AS size, NULL AS stack_id FROM events
-    WHERE kind IN ({USER_FREES})
+  SELECT host, trace, {ns} AS ns, addr, seq, 0 AS op, 0 AS size, NULL AS stack_id FROM events
+    WHERE kind IN ({USER_FREES}, {KERNEL_FREES})
   UNION ALL
-  SELECT host, trace, pid, old_addr AS addr, seq, 0 AS op, 0 AS size, NULL AS stack_id FROM events
-    WHERE kind IN ({REALLOCS}) AND old_addr IS NOT NULL
+  SELECT host, trace, {ns} AS ns, old_addr AS addr, seq, 0 AS op, 0 AS size, NULL AS stack_id
+    FROM events WHERE kind IN ({REALLOCS}) AND old_addr IS NOT NULL
 ),
 last_heap AS (
-  SELECT host, trace, pid, seq, op, size, stack_id,
-    row_number() OVER (PARTITION BY host, trace, pid, addr ORDER BY seq DESC, op DESC) AS nth
+  SELECT host, trace, ns, seq, op, size, stack_id,
+    row_number() OVER (PARTITION BY host, trace, ns, addr ORDER BY seq DESC, op DESC) AS nth
   FROM heap_ops
 ),
 -- exec ends every allocation its process made before it.
@@ -196,8 +204,8 @@ cut_bytes AS (
   GROUP BY host, trace, pid, map_seq
 ),
 blocks AS (
-  SELECT h.host, h.trace, h.pid, h.stack_id, h.size AS bytes
-  FROM last_heap h LEFT JOIN execs x ON x.host = h.host AND x.trace = h.trace AND x.pid = h.pid
+  SELECT h.host, h.trace, h.ns AS pid, h.stack_id, h.size AS bytes
+  FROM last_heap h LEFT JOIN execs x ON x.host = h.host AND x.trace = h.trace AND x.pid = h.ns
   WHERE h.nth = 1 AND h.op = 1 AND (x.exec_seq IS NULL OR h.seq > x.exec_seq)
   UNION ALL
   SELECT m.host, m.trace, m.pid, m.stack_id, m.size - coalesce(k.cut, 0) AS bytes
@@ -241,6 +249,7 @@ keyed AS (
   LEFT JOIN stack_keys k ON k.host = b.host AND k.trace = b.trace AND k.stack_id = b.stack_id
 )
 ",
+        ns = NAMESPACE,
         frame_key = frame_key(d),
         positions = stack_positions(d),
         joined = ordered_join(d, "fkey", "pos", " | "),
