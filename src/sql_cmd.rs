@@ -5,9 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use anyhow::{bail, Context};
+use anyhow::bail;
 use clap::ValueEnum;
 use memleak_analyze::sql::{outstanding_sql, Dialect, Source, SqlGroup};
+use memleak_trace::discover::{find_traces, is_trace};
 use memleak_trace::Meta;
 
 /// SQL engines.
@@ -69,11 +70,12 @@ pub fn run(args: SqlArgs) -> anyhow::Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// A trace (it has a meta.json) or a dataset root (it has `host=`
-/// directories with traces in `trace=` directories).
+/// A trace (it has a meta.json) or a dataset root: every trace under it
+/// (found as `memleak analyze ROOT` finds them) at `ROOT/host=H/trace=ID/`,
+/// the layout the statement's glob reads.
 fn source(path: &Path) -> anyhow::Result<Source> {
     let text = path.to_string_lossy().into_owned();
-    if path.join("meta.json").is_file() {
+    if is_trace(path) {
         let meta = Meta::load(path)?;
         check_version(path, &meta)?;
         let trace = path
@@ -85,36 +87,31 @@ fn source(path: &Path) -> anyhow::Result<Source> {
             trace,
         });
     }
-    let mut traces = 0;
-    for host in read_dir_named(path, "host=")? {
-        for trace in read_dir_named(&host, "trace=")? {
-            if trace.join("meta.json").is_file() {
-                check_version(&trace, &Meta::load(&trace)?)?;
-                traces += 1;
-            }
-        }
-    }
-    if traces == 0 {
+    let found = find_traces(path)?;
+    if found.is_empty() {
         bail!(
             "{}: neither a trace (no meta.json) nor a dataset (no host=*/trace=*/meta.json)",
             path.display()
         );
     }
-    Ok(Source::Dataset(text))
-}
-
-/// The subdirectories of `dir` whose names start with `prefix`.
-fn read_dir_named(dir: &Path, prefix: &str) -> anyhow::Result<Vec<PathBuf>> {
-    let entries = std::fs::read_dir(dir).with_context(|| format!("{}", dir.display()))?;
-    let mut out = Vec::new();
-    for e in entries {
-        let e = e.with_context(|| format!("{}", dir.display()))?;
-        if e.file_name().to_string_lossy().starts_with(prefix) && e.path().is_dir() {
-            out.push(e.path());
+    for t in &found {
+        let relative = t.path.strip_prefix(path).unwrap_or(&t.path);
+        let names: Vec<String> = relative
+            .components()
+            .map(|c| c.as_os_str().to_string_lossy().into_owned())
+            .collect();
+        if !matches!(names.as_slice(), [h, t] if h.starts_with("host=") && t.starts_with("trace="))
+        {
+            bail!(
+                "{}: neither a trace (no meta.json) nor a dataset: the trace {} is not at \
+                 host=*/trace=* below it, which the statement reads (give it as a path of its own)",
+                path.display(),
+                t.path.display()
+            );
         }
+        check_version(&t.path, &Meta::load(&t.path)?)?;
     }
-    out.sort();
-    Ok(out)
+    Ok(Source::Dataset(text))
 }
 
 /// The statement orders events by `seq` (format 1.5).

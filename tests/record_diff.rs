@@ -11,49 +11,14 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::fixtures::{memleak, record_command, root};
-use serde_json::Value;
+use common::fixtures::{build_diff_leak as build_with, memleak, record_command};
 
-/// Compiles diff_leak.c with the Makefile's flags and `defines`, from a
-/// copy of the sources in a new temporary directory.
+/// diff_leak.c built with `defines` ([`build_with`] without a prefix).
 fn build(defines: &[&str]) -> (tempfile::TempDir, PathBuf) {
     build_with(defines, "")
 }
-
-/// [`build`] of diff_leak.c with `prefix` put before its first line.
-fn build_with(defines: &[&str], prefix: &str) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["diff_leak.c", "fx.h"] {
-        std::fs::copy(root().join("fixtures").join(f), dir.path().join(f)).unwrap();
-    }
-    let source = dir.path().join("diff_leak.c");
-    let text = std::fs::read_to_string(&source).unwrap();
-    std::fs::write(&source, format!("{prefix}{text}")).unwrap();
-    let bin = dir.path().join("diff_leak");
-    let out = Command::new("gcc")
-        .args([
-            "-O2",
-            "-g",
-            "-fno-omit-frame-pointer",
-            "-Wall",
-            "-Wno-unused-result",
-        ])
-        .args(defines)
-        .arg("-o")
-        .arg(&bin)
-        .arg("diff_leak.c")
-        .current_dir(dir.path())
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc {defines:?}: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (dir, bin)
-}
+use serde_json::Value;
 
 fn record(bin: &Path) -> (tempfile::TempDir, PathBuf) {
     record_command(&[bin.as_os_str()], &[])

@@ -12,35 +12,14 @@ mod common;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
-use common::fixtures::{memleak, record_command, root};
+use common::fixtures::{build_diff_leak, memleak, record_command};
 use memleak_analyze::diff::{stack_key, MatchOptions};
 use serde_json::Value;
 
-/// Compiles diff_leak.c with `defines`, from a copy of the sources in a
-/// new temporary directory.
+/// diff_leak.c built with `defines`.
 fn build(defines: &[&str]) -> (tempfile::TempDir, PathBuf) {
-    let dir = tempfile::tempdir().unwrap();
-    for f in ["diff_leak.c", "fx.h"] {
-        std::fs::copy(root().join("fixtures").join(f), dir.path().join(f)).unwrap();
-    }
-    let bin = dir.path().join("diff_leak");
-    let out = Command::new("gcc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-Wno-unused-result"])
-        .args(defines)
-        .arg("-o")
-        .arg(&bin)
-        .arg("diff_leak.c")
-        .current_dir(dir.path())
-        .output()
-        .expect("gcc runs");
-    assert!(
-        out.status.success(),
-        "gcc: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    (dir, bin)
+    build_diff_leak(defines, "")
 }
 
 /// Outstanding (bytes, count) by stack key, from the library's analysis

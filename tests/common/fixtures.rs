@@ -645,3 +645,39 @@ fn check_call_counts(fx: &Fixture, trace: &Path, report: &Report, capture: &str)
         fx.name
     );
 }
+
+/// Compiles `fixtures/diff_leak.c` with the Makefile's flags and
+/// `defines`, with `prefix` put before its first line, from a copy of the
+/// sources in a new temporary directory (so that two builds' source paths
+/// differ too); returns the directory and the program.
+pub fn build_diff_leak(defines: &[&str], prefix: &str) -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    for f in ["diff_leak.c", "fx.h"] {
+        std::fs::copy(root().join("fixtures").join(f), dir.path().join(f)).unwrap();
+    }
+    let source = dir.path().join("diff_leak.c");
+    let text = std::fs::read_to_string(&source).unwrap();
+    std::fs::write(&source, format!("{prefix}{text}")).unwrap();
+    let bin = dir.path().join("diff_leak");
+    let out = Command::new("gcc")
+        .args([
+            "-O2",
+            "-g",
+            "-fno-omit-frame-pointer",
+            "-Wall",
+            "-Wno-unused-result",
+        ])
+        .args(defines)
+        .arg("-o")
+        .arg(&bin)
+        .arg("diff_leak.c")
+        .current_dir(dir.path())
+        .output()
+        .expect("gcc runs");
+    assert!(
+        out.status.success(),
+        "gcc {defines:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    (dir, bin)
+}
