@@ -771,24 +771,34 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
     // Mapped a window at a time, not read: reading copies every byte from
     // the page cache first, which cost more than the CRC itself; and not
     // mapped whole, whose pages
-    // would all count in the process's RSS at once.
+    // would all count in the process's RSS at once. The windows are
+    // checked on the worker pool, a few at a time, and their CRCs combined
+    // in order: opening the 30 M-event bench trace (222 MB) took 23 ms on
+    // one thread, all of it before anything else could start.
     const WINDOW: u64 = 16 << 20;
+    use rayon::prelude::*;
+    let parts: Vec<std::io::Result<crc32fast::Hasher>> = (0..len.div_ceil(WINDOW))
+        .into_par_iter()
+        .map(|w| {
+            let at = w * WINDOW;
+            let n = WINDOW.min(len - at);
+            // SAFETY: the map is read only here; a trace changed under a
+            // reader is damage the CRC reports.
+            let map = unsafe {
+                memmap2::MmapOptions::new()
+                    .offset(at)
+                    .len(n as usize)
+                    .populate()
+                    .map(&file)
+            }?;
+            let mut crc = crc32fast::Hasher::new();
+            crc.update(&map);
+            Ok(crc)
+        })
+        .collect();
     let mut crc = crc32fast::Hasher::new();
-    let mut at = 0;
-    while at < len {
-        let n = WINDOW.min(len - at);
-        // SAFETY: the map is read only here; a trace changed under a
-        // reader is damage the CRC reports.
-        let map = unsafe {
-            memmap2::MmapOptions::new()
-                .offset(at)
-                .len(n as usize)
-                .populate()
-                .map(&file)
-        }
-        .map_err(|e| Error::io(path, e))?;
-        crc.update(&map);
-        at += n;
+    for part in parts {
+        crc.combine(&part.map_err(|e| Error::io(path, e))?);
     }
     let crc = crc.finalize();
     if crc != entry.crc32 {

@@ -79,6 +79,8 @@ const C_ROW: u8 = 0x88;
 
 /// How many rows ahead [`count_rows`] prefetches the per-stack totals.
 const STACK_AHEAD: usize = 16;
+/// How many rows ahead [`count_rows`] prefetches the old addresses.
+const OLD_AHEAD: usize = 64;
 
 /// Counts the allocations replay makes in these rows, which depend on
 /// the row alone, not on the outstanding blocks: done while decoding, on
@@ -157,7 +159,11 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     for i in 0..n {
         if let Some(&s) = b.stack_id.get(i + STACK_AHEAD) {
             acc.totals.prefetch(s);
+            temps.prefetch(b.addr[i + STACK_AHEAD]);
         }
+        // Only reallocs read their old address: too sparse for the
+        // hardware to stream that column.
+        crate::table::prefetch(b.old_addr.as_ptr().wrapping_add(i + OLD_AHEAD) as *const u8);
         let kind = b.kind[i] as usize;
         kinds[kind] += 1;
         let class = ctx.alloc_class[kind];

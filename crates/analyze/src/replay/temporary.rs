@@ -167,6 +167,13 @@ impl TempScan {
         };
     }
 
+    /// Hints the CPU to fetch the home entry of `addr`.
+    #[inline(always)]
+    pub(super) fn prefetch(&self, addr: u64) {
+        let h = self.owners.home_of(addr);
+        crate::table::prefetch(self.owners.home.as_ptr().wrapping_add(h) as *const u8);
+    }
+
     #[inline(always)]
     fn slot(&mut self, tid: u32) -> u32 {
         let (t, s) = self.tid_cache[tid as usize % TID_CACHE];
@@ -220,6 +227,19 @@ struct Owners {
     overflow: SmallMap,
     /// Live last allocations in `overflow`.
     spilled: usize,
+    /// A bit per [`filter_bit`] of the addresses spilled since `spilled`
+    /// was last 0: a lookup whose bit is clear skips `overflow`. A thread
+    /// that rarely allocates can keep a spilled allocation live for long,
+    /// and every lookup missing its home entry then probed `overflow`
+    /// (1.6 % of the analyzer's CPU on the 30 M-event bench trace).
+    filter: u64,
+}
+
+/// The bit of [`Owners::filter`] for the address whose [`mix`] is `h`:
+/// its low bits (the home entry is of the high ones).
+#[inline(always)]
+fn filter_bit(h: u64) -> u64 {
+    1 << (h & 63)
 }
 
 /// [`Last::home`] of an allocation whose address is in
@@ -243,6 +263,7 @@ impl Owners {
             shift: 64 - n.trailing_zeros(),
             overflow: SmallMap::default(),
             spilled: 0,
+            filter: 0,
         }
     }
 
@@ -254,14 +275,15 @@ impl Owners {
     /// The slot of the thread whose last allocation is live at `addr`.
     #[inline(always)]
     fn find(&self, addr: u64, last: &[Last]) -> Option<u32> {
-        let e = self.home[self.home_of(addr)];
+        let h = mix(addr);
+        let e = self.home[(h >> self.shift) as usize];
         if e != 0 {
             let l = &last[e as usize - 1];
             if l.live && l.addr == addr {
                 return Some(e - 1);
             }
         }
-        if self.spilled == 0 {
+        if self.spilled == 0 || self.filter & filter_bit(h) == 0 {
             return None;
         }
         self.find_spilled(addr, last)
@@ -281,6 +303,9 @@ impl Owners {
             l.live = false;
             if l.home == SPILLED {
                 self.spilled -= 1;
+                if self.spilled == 0 {
+                    self.filter = 0;
+                }
             }
         }
     }
@@ -312,6 +337,7 @@ impl Owners {
         }
         self.overflow.insert(addr, slot);
         self.spilled += 1;
+        self.filter |= filter_bit(mix(addr));
         SPILLED
     }
 

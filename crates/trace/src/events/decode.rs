@@ -381,6 +381,16 @@ fn stream_chunk(
     let mut size = Cursor::<u64>::new(chunk, meta(4), rows, Values::Int)?;
     let mut old_addr = Cursor::<u64>::new(chunk, meta(5), rows, Values::Int)?;
     let mut stack = Cursor::<u64>::new(chunk, meta(6), rows, Values::Int)?;
+    // Buffers of the thread's earlier row groups; kept again at the end
+    // (a row group the page decoder gives up on drops them).
+    let mut spare = std::mem::take(&mut scratch.cursors);
+    ts.reuse(&mut spare);
+    pid.reuse(&mut spare);
+    tid.reuse(&mut spare);
+    kind.reuse(&mut spare);
+    for c in [&mut addr, &mut size, &mut old_addr, &mut stack] {
+        c.reuse(&mut spare);
+    }
     // Only mremap rows have an old size: the column is decoded whole, and
     // only for row groups that have some.
     let mut old_size: Option<Vec<u64>> = None;
@@ -448,7 +458,7 @@ fn stream_chunk(
         let more = sink(b);
         *done += n;
         if !more {
-            return Some(());
+            break;
         }
         ts.consume(n);
         pid.consume(n);
@@ -458,6 +468,14 @@ fn stream_chunk(
             c.consume(n);
         }
     }
+    ts.give_back(&mut spare);
+    pid.give_back(&mut spare);
+    tid.give_back(&mut spare);
+    kind.give_back(&mut spare);
+    for c in [addr, size, old_addr, stack] {
+        c.give_back(&mut spare);
+    }
+    scratch.cursors = spare;
     Some(())
 }
 

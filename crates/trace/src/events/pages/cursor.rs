@@ -4,7 +4,7 @@ use bytes::Bytes;
 use parquet::basic::{Compression, Type as PhysicalType};
 use parquet::file::metadata::ColumnChunkMetaData;
 
-use super::page::{column_shape, sized, DataPage, Scratch, Values};
+use super::page::{column_shape, sized, CursorBuffers, DataPage, Scratch, Spare, Values};
 use super::source::{Chunk, OwnPages, PageSource};
 
 /// Decodes a column chunk one data page at a time, for callers that
@@ -60,6 +60,29 @@ impl<T: Copy + Default> Cursor<T> {
             pos: 0,
             rows_left: rows,
         })
+    }
+
+    /// Takes its buffers from `spare` (what [`Cursor::give_back`] left
+    /// there), so that they need not be grown and zeroed again.
+    pub fn reuse(&mut self, spare: &mut CursorBuffers)
+    where
+        T: Spare,
+    {
+        if let Some(v) = T::spare(spare).pop() {
+            // Kept at its length (values are written over, not pushed),
+            // all of it consumed.
+            self.vals = v;
+            self.pos = self.vals.len();
+        }
+        self.dict = spare.dict();
+    }
+
+    /// Leaves its buffers in `spare`, for [`Cursor::reuse`].
+    pub fn give_back(self, spare: &mut CursorBuffers)
+    where
+        T: Spare,
+    {
+        spare.keep(self.vals, self.dict);
     }
 
     /// The decoded values not consumed yet.

@@ -34,6 +34,58 @@ pub struct Scratch {
     pub(super) page: Vec<u8>,
     /// The thread's zstd decompression context.
     pub(super) zstd: Option<zstd::bulk::Decompressor<'static>>,
+    /// Value and dictionary buffers of the [`Cursor`](super::Cursor)s of
+    /// row groups streamed before, for the next ones.
+    pub cursors: CursorBuffers,
+}
+
+/// Buffers of spent [`Cursor`](super::Cursor)s, by value type. A fresh
+/// cursor's page of values (64 Ki rows) was zeroed and faulted in anew for
+/// every row group.
+#[derive(Default)]
+pub struct CursorBuffers {
+    u64s: Vec<Vec<u64>>,
+    u32s: Vec<Vec<u32>>,
+    u8s: Vec<Vec<u8>>,
+    dicts: Vec<Vec<u64>>,
+}
+
+/// The value types a [`Cursor`](super::Cursor) decodes into, and where
+/// [`CursorBuffers`] keeps their buffers.
+pub trait Spare: Sized {
+    /// The spare buffers of this type.
+    fn spare(b: &mut CursorBuffers) -> &mut Vec<Vec<Self>>;
+}
+
+impl Spare for u64 {
+    fn spare(b: &mut CursorBuffers) -> &mut Vec<Vec<Self>> {
+        &mut b.u64s
+    }
+}
+
+impl Spare for u32 {
+    fn spare(b: &mut CursorBuffers) -> &mut Vec<Vec<Self>> {
+        &mut b.u32s
+    }
+}
+
+impl Spare for u8 {
+    fn spare(b: &mut CursorBuffers) -> &mut Vec<Vec<Self>> {
+        &mut b.u8s
+    }
+}
+
+impl CursorBuffers {
+    /// A spare dictionary buffer.
+    pub(super) fn dict(&mut self) -> Vec<u64> {
+        self.dicts.pop().unwrap_or_default()
+    }
+
+    /// Keeps a spent cursor's buffers.
+    pub(super) fn keep<T: Spare>(&mut self, vals: Vec<T>, dict: Vec<u64>) {
+        T::spare(self).push(vals);
+        self.dicts.push(dict);
+    }
 }
 
 /// The first `n` elements of `v`, grown if needed but not cleared: every
