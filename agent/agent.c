@@ -26,6 +26,8 @@
  * not recorded, as the probe's outermost-call rule says. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <alloca.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -89,6 +91,13 @@ static char *slots;
 static struct mla_table *tables;
 static struct unwind_row *rows;
 static u32 table_idx = ~0u;      /* this process's table, once found */
+/* Loaded into a running process by `record -p --capture inject`
+ * (inject section, at the end): the agent is reached through the
+ * call sites it patched, not by symbol lookup, and the next definitions
+ * are the process's own (RTLD_DEFAULT: the agent is not in its global
+ * scope). */
+static int injected;
+static void *next_handle = RTLD_NEXT;
 static u64 table_gen_seen = ~0ull;
 
 /* ---- thread state ---- */
@@ -404,7 +413,7 @@ static void stop_for_recorder(void)
 {
 	siginfo_t si;
 
-	if (!on || !H || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+	if (!on || !H || injected || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
 		return;
 	memset(&si, 0, sizeof(si));
 	si.si_signo = SIGSTOP;
@@ -418,11 +427,15 @@ static void stop_for_recorder(void)
 typedef void *(*dlopen_t)(const char *, int);
 typedef int (*dlclose_t)(void *);
 
+static void patch_new_objects(void);
+
 EXPORT void *dlopen(const char *file, int flags)
 {
-	void *h = ((dlopen_t)dlsym(RTLD_NEXT, "dlopen"))(file, flags);
+	void *h = ((dlopen_t)dlsym(next_handle, "dlopen"))(file, flags);
 
-	if (h)
+	if (h && injected)
+		patch_new_objects();
+	else if (h)
 		stop_for_recorder();
 	return h;
 }
@@ -430,7 +443,7 @@ EXPORT void *dlopen(const char *file, int flags)
 EXPORT int dlclose(void *h)
 {
 	stop_for_recorder();
-	return ((dlclose_t)dlsym(RTLD_NEXT, "dlclose"))(h);
+	return ((dlclose_t)dlsym(next_handle, "dlclose"))(h);
 }
 
 /* ---- init ---- */
@@ -559,13 +572,19 @@ static void after_fork(void)
 		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
 }
 
-#define RESOLVE(name) real.name = dlsym(RTLD_NEXT, #name)
+#define RESOLVE(name) real.name = dlsym(next_handle, #name)
+
+static int loaded_for_inject(void);
 
 static void init(void)
 {
 	char spec_buf[300];
 
 	state = ST_INITING;
+	if (loaded_for_inject()) {
+		injected = 1;
+		next_handle = RTLD_DEFAULT;
+	}
 	RESOLVE(malloc);
 	RESOLVE(calloc);
 	RESOLVE(realloc);
@@ -585,6 +604,12 @@ static void init(void)
 	RESOLVE(getdelim);
 	if (pthread_key_create(&key, thread_gone) != 0)
 		return; /* never ready: everything passes through the boot path */
+	if (injected) {
+		/* Idle until memleak_attach(). */
+		pthread_atfork(NULL, NULL, after_fork);
+		state = ST_READY;
+		return;
+	}
 	H = find_self(spec_buf, sizeof(spec_buf)) ? map_shared(spec_buf) : NULL;
 	if (H) {
 		slots = (char *)H + H->ring_off;
@@ -1677,7 +1702,7 @@ static void *next_of(void **cache, const char *name)
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
+		f = dlsym(next_handle, name);
 		if (!f) {
 			static const char msg[] = "memleak agent: no next definition of a C++ operator\n";
 			write(2, msg, sizeof(msg) - 1);
@@ -1756,3 +1781,265 @@ DELETE(_ZdaPvSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b), (p, b), del2_t)
 DELETE(_ZdaPvmSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c), del3_t)
 DELETE(_ZdaPvSt11align_val_tRKSt9nothrow_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c),
        del3_t)
+
+/* ---- inject: attached to a running process ----
+ *
+ * `record -p PID --capture inject` stops one thread of a running process
+ * with ptrace, at a moment it is outside the allocator and the loader,
+ * and makes it call, in turn: memfd_create and dlopen (this library, from
+ * a memfd named INJECT_NAME), then memleak_attach(fd of the shared
+ * memory) (src/record/inject.rs drives it; crates/recorder/src/inject.rs
+ * makes the calls). Loaded that way the agent is in no global scope:
+ * nothing binds to its definitions, and it takes the calls by rewriting
+ * the process's call sites instead: every GOT entry (PLT jump slots, and
+ * GOT slots of code built with -fno-plt) that names a function it
+ * defines and still holds the process's own definition. memleak_detach()
+ * puts them back; the agent stays loaded, idle, and a later recording
+ * attaches it again (200 attach/detach cycles must leave one copy).
+ *
+ * A patched slot only ever holds one of two values, the process's
+ * definition or ours, each written with one aligned store: a thread
+ * calling through it at the same moment takes either, and both work. A
+ * slot that holds anything else (another object's definition, bound by
+ * versioning or DT_SYMBOLIC) is left alone. */
+
+#define INJECT_NAME "memleak-inject.so"
+
+static int loaded_for_inject(void)
+{
+	Dl_info info;
+	char link[256];
+	ssize_t n;
+
+	if (!dladdr((void *)loaded_for_inject, &info) || !info.dli_fname)
+		return 0;
+	n = readlink(info.dli_fname, link, sizeof(link) - 1);
+	if (n <= 0)
+		return 0;
+	link[n] = 0;
+	return strstr(link, INJECT_NAME) != NULL;
+}
+
+/* The functions whose call sites are patched: the allocator entry
+ * points, and dlopen (a library loaded later gets its sites patched).
+ * The exec family is not: a program exec'd is no longer recorded. */
+static struct hook {
+	const char *name;
+	void *mine, *theirs;
+} hooks[] = {
+	{ .name = "malloc" }, { .name = "free" }, { .name = "calloc" }, { .name = "realloc" }, { .name = "reallocarray" },
+	{ .name = "posix_memalign" }, { .name = "memalign" }, { .name = "aligned_alloc" }, { .name = "valloc" }, { .name = "pvalloc" },
+	{ .name = "mmap" }, { .name = "mmap64" }, { .name = "munmap" }, { .name = "mremap" },
+	{ .name = "strdup" }, { .name = "strndup" }, { .name = "vasprintf" }, { .name = "asprintf" }, { .name = "getdelim" }, { .name = "getline" },
+	{ .name = "dlopen" }, { .name = "dlclose" },
+	{ .name = "_Znwm" }, { .name = "_ZnwmRKSt9nothrow_t" }, { .name = "_ZnwmSt11align_val_t" },
+	{ .name = "_ZnwmSt11align_val_tRKSt9nothrow_t" }, { .name = "_Znam" }, { .name = "_ZnamRKSt9nothrow_t" },
+	{ .name = "_ZnamSt11align_val_t" }, { .name = "_ZnamSt11align_val_tRKSt9nothrow_t" },
+	{ .name = "_ZdlPv" }, { .name = "_ZdlPvm" }, { .name = "_ZdlPvRKSt9nothrow_t" }, { .name = "_ZdlPvSt11align_val_t" },
+	{ .name = "_ZdlPvmSt11align_val_t" }, { .name = "_ZdlPvSt11align_val_tRKSt9nothrow_t" }, { .name = "_ZdaPv" },
+	{ .name = "_ZdaPvm" }, { .name = "_ZdaPvRKSt9nothrow_t" }, { .name = "_ZdaPvSt11align_val_t" },
+	{ .name = "_ZdaPvmSt11align_val_t" }, { .name = "_ZdaPvSt11align_val_tRKSt9nothrow_t" },
+};
+#define NHOOKS (sizeof(hooks) / sizeof(hooks[0]))
+
+static u64 my_base;    /* this library's load address: never patched */
+static int attached;   /* between memleak_attach and memleak_detach */
+
+/* Our definitions (by our own handle: RTLD_DEFAULT would not find them)
+ * and the process's (libstdc++'s operators once it is loaded). */
+static void resolve_hooks(void)
+{
+	Dl_info info;
+	void *me_h;
+
+	if (!my_base && dladdr((void *)resolve_hooks, &info))
+		my_base = (u64)info.dli_fbase;
+	me_h = dladdr((void *)resolve_hooks, &info) ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	for (u32 i = 0; i < NHOOKS; i++) {
+		if (!hooks[i].mine && me_h)
+			hooks[i].mine = dlsym(me_h, hooks[i].name);
+		if (!hooks[i].theirs)
+			hooks[i].theirs = dlsym(RTLD_DEFAULT, hooks[i].name);
+	}
+	/* One reference was taken above; the library is never unloaded. */
+}
+
+static struct hook *hook_named(const char *name)
+{
+	for (u32 i = 0; i < NHOOKS; i++)
+		if (!strcmp(hooks[i].name, name))
+			return &hooks[i];
+	return NULL;
+}
+
+/* What one pass over the objects does. */
+struct patching {
+	int attach;   /* 1: theirs -> mine; 0: mine -> theirs */
+	long slots;   /* slots written */
+	long skipped; /* slots naming a hook that held another definition */
+};
+
+static u64 dyn_ptr(u64 v, u64 base)
+{
+	/* ld.so relocates most objects' dynamic entries in place; not the
+	 * vDSO's. */
+	return v < base ? v + base : v;
+}
+
+static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct patching *p = data;
+	const ElfW(Dyn) *dyn = NULL;
+	const ElfW(Sym) *symtab = NULL;
+	const char *strtab = NULL;
+	const ElfW(Rela) *rel[2] = { NULL, NULL };
+	u64 relsz[2] = { 0, 0 };
+	u64 lo = ~0ull, hi = 0, relro_lo = 0, relro_hi = 0, base = info->dlpi_addr;
+	int relro_open = 0;
+
+	if (base == my_base || !info->dlpi_phdr)
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+
+		if (ph->p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
+		else if (ph->p_type == PT_LOAD) {
+			if (base + ph->p_vaddr < lo)
+				lo = base + ph->p_vaddr;
+			if (base + ph->p_vaddr + ph->p_memsz > hi)
+				hi = base + ph->p_vaddr + ph->p_memsz;
+		} else if (ph->p_type == PT_GNU_RELRO) {
+			relro_lo = (base + ph->p_vaddr) & ~4095ull;
+			relro_hi = (base + ph->p_vaddr + ph->p_memsz + 4095) & ~4095ull;
+		}
+	}
+	if (!dyn)
+		return 0;
+	for (; dyn->d_tag != DT_NULL; dyn++) {
+		switch (dyn->d_tag) {
+		case DT_SYMTAB: symtab = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_STRTAB: strtab = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_JMPREL: rel[0] = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_PLTRELSZ: relsz[0] = dyn->d_un.d_val; break;
+		case DT_RELA: rel[1] = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_RELASZ: relsz[1] = dyn->d_un.d_val; break;
+		}
+	}
+	if (!symtab || !strtab)
+		return 0;
+	for (int t = 0; t < 2; t++) {
+		for (u64 i = 0; rel[t] && i < relsz[t] / sizeof(ElfW(Rela)); i++) {
+			const ElfW(Rela) *r = &rel[t][i];
+			u32 type = ELF64_R_TYPE(r->r_info);
+			struct hook *h;
+			void **slot, *now, *want;
+
+			if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
+				continue;
+			if (!ELF64_R_SYM(r->r_info))
+				continue;
+			h = hook_named(strtab + symtab[ELF64_R_SYM(r->r_info)].st_name);
+			if (!h || !h->mine || !h->theirs)
+				continue;
+			slot = (void **)(base + r->r_offset);
+			now = __atomic_load_n(slot, __ATOMIC_RELAXED);
+			if (p->attach) {
+				/* Bound to the process's definition, or not yet
+				 * bound (a lazy slot points into its own PLT). */
+				if (now == h->mine)
+					continue;
+				if (now != h->theirs && !((u64)now >= lo && (u64)now < hi)) {
+					p->skipped++;
+					continue;
+				}
+				want = h->mine;
+			} else {
+				if (now != h->mine)
+					continue;
+				want = h->theirs;
+			}
+			if ((u64)slot >= relro_lo && (u64)slot < relro_hi && !relro_open) {
+				if (syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo,
+					    PROT_READ | PROT_WRITE) != 0) {
+					p->skipped++;
+					continue;
+				}
+				relro_open = 1;
+			}
+			__atomic_store_n(slot, want, __ATOMIC_RELEASE);
+			p->slots++;
+		}
+	}
+	if (relro_open)
+		syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo, PROT_READ);
+	return 0;
+}
+
+static long patch_all(int attach)
+{
+	struct patching p = { attach, 0, 0 };
+
+	if (attach)
+		resolve_hooks();
+	dl_iterate_phdr(patch_object, &p);
+	return p.slots;
+}
+
+static void patch_new_objects(void)
+{
+	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+		patch_all(1);
+}
+
+/* Attaches to the shared memory the recorder made (its descriptor `fd`,
+ * closed here) and patches the call sites. Returns the number of slots
+ * patched, or a negative errno. Called by the recorder, through ptrace,
+ * on a thread it stopped outside the allocator and the loader. */
+EXPORT long memleak_attach(int fd)
+{
+	struct mla_header hdr;
+	struct mla_header *h;
+	long n;
+
+	if (!injected || state != ST_READY)
+		return -EINVAL;
+	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+		return -EBUSY;
+	if (pread(fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC || hdr.version != MLA_VERSION) {
+		close(fd);
+		return -EPROTO;
+	}
+	h = (void *)syscall(SYS_mmap, NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if ((long)h < 0 && (long)h > -4096)
+		return (long)h;
+	/* The previous recording's memory stays mapped (a call still in
+	 * flight may write to it); the recorder freed its pages. */
+	on = 0;
+	slots = (char *)h + h->ring_off;
+	slot_mask = h->nslots - 1;
+	tables = (struct mla_table *)((char *)h + h->tables_off);
+	rows = (struct unwind_row *)((char *)h + h->rows_off);
+	table_idx = ~0u;
+	table_gen_seen = ~0ull;
+	my_pid = (u32)syscall(SYS_getpid);
+	__atomic_store_n(&H, h, __ATOMIC_RELEASE);
+	__atomic_store_n(&on, pid_traced(my_pid), __ATOMIC_RELEASE);
+	if (on)
+		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&attached, 1, __ATOMIC_RELEASE);
+	n = patch_all(1);
+	return n;
+}
+
+/* Puts the call sites back and records nothing more; the agent stays,
+ * idle. Returns the number of slots restored. */
+EXPORT long memleak_detach(void)
+{
+	if (!injected)
+		return -EINVAL;
+	__atomic_store_n(&attached, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&on, 0, __ATOMIC_RELEASE);
+	return patch_all(0);
+}

@@ -143,6 +143,7 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
         args.capture,
         &capture::Situation {
             argv: &argv,
+            pids: args.pid.len(),
             kernel: args.kernel || args.kernel_pid.is_some(),
             custom_allocator: object.is_some() || !args.symbols_prefix.is_empty(),
             count_only: args.count_only,
@@ -205,7 +206,7 @@ fn record(
         // an exec): a sixteenth of the size, which costs a sixteenth of
         // the time to make, map and unmap (64 MiB: ~30 ms).
         ring_bytes: match chosen {
-            Chosen::Preload => args.ring_size / 16,
+            Chosen::Preload | Chosen::Inject => args.ring_size / 16,
             Chosen::Bpf(_) => args.ring_size,
         },
         kernel_tgid: args.kernel_pid.unwrap_or(0),
@@ -222,21 +223,33 @@ fn record(
         u.prefetch(prefetch_paths(&args.pid, &argv));
         u
     });
-    let mut agent = match chosen {
-        Chosen::Preload => Some(Agent::new(&memleak_recorder::agent::Config {
-            ring_bytes: u64::from(args.ring_size),
-            min_size: args.min_size,
-            max_size: args.max_size,
-            max_frames: args.stack_depth,
-            unwind_mode: cfg.unwind.code(),
-        })?),
-        Chosen::Bpf(_) => None,
+    let agent_cfg = memleak_recorder::agent::Config {
+        ring_bytes: u64::from(args.ring_size),
+        min_size: args.min_size,
+        max_size: args.max_size,
+        max_frames: args.stack_depth,
+        unwind_mode: cfg.unwind.code(),
     };
-    let preload = agent.is_some();
+    let mut agent = match chosen {
+        Chosen::Preload => Some(Agent::new(&agent_cfg)?),
+        Chosen::Bpf(_) | Chosen::Inject => None,
+    };
+    // The agent records the allocator calls; the probe's ring has the
+    // lifecycle only.
+    let preload = chosen.agent();
+    let injected = *chosen == Chosen::Inject;
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
     probes.attach_lifecycle()?;
-    if let Some(u) = &unwinder {
+    if let (true, Some(&pid)) = (injected, args.pid.first()) {
+        agent = Some(super::inject::attach(
+            pid,
+            &agent_cfg,
+            unwinder.as_ref(),
+            &probes,
+            args.verbose,
+        )?);
+    } else if let Some(u) = &unwinder {
         match &agent {
             Some(a) => u.set_sink(Box::new(capture::BothTables(
                 a.shared.sink(),
@@ -349,7 +362,8 @@ fn record(
     for &pid in &pids {
         if !matches!(target, Target::Child(_)) {
             recorder.snapshot_maps(pid)?;
-            if let Some(u) = &unwinder {
+            // An injected agent's process was tracked before it attached.
+            if let (Some(u), false) = (&unwinder, injected) {
                 u.track(pid);
             }
         }
@@ -674,6 +688,13 @@ fn record(
             scan_lines.borrow_mut().push(line);
         }
     }
+    // The injected agent's call sites are put back first: the process
+    // runs on at its old speed, and nothing more comes into the ring.
+    if let (true, Target::Pids(pids)) = (injected, &target) {
+        for &pid in pids.iter().filter(|&&p| process_alive(p)) {
+            super::inject::detach(pid, args.verbose);
+        }
+    }
     if let Some(a) = &agent {
         a.borrow().shared.stop();
     }
@@ -684,6 +705,12 @@ fn record(
         return Err(e.into());
     }
     drop(rb);
+    if let (true, Some(a)) = (injected, &agent) {
+        // The memory stays mapped in the process; its pages go.
+        if let Err(e) = a.borrow().shared.release_pages() {
+            say!("memleak: warning: the agent's memory in the process could not be released: {e}");
+        }
+    }
     let mut rec = recorder.into_inner();
     rec.set_lost(&lost(&probes, agent.as_ref()));
     if let Some(a) = &agent {

@@ -179,6 +179,19 @@ impl Shared {
     /// a program exec'd by the command finds it by number, or else by
     /// path through /proc).
     pub fn create(cfg: &Config) -> io::Result<Shared> {
+        // SAFETY: a name and flags; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"memleak-agent-ring".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd, owned from here.
+        Shared::create_on(unsafe { OwnedFd::from_raw_fd(fd) }, cfg)
+    }
+
+    /// Makes the memory in `fd`, an empty memfd: one the recorder made,
+    /// or one made in a running process for its injected agent, opened
+    /// here through /proc.
+    pub fn create_on(fd: OwnedFd, cfg: &Config) -> io::Result<Shared> {
         // The largest power of two of slots the ring size holds, at least
         // 1024.
         let fit = (cfg.ring_bytes / SLOT_BYTES as u64).max(1024);
@@ -188,13 +201,6 @@ impl Shared {
             page_up(tables_off + u64::from(TABLES) * std::mem::size_of::<Table>() as u64);
         let ring_off = page_up(rows_off + u64::from(ROWS) * 8);
         let total = page_up(ring_off + nslots * SLOT_BYTES as u64);
-        // SAFETY: a name and flags; the fd returned is ours.
-        let fd = unsafe { libc::memfd_create(c"memleak-agent-ring".as_ptr(), 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd, owned from here.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: our fd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), total as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
@@ -342,6 +348,29 @@ impl Shared {
     pub fn stop(&self) {
         self.header().stop.store(1, Ordering::SeqCst);
         self.wake_writers(true);
+    }
+
+    /// Gives back the pages of everything but the header (the tables, the
+    /// rows, the ring) once the recording is over and drained, for an
+    /// agent that keeps the memory mapped: an injected one stays in the
+    /// running process. A late write there gets a fresh zero page, never
+    /// a fault.
+    pub fn release_pages(&self) -> io::Result<()> {
+        let start = HEADER_BYTES as i64;
+        let len = self.map.len as i64 - start;
+        // SAFETY: our fd; a range inside the file.
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start,
+                len,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Wakes the writers waiting for room in the ring, once a quarter of
