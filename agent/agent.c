@@ -1831,7 +1831,7 @@ static struct hook {
 	{ .name = "posix_memalign" }, { .name = "memalign" }, { .name = "aligned_alloc" }, { .name = "valloc" }, { .name = "pvalloc" },
 	{ .name = "mmap" }, { .name = "mmap64" }, { .name = "munmap" }, { .name = "mremap" },
 	{ .name = "strdup" }, { .name = "strndup" }, { .name = "vasprintf" }, { .name = "asprintf" }, { .name = "getdelim" }, { .name = "getline" },
-	{ .name = "dlopen" }, { .name = "dlclose" },
+	{ .name = "dlopen" }, { .name = "dlclose" }, { .name = "dlsym" },
 	{ .name = "_Znwm" }, { .name = "_ZnwmRKSt9nothrow_t" }, { .name = "_ZnwmSt11align_val_t" },
 	{ .name = "_ZnwmSt11align_val_tRKSt9nothrow_t" }, { .name = "_Znam" }, { .name = "_ZnamRKSt9nothrow_t" },
 	{ .name = "_ZnamSt11align_val_t" }, { .name = "_ZnamSt11align_val_tRKSt9nothrow_t" },
@@ -1845,6 +1845,39 @@ static struct hook {
 static u64 my_base;    /* this library's load address: never patched */
 static int attached;   /* between memleak_attach and memleak_detach */
 
+static struct hook *hook_named(const char *name)
+{
+	for (u32 i = 0; i < NHOOKS; i++)
+		if (!strcmp(hooks[i].name, name))
+			return &hooks[i];
+	return NULL;
+}
+
+typedef void *(*dlsym_t)(void *, const char *);
+static dlsym_t real_dlsym;
+
+/* dlsym, for the process while the agent is attached: a lookup of a
+ * function the agent takes gets the agent's (ctypes, plugin loaders:
+ * calls through a pointer looked up after the attach pass no GOT slot).
+ * RTLD_NEXT is answered by the real dlsym, tail-called, so that it sees
+ * its caller's return address; a pointer looked up before the attach is
+ * not seen (docs/design.md). Not exported: a preloaded agent must not
+ * take the program's lookups. */
+static void *inject_dlsym(void *h, const char *name)
+{
+	void *p;
+
+	if (h == RTLD_NEXT) {
+		__attribute__((musttail)) return real_dlsym(h, name);
+	}
+	p = real_dlsym(h, name);
+	if (p && __atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+		for (u32 i = 0; i < NHOOKS; i++)
+			if (hooks[i].theirs == p && hooks[i].mine)
+				return hooks[i].mine;
+	return p;
+}
+
 /* Our definitions (by our own handle: RTLD_DEFAULT would not find them)
  * and the process's (libstdc++'s operators once it is loaded). */
 static void resolve_hooks(void)
@@ -1855,6 +1888,9 @@ static void resolve_hooks(void)
 	if (!my_base && dladdr((void *)resolve_hooks, &info))
 		my_base = (u64)info.dli_fbase;
 	me_h = dladdr((void *)resolve_hooks, &info) ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	if (!real_dlsym)
+		real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
+	hook_named("dlsym")->mine = real_dlsym ? (void *)inject_dlsym : NULL;
 	for (u32 i = 0; i < NHOOKS; i++) {
 		if (!hooks[i].mine && me_h)
 			hooks[i].mine = dlsym(me_h, hooks[i].name);
@@ -1864,13 +1900,6 @@ static void resolve_hooks(void)
 	/* One reference was taken above; the library is never unloaded. */
 }
 
-static struct hook *hook_named(const char *name)
-{
-	for (u32 i = 0; i < NHOOKS; i++)
-		if (!strcmp(hooks[i].name, name))
-			return &hooks[i];
-	return NULL;
-}
 
 /* What one pass over the objects does. */
 struct patching {

@@ -242,6 +242,9 @@ fn record(
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
     probes.attach_lifecycle()?;
     if let (true, Some(&pid)) = (injected, args.pid.first()) {
+        // Ctrl-C from here on ends the recording the usual way, which
+        // detaches the agent: dying now would leave it attached.
+        catch_stop_signals();
         agent = Some(super::inject::attach(
             pid,
             &agent_cfg,

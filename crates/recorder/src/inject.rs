@@ -305,8 +305,14 @@ impl Process {
     }
 
     /// Why a thread stopped with `regs` and `stack` (words from its stack
-    /// pointer up) must not make a call now, or None.
-    fn unsafe_because(&self, regs: &libc::user_regs_struct, stack: &[u8]) -> Option<String> {
+    /// pointer up) must not make a call now, or None. With `Strict::PcOnly`
+    /// the stack is not looked at.
+    fn unsafe_because(
+        &self,
+        regs: &libc::user_regs_struct,
+        stack: &[u8],
+        strict: Strict,
+    ) -> Option<String> {
         let pc = regs.rip;
         if in_ranges(&self.forbidden, pc) {
             return Some(format!("at {pc:#x}, in the allocator or the loader"));
@@ -316,6 +322,9 @@ impl Process {
             if nr < 0 || !WAITING_SYSCALLS.contains(&nr) {
                 return Some(format!("at {pc:#x} in libc, not waiting in a system call"));
             }
+        }
+        if strict == Strict::PcOnly {
+            return None;
         }
         stack
             .chunks_exact(8)
@@ -372,6 +381,19 @@ fn wait_thread(tid: i32, deadline: Instant) -> io::Result<Option<Waited>> {
     }
 }
 
+/// How a safe point is judged.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Strict {
+    /// The registers and the stack: for the attach, whose dlopen
+    /// allocates and takes the loader's locks.
+    Stack,
+    /// The registers only: for the detach, which neither allocates nor
+    /// loads, once the strict test found no moment (a thread blocked in
+    /// read whose stack holds stale return addresses, beside threads that
+    /// never leave the allocator).
+    PcOnly,
+}
+
 /// One thread of the process, seized and stopped, its registers saved.
 pub struct Stopped<'a> {
     process: &'a Process,
@@ -390,16 +412,23 @@ impl<'a> Stopped<'a> {
     /// Seizes and stops one thread of the process at a safe point: the
     /// threads are tried in turn (those asleep first), again and again,
     /// for up to [`SAFE_POINT_LIMIT`].
-    pub fn at_safe_point(process: &'a Process) -> Result<Stopped<'a>, InjectError> {
+    fn at_safe_point(
+        process: &'a Process,
+        relax_after: Option<Duration>,
+    ) -> Result<Stopped<'a>, InjectError> {
         let pid = process.pid;
         let started = Instant::now();
         let mut last_why = String::new();
         let mut tries = 0u32;
         while started.elapsed() < SAFE_POINT_LIMIT {
+            let strict = match relax_after {
+                Some(after) if started.elapsed() >= after => Strict::PcOnly,
+                _ => Strict::Stack,
+            };
             for tid in threads(pid) {
                 tries += 1;
                 match Stopped::seize(process, tid) {
-                    Ok(Some(s)) => match s.check() {
+                    Ok(Some(s)) => match s.check(strict) {
                         None => return Ok(s),
                         Some(why) => last_why = why,
                     },
@@ -487,11 +516,11 @@ impl<'a> Stopped<'a> {
         Ok(Some(s))
     }
 
-    fn check(&self) -> Option<String> {
+    fn check(&self, strict: Strict) -> Option<String> {
         let mut stack = vec![0u8; STACK_SCAN];
         let n = read_mem(self.process.pid, self.regs.rsp, &mut stack);
         stack.truncate(n);
-        self.process.unsafe_because(&self.regs, &stack)
+        self.process.unsafe_because(&self.regs, &stack, strict)
     }
 
     fn mem(&self) -> io::Result<fs::File> {
@@ -706,7 +735,7 @@ pub fn attach<T>(
     setup: impl FnOnce(OwnedFd) -> io::Result<T>,
 ) -> Result<(T, Attached), InjectError> {
     let pid = process.pid;
-    let mut t = Stopped::at_safe_point(process)?;
+    let mut t = Stopped::at_safe_point(process, None)?;
     let loaded = process.agent.is_none();
     let base = match process.agent {
         Some(base) => base,
@@ -788,7 +817,7 @@ pub fn detach(pid: u32, agent_so: &[u8]) -> Result<u64, InjectError> {
     let Some(base) = process.agent else {
         return err(format!("process {pid} has no agent"));
     };
-    let mut t = Stopped::at_safe_point(&process)?;
+    let mut t = Stopped::at_safe_point(&process, Some(Duration::from_secs(1)))?;
     let detach = agent_function(agent_so, base, "memleak_detach")?;
     let n = t.call(detach, &[])? as i64;
     t.release();
