@@ -10,6 +10,9 @@ run, alternating ROUNDS times:
   record      `memleak record --capture bpf` writing a trace (the probes)
   preload     `memleak record --capture preload`: memleak's agent inside
               the workload (LD_PRELOAD), the same trace
+  inject      `memleak record -p PID --capture inject`: the workload
+              started first (ALLOC_PAIRS_WAIT), the agent loaded into it
+              and its call sites patched, then the loop runs
   heaptrack   `heaptrack -o FILE` (Debian's heaptrack: an LD_PRELOAD hook),
               the peer a user would pick for this job
   valgrind    `valgrind --tool=memcheck --leak-check=full` (with --peers;
@@ -69,7 +72,7 @@ def main():
 
 def run(a, args, tmp):
     trace = os.path.join(tmp, "t.parquet")
-    modes = ["bare", "floor", "record", "preload"]
+    modes = ["bare", "floor", "record", "preload", "inject"]
     peers = []
     if not a.no_peers and shutil.which("heaptrack"):
         peers.append("heaptrack")
@@ -82,8 +85,8 @@ def run(a, args, tmp):
     wall_us = {m: [] for m in modes}
     e2e_wall_us = {m: [] for m in modes}
     e2e_cpu_us = {m: [] for m in modes}
-    cpu = {"record": [], "preload": []}
-    lost = {"record": [], "preload": []}
+    cpu = {"record": [], "preload": [], "inject": []}
+    lost = {"record": [], "preload": [], "inject": []}
     events, unwinds = [], []
 
     def timed(mode, cmd, pairs=a.pairs):
@@ -102,6 +105,39 @@ def run(a, args, tmp):
         used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         e2e_cpu_us[mode].append(used * 1e6 / total)
 
+    def timed_inject(cmd_args):
+        """The workload started first, waiting; memleak attached with
+        --capture inject; then the loop runs. End to end: from the go to
+        the recorder's exit."""
+        env = dict(os.environ, ALLOC_PAIRS_WAIT="1")
+        w = subprocess.Popen(cmd_args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+        assert w.stdout.readline().strip() == "ready"
+        m = subprocess.Popen([a.memleak, "record", "-v", "--force", "--capture", "inject",
+                              "-p", str(w.pid), "-o", trace],
+                             stderr=subprocess.PIPE, text=True)
+        for line in m.stderr:
+            if "call sites patched" in line:
+                break
+        else:
+            raise SystemExit("memleak did not attach")
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        out = w.stdout.read().split()
+        w.wait()
+        m.stderr.read()
+        m.wait()
+        t1 = time.monotonic()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall_us["inject"].append(int(out[0]) / a.pairs / 1000)
+        cpu_us["inject"].append(int(out[1]) / a.pairs / 1000)
+        total = a.pairs * a.threads
+        e2e_wall_us["inject"].append((t1 - t0) * 1e6 / total)
+        used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        e2e_cpu_us["inject"].append(used * 1e6 / total)
+
     ht = os.path.join(tmp, "heaptrack.out")
     for _ in range(a.rounds):
         timed("bare", args)
@@ -119,6 +155,12 @@ def run(a, args, tmp):
             lost[mode].append(sum(v for k, v in meta["counters"]["lost"].items()
                                   if k != "failed_alloc"))
             cpu[mode].append(meta["recorder_cpu_ns"] / n)
+        timed_inject(args)
+        meta = json.load(open(os.path.join(trace, "meta.json")))
+        n = sum(meta["counters"]["events"].values())
+        lost["inject"].append(sum(v for k, v in meta["counters"]["lost"].items()
+                                  if k != "failed_alloc"))
+        cpu["inject"].append(meta["recorder_cpu_ns"] / n)
         if "heaptrack" in peers:
             for f in os.listdir(tmp):
                 if f.startswith("heaptrack.out"):
@@ -144,7 +186,7 @@ def run(a, args, tmp):
         vs_floor = "–" if k == "bare" else f"{mc[k]/mc['floor']:.2f}"
         print(f"| {k} | {mc[k]:.3f} | {mc[k]/mc['bare']:.1f} | {vs_floor} | {vs_ht} "
               f"| {ew[k]:.3f} | {ec[k]:.3f} |")
-    for mode in ["record", "preload"]:
+    for mode in ["record", "preload", "inject"]:
         c = cpu[mode]
         print(f"{mode}: events per run: {events[0]}; lost: {max(lost[mode])}; recorder CPU per "
               f"event: {statistics.median(c):.0f} ns (min {min(c):.0f}, max {max(c):.0f})")

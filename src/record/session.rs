@@ -532,7 +532,8 @@ fn record(
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
-    let mut status = Status::new(status_line, args.duration, &pids);
+    let probes_on_pids = matches!(chosen, Chosen::Bpf(_)) && !args.pid.is_empty();
+    let mut status = Status::new(status_line, args.duration, &pids, probes_on_pids);
     let mut live = args.interval().map(|every| {
         let start_ns = recorder.borrow_mut().meta_mut().start_ns;
         LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns)
