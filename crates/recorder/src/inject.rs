@@ -19,9 +19,11 @@
 //! What can go wrong, and what is done about it:
 //! - A thread stopped inside malloc, holding an arena lock, would
 //!   deadlock in the dlopen's own allocations; one inside ld.so would
-//!   re-enter it. The thread chosen is one whose registers and whose 32
-//!   KiB of stack show no return address in the allocator's entry points,
-//!   in ld.so, in an object that defines its own malloc, or in the agent;
+//!   re-enter it. The thread chosen is one whose registers and whose
+//!   stack, walked frame by frame with the unwind rows (or, where a walk
+//!   stops short, every word of 32 KiB of it), show no frame in the
+//!   allocator's entry points, in ld.so, in an object that defines its own
+//!   malloc, or in the agent;
 //!   in libc it must be blocked in a waiting system call (read, poll,
 //!   futex, nanosleep...), never one malloc makes with its lock held
 //!   (mmap, brk, munmap). Stale words on the stack make this test err on
@@ -40,6 +42,7 @@ use std::time::{Duration, Instant};
 
 use crate::elf::ElfFile;
 use crate::procmaps::{read_maps, Mapping};
+use crate::unwind::{self as uw, ObjectMap, UnwindCache};
 
 /// The name of the agent's memfd in an injected process (agent.c,
 /// `INJECT_NAME`); its maps show `/memfd:memleak-inject.so (deleted)`.
@@ -164,6 +167,9 @@ pub struct Process {
     libc_text: Vec<(u64, u64)>,
     /// The agent's load address, when an earlier recording loaded it.
     agent: Option<u64>,
+    /// The executable mappings with their unwind rows, to walk a stopped
+    /// thread's stack frame by frame.
+    objects: Vec<ObjectMap>,
 }
 
 fn in_ranges(ranges: &[(u64, u64)], a: u64) -> bool {
@@ -288,6 +294,7 @@ impl Process {
                 .map(|m| (m.start, m.end)),
         );
         forbidden.sort_unstable();
+        let objects = UnwindCache::default().object_maps(pid, &maps);
         Ok(Process {
             pid,
             dlopen,
@@ -296,6 +303,7 @@ impl Process {
             forbidden,
             libc_text,
             agent,
+            objects,
         })
     }
 
@@ -326,11 +334,62 @@ impl Process {
         if strict == Strict::PcOnly {
             return None;
         }
+        // The stack, frame by frame, with the unwind rows: a complete walk
+        // is the truth. Only when it stops short are all the words looked
+        // at, stale ones included.
+        let mem = StackMemory {
+            pid: self.pid,
+            base: regs.rsp,
+            bytes: stack,
+        };
+        let walk = uw::unwind(
+            uw::Regs {
+                rip: regs.rip,
+                rsp: regs.rsp,
+                rbp: regs.rbp,
+            },
+            &self.objects,
+            &mem,
+            uw::Mode::Auto,
+            512,
+        );
+        let inside = walk.frames.iter().skip(1).find(|f| {
+            let at = if f.exact { f.pc } else { f.pc.wrapping_sub(1) };
+            in_ranges(&self.forbidden, at)
+        });
+        if let Some(f) = inside {
+            return Some(format!(
+                "a frame at {:#x} in the allocator or the loader",
+                f.pc
+            ));
+        }
+        if walk.end == uw::End::Complete {
+            return None;
+        }
         stack
             .chunks_exact(8)
             .map(|w| u64::from_le_bytes(w.try_into().unwrap_or_default()))
             .find(|&w| in_ranges(&self.forbidden, w))
             .map(|w| format!("a return address {w:#x} in the allocator or the loader"))
+    }
+}
+
+/// A stopped thread's memory for the unwinder: its stack as read, and
+/// the rest (a signal frame elsewhere) through /proc.
+struct StackMemory<'a> {
+    pid: u32,
+    base: u64,
+    bytes: &'a [u8],
+}
+
+impl uw::Memory for StackMemory<'_> {
+    fn read_u64(&self, addr: u64) -> Option<u64> {
+        let off = addr.checked_sub(self.base)? as usize;
+        if let Some(w) = self.bytes.get(off..off + 8) {
+            return Some(u64::from_le_bytes(w.try_into().ok()?));
+        }
+        let mut w = [0u8; 8];
+        (read_mem(self.pid, addr, &mut w) == 8).then(|| u64::from_le_bytes(w))
     }
 }
 
