@@ -16,7 +16,7 @@ Examples:
   memleak record -o t.parquet -- ./server --port 80   # start it, trace it until it exits, scan it
   memleak record -p 1234 -d 30s -o t.parquet          # attach to a running process for 30 s
   memleak record -p 1234 5                            # bcc's habit: top stacks every 5 s (Ctrl-C to stop)
-  memleak record --interval 10s -T 5 -- ./server      # the same while a command runs
+  memleak record -p 1234 --capture inject -d 30s     # from inside it: a twentieth of the probes' cost
   memleak analyze t.parquet                           # then: what is still allocated, by stack
 
 Coming from bcc memleak: -o is the trace here; bcc's -o (older than) is `analyze --older-than`,
@@ -24,9 +24,11 @@ Coming from bcc memleak: -o is the trace here; bcc's -o (older than) is `analyze
 pub struct RecordArgs {
     /// How allocator calls are captured: memleak's agent inside a
     /// command it starts (preload: LD_PRELOAD, no kernel trap per call, a
-    /// twentieth of the probes' cost), kernel uprobes (bpf: any process,
-    /// -p, static and setuid programs, --kernel), or preload wherever it
-    /// can work and bpf elsewhere (auto).
+    /// twentieth of the probes' cost), the agent loaded into a running
+    /// process and taken out at the end (inject, with one -p), kernel
+    /// uprobes (bpf: any process, -p, static and setuid programs,
+    /// --kernel), or preload wherever it can work and bpf elsewhere (auto:
+    /// -p stays bpf unless inject is asked for).
     #[arg(help_heading = "Target", long, value_enum, default_value = "auto")]
     pub capture: Capture,
     /// Trace processes by pid (comma-separated or repeated).
