@@ -222,9 +222,11 @@ impl Process {
         if status_field(&status, "State:").is_some_and(|s| s.starts_with('T')) {
             return err(format!("process {pid} is stopped: continue it first"));
         }
-        let exe = fs::read(format!("/proc/{pid}/exe"))
+        let mut ident = [0u8; 5];
+        fs::File::open(format!("/proc/{pid}/exe"))
+            .and_then(|f| f.read_exact_at(&mut ident, 0))
             .or_else(|e| err(format!("process {pid}: its executable: {e}")))?;
-        if exe.get(4) != Some(&2) {
+        if ident[4] != 2 {
             return err(format!("process {pid} is not a 64-bit program"));
         }
         let maps = read_maps(pid).or_else(|e| err(format!("process {pid}: its maps: {e}")))?;
