@@ -179,7 +179,7 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.5");
+    assert_eq!(v["format_version"], "1.6");
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["exit_signal"], serde_json::Value::Null);
     assert_eq!(v["exit_core_dumped"], false);

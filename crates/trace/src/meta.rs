@@ -192,6 +192,12 @@ pub struct Meta {
     /// when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scans: Vec<ScanInfo>,
+    /// `record --sample` (1.6): the heap allocations in the trace are a
+    /// byte-weighted Poisson sample, and every figure drawn from them is
+    /// an estimate ([`Sampling::weight`]). Absent: every call was
+    /// recorded (and in every trace before 1.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<Sampling>,
     /// Fields this version does not know (a newer minor version added
     /// them); preserved on rewrite.
     #[serde(flatten)]
@@ -239,6 +245,60 @@ pub struct ScanInfo {
     /// and a failed scan has no rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// `sampling` in `meta.json` (1.6): how the allocations of a sampled
+/// recording were picked. Sample points fall on the bytes each thread
+/// allocates at exponentially distributed distances of mean
+/// `mean_bytes`; an allocation is recorded when one falls in it, with
+/// probability `1 - exp(-size / mean_bytes)`. Mappings (`mmap`,
+/// `mremap`, `munmap`) are never sampled: all of them are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// The mean distance between sample points, in bytes.
+    pub mean_bytes: u64,
+}
+
+impl Sampling {
+    /// How many allocations one recorded heap allocation of `size` bytes
+    /// stands for: the inverse of the probability it was recorded,
+    /// `1 / (1 - exp(-size / mean_bytes))` (an unbiased estimate: counts
+    /// scale by it, bytes by `size` times it). 1 for a size of 0, which
+    /// is never sampled, and for a mean of 0.
+    pub fn weight(&self, size: u64) -> f64 {
+        if size == 0 || self.mean_bytes == 0 {
+            return 1.0;
+        }
+        let p = -(-(size as f64) / self.mean_bytes as f64).exp_m1();
+        1.0 / p
+    }
+
+    /// What one recorded heap block of `size` bytes adds to a report, as
+    /// integers: `(bytes, blocks)`, its size times its weight (rounded)
+    /// and its weight rounded up or down at random, the chance of up
+    /// being the fraction (so the sum of many is unbiased). `key` (the
+    /// block's address and time, say) draws that chance: a block adds
+    /// the same every time it is reported.
+    pub fn scaled(&self, size: u64, key: u64) -> (u64, u64) {
+        let w = self.weight(size);
+        let bytes = (size as f64 * w).round() as u64;
+        let whole = w.floor();
+        let mut h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^= h >> 32;
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let count = whole as u64 + u64::from(u < w - whole);
+        (bytes, count)
+    }
+
+    /// Whether events of `kind` were sampled (the heap's), or all
+    /// recorded (mappings, and kernel events, which --sample does not
+    /// reach).
+    pub fn samples(kind: crate::EventKind) -> bool {
+        use crate::EventKind as K;
+        !matches!(kind, K::Mmap | K::Munmap | K::Mremap) && !kind.is_kernel()
+    }
 }
 
 /// `unwind` in `meta.json`: the walks of user stacks by how they ended,
@@ -300,6 +360,7 @@ impl Default for Meta {
             kernel_recursion: None,
             unwind: None,
             scans: Vec::new(),
+            sampling: None,
             extra: BTreeMap::new(),
         }
     }
