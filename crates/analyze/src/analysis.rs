@@ -159,6 +159,7 @@ pub fn analyze_trace(
         verdicts: opts.verdicts,
         suppressions: &opts.suppressions,
         suppressed_stacks: &suppressed_stacks,
+        sampling: meta.sampling,
     };
     let (mut stacks, by_class, leak_totals, suppressed_totals, outstanding_sizes) = build_stacks(
         &stacks_by_id,
@@ -248,6 +249,7 @@ pub fn analyze_trace(
     let summary = Summary {
         trace: trace.path().display().to_string(),
         capture: trace.meta().capture.clone(),
+        sampling: meta.sampling,
         start_ts,
         eval_ts,
         at_given: at_ts.is_some(),
