@@ -97,6 +97,7 @@ pub fn analyze_trace(
         max_stack_id: Some(0),
         growth: Some(plan.clone()),
         temporary_ns: temporary_ns(opts),
+        sampling: meta.sampling,
     };
     // The stacks and frames tables are read, and indexed, while the events
     // replay: the pool has idle moments (the first decode, waiting for
@@ -344,6 +345,7 @@ fn find_peak(
         filter,
         // Several partitions tell which row reached the peak.
         partitions: opts.partitions.max(2),
+        sampling: trace.meta().sampling,
         ..Default::default()
     };
     let r = replay(trace, &ropts)?;

@@ -111,9 +111,7 @@ pub(crate) fn build_stacks(
             // block counts as the blocks and bytes it was sampled from
             // (mappings and kernel blocks are all recorded).
             let (size, blocks) = match join.sampling {
-                Some(s) if b.mapping.is_none() && b.pid.is_some() => {
-                    s.scaled(b.size, b.addr ^ b.ts.rotate_left(32))
-                }
+                Some(s) if b.mapping.is_none() && b.pid.is_some() => s.scaled(b.size, b.addr, b.ts),
                 _ => (b.size, 1),
             };
             if let Some(&i) = join.suppressed_stacks.get(&b.stack) {

@@ -123,7 +123,7 @@ impl Outstanding {
             _ => None,
         };
         let block = |size: u64| {
-            let (bytes, count) = scale.map_or((size, 1), |s| s.scaled(size, addr));
+            let (bytes, count) = scale.map_or((size, 1), |s| s.scaled(size, addr, 0));
             Block {
                 bytes,
                 count,

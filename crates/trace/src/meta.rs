@@ -276,10 +276,11 @@ impl Sampling {
     /// What one recorded heap block of `size` bytes adds to a report, as
     /// integers: `(bytes, blocks)`, its size times its weight (rounded)
     /// and its weight rounded up or down at random, the chance of up
-    /// being the fraction (so the sum of many is unbiased). `key` (the
-    /// block's address and time, say) draws that chance: a block adds
-    /// the same every time it is reported.
-    pub fn scaled(&self, size: u64, key: u64) -> (u64, u64) {
+    /// being the fraction (so the sum of many is unbiased). The block's
+    /// address and time draw that chance: a block adds the same wherever
+    /// it is counted (allocated, outstanding, freed).
+    pub fn scaled(&self, size: u64, addr: u64, ts: u64) -> (u64, u64) {
+        let key = addr ^ ts.rotate_left(32);
         let w = self.weight(size);
         let bytes = (size as f64 * w).round() as u64;
         let whole = w.floor();
