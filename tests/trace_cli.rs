@@ -140,7 +140,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.5 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.6 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
