@@ -241,4 +241,66 @@ fn sampled_trace_says_so_and_refuses_verdicts_and_sql() {
     assert!(one_line_error(&out).contains("is a sampled recording"));
     let out = memleak().arg("sql").arg(&trace).output().unwrap();
     assert!(one_line_error(&out).contains("a sampled recording"));
+    // The HTML page, a diff, and a report of several traces say it too.
+    let html = trace.with_extension("html");
+    let out = memleak()
+        .args(["analyze", "--format", "html", "-o"])
+        .arg(&html)
+        .arg(&trace)
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let page = std::fs::read_to_string(&html).unwrap();
+    assert!(page.contains("id=\"sampled\"><strong>Estimates:</strong> sampled recording"));
+    let out = memleak()
+        .args(["diff", "--format", "json"])
+        .args([&trace, &trace])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["summary"]["base"]["estimated"], true);
+    assert_eq!(json["summary"]["new"]["sampling"]["mean_bytes"], 512 << 10);
+    let (_dir2, other, _) = record_sampled("1");
+    let out = memleak()
+        .args(["analyze", "--format", "json"])
+        .args([&trace, &other])
+        .output()
+        .unwrap();
+    let json: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(json["summary"]["estimated"], true, "a report of two traces");
+}
+
+/// `record --interval` under `--sample`: the live reports scale the
+/// recorder's running totals and say they are estimates.
+#[test]
+fn live_reports_of_a_sampled_recording_say_they_are_estimates() {
+    if !common::can_record() {
+        return;
+    }
+    let _guard = recording_guard(false);
+    let dir = tempfile::tempdir().unwrap();
+    let out = memleak()
+        .args([
+            "record",
+            "-q",
+            "--sample",
+            "512k",
+            "--interval",
+            "50ms",
+            "-o",
+        ])
+        .arg(dir.path().join("t.parquet"))
+        .arg("--")
+        .arg(fixtures_dir().join("sample_acc"))
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    // The program may end before the first report is due.
+    if stdout.contains("outstanding in") {
+        assert!(
+            stdout.contains("  estimates: a sample of one allocation per 512.0 KiB allocated"),
+            "{stdout}"
+        );
+    }
 }

@@ -515,3 +515,57 @@ fn uname_field(pick: impl Fn(&libc::utsname) -> &[libc::c_char; 65]) -> String {
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
 }
+
+#[cfg(test)]
+mod tests {
+    use super::Sampling;
+
+    const R: u64 = 512 << 10;
+
+    #[test]
+    fn weight_is_the_inverse_of_the_chance_to_be_sampled() {
+        let s = Sampling { mean_bytes: R };
+        let e = std::f64::consts::E;
+        assert!((s.weight(R) - e / (e - 1.0)).abs() < 1e-12);
+        // Small blocks stand for about R/size blocks, large ones for one.
+        assert!((s.weight(64) - (R as f64 / 64.0 + 0.5)).abs() < 1e-3);
+        assert!((s.weight(64 * R) - 1.0).abs() < 1e-12);
+        assert_eq!(s.weight(0), 1.0);
+        assert_eq!(Sampling { mean_bytes: 0 }.weight(100), 1.0);
+    }
+
+    /// The blocks a block stands for are its weight rounded up or down,
+    /// the same every time for the same block, and unbiased in sum.
+    #[test]
+    fn scaled_counts_round_at_random_without_bias() {
+        let s = Sampling { mean_bytes: R };
+        let size = 100_000;
+        let w = s.weight(size);
+        let (bytes, n) = s.scaled(size, 0x7f00_1234_5670, 42);
+        assert_eq!(bytes, (size as f64 * w).round() as u64);
+        assert!(n == w.floor() as u64 || n == w.ceil() as u64);
+        assert_eq!(s.scaled(size, 0x7f00_1234_5670, 42), (bytes, n));
+        let blocks = 200_000u64;
+        let sum: u64 = (0..blocks)
+            .map(|i| s.scaled(size, 0x5555_0000_0000 + i * 48, i * 7919).1)
+            .sum();
+        let mean = sum as f64 / blocks as f64;
+        // Each adds w's fraction or not: sd of the mean 0.5/sqrt(200000).
+        assert!((mean - w).abs() < 0.01, "{mean} against {w}");
+    }
+
+    #[test]
+    fn sampling_is_in_meta_json_only_when_sampled() {
+        let mut m = super::Meta::default();
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(!text.contains("sampling"));
+        m.sampling = Some(Sampling { mean_bytes: R });
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(
+            text.contains("\"sampling\":{\"mean_bytes\":524288}"),
+            "{text}"
+        );
+        let back: super::Meta = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.sampling, m.sampling);
+    }
+}
