@@ -111,20 +111,23 @@ fn events(trace: &Path) -> u64 {
 /// 512k`, is within 5 % in at least 9 runs of 10, and the leaking stack
 /// ranks first in every run.
 ///
-/// Why these leak sizes (13 blocks: 1, 2, 3, 4, 4, 4.5, 5, 5.5, 6, 6.5, 7,
-/// 7.5 and 8 MiB). A block of s bytes is sampled with probability
+/// Why these leak sizes (11 blocks: 1, 2, 3, 6, 6.5, 7, 7.5, 7.5, 7.5, 8
+/// and 8 MiB). A block of s bytes is sampled with probability
 /// p = 1 - exp(-s/R), R = 512 KiB, and then counts s/p: the estimate is
 /// unbiased, and its variance is the sum of s²(1-p)/p. Spread over blocks
 /// small against R (bytes B), the relative standard deviation is about
 /// sqrt(R/B): 8.8 % for 64 MiB, and a 5 % bound would fail one run in
 /// three. Blocks of MiBs are sampled almost surely (p = 0.865 at 1 MiB,
-/// 0.982 at 2, 0.99966 at 4, 1 - 1.1e-7 at 8), and what a run can get
-/// wrong is a missed block: -5 % takes a missed block of 3.2 MiB or more
-/// (or a missed 1 MiB block and a missed 2 MiB one, ...). The exact
+/// 0.982 at 2, 0.9975 at 3, 1 - 1e-5 at 6, 1 - 1.1e-7 at 8), and what a
+/// run can get wrong is a missed block: -5 % takes a missed block of
+/// 3.2 MiB or more, or the 1 MiB and the 3 MiB blocks both missed (the 1
+/// and the 2 MiB blocks missed together make -4.7 %). The exact
 /// distribution of the estimate, summed over every combination of missed
-/// blocks, puts 1.24e-3 of its mass outside ±5 % (relative standard
-/// deviation 0.81 %): P(a run fails) = 1.24e-3, and P(2 or more of 10
-/// fail) = 1 - (1-f)^10 - 10 f (1-f)^9 = 6.9e-5, about 1 in 14,500.
+/// blocks, puts 3.85e-4 of its mass outside ±5 % (relative standard
+/// deviation 0.79 %), nearly all of it the 1 and 3 MiB pair: P(a run
+/// fails) = f = 3.85e-4, and P(2 or more of 10 fail) = 1 - (1-f)^10 -
+/// 10 f (1-f)^9 = 6.7e-6, about 1 in 150,000. No block from 3.2 to 6 MiB:
+/// a single miss of one would fail a run, 3.4e-4 of the time at 4 MiB.
 /// (Churned blocks are all freed, so they add nothing, exactly, unless a
 /// sampled block's free is missed: then it counts for up to 512 KiB and
 /// the test sees it.)
