@@ -117,6 +117,8 @@ struct thread {
 	u32 clock_uses;
 	u32 stack_known;
 	u32 off; /* not traced */
+	int64_t sample_left; /* --sample: bytes to the next sample point */
+	u64 rng;             /* --sample: xorshift64* state; 0 until seeded */
 };
 
 /* The caller's registers at our return, as the probe sees them at the
@@ -153,6 +155,11 @@ static size_t boot_size(const void *p)
 	return *(const size_t *)((const char *)p - 16);
 }
 
+
+static u64 ts_of_raw(const struct timespec *t)
+{
+	return (u64)t->tv_sec * 1000000000ull + (u64)t->tv_nsec;
+}
 
 /* ---- the environment: the program sees the one it was given ----
  *
@@ -454,6 +461,182 @@ static void count_lost(u32 reason)
 		__atomic_fetch_add(&H->lost[reason], 1, __ATOMIC_RELAXED);
 }
 
+/* ---- sampling (record --sample, docs/design.md) ----
+ *
+ * Byte-weighted Poisson sampling, as tcmalloc and jemalloc do it: sample
+ * points fall on the bytes a thread allocates at exponentially
+ * distributed distances of mean `sample_mean`, and an allocation is
+ * recorded when one falls in it: with probability 1 - exp(-size/mean),
+ * which the analyzer undoes. Each thread counts down the bytes to its
+ * next point; an allocation that does not reach it costs a subtraction
+ * and a branch.
+ *
+ * The addresses of the recorded blocks are kept in a set, so that their
+ * release is recorded and no other: open addressing in buckets of 8
+ * addresses (a cache line), found by a hash of the address, claimed by a
+ * compare-and-swap of an empty (0) entry, emptied again at the release.
+ * Every lookup reads one bucket whole, so an emptied entry needs no
+ * tombstone. A sampled allocation whose bucket is full is not recorded
+ * and is counted (MLA_LOST_SAMPLE_SET): recorded untracked, its release
+ * would go unseen and it would be reported as a leak. SET_SLOTS
+ * addresses take 8 MiB of address space, touched a page at a time. */
+
+#define SET_BUCKET_BITS 17
+#define SET_WAYS 8
+static u64 sample_mean;          /* 0: every call is recorded */
+static double sample_mean_f;
+static u64 *sampled_set;         /* (1 << SET_BUCKET_BITS) buckets of SET_WAYS */
+
+static void sampling_start(u64 mean)
+{
+	void *p;
+
+	if (!mean)
+		return;
+	p = (void *)syscall(SYS_mmap, NULL, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
+			    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if ((long)p < 0 && (long)p > -4096) {
+		/* No set: nothing can be sampled safely; record nothing. */
+		H = NULL;
+		return;
+	}
+	sampled_set = p;
+	sample_mean_f = (double)mean;
+	sample_mean = mean;
+}
+
+static inline u64 *bucket_of(u64 addr)
+{
+	u64 h = (addr >> 4) * 0x9E3779B97F4A7C15ULL;
+
+	return sampled_set + (h >> (64 - SET_BUCKET_BITS)) * SET_WAYS;
+}
+
+/* The set's entry holding `addr`, or NULL: one bucket read. */
+static inline u64 *set_find(u64 addr)
+{
+	u64 *b = bucket_of(addr);
+
+	for (int i = 0; i < SET_WAYS; i++)
+		if (__atomic_load_n(&b[i], __ATOMIC_ACQUIRE) == addr)
+			return &b[i];
+	return NULL;
+}
+
+static int set_insert(u64 addr)
+{
+	u64 *b = bucket_of(addr);
+
+	for (int i = 0; i < SET_WAYS; i++) {
+		u64 empty = 0;
+
+		if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == 0 &&
+		    __atomic_compare_exchange_n(&b[i], &empty, addr, 0, __ATOMIC_RELEASE,
+						__ATOMIC_RELAXED))
+			return 1;
+	}
+	count_lost(MLA_LOST_SAMPLE_SET);
+	return 0;
+}
+
+static inline void set_drop(u64 *entry)
+{
+	__atomic_store_n(entry, 0, __ATOMIC_RELEASE);
+}
+
+static void set_remove(u64 addr)
+{
+	u64 *e = set_find(addr);
+
+	if (e)
+		set_drop(e);
+}
+
+/* ln(x) for x in (0, 1], without libm: x = m * 2^e with m in [0.71,
+ * 1.42), ln(m) = 2 atanh((m-1)/(m+1)) by its series (error < 1e-9). */
+static double ln01(double x)
+{
+	union {
+		double d;
+		u64 u;
+	} v = { x };
+	int e = (int)((v.u >> 52) & 0x7ff) - 1023;
+	double m, t, t2;
+
+	v.u = (v.u & ((1ULL << 52) - 1)) | (1023ULL << 52);
+	m = v.d;
+	if (m > 1.4142135623730951) {
+		m *= 0.5;
+		e++;
+	}
+	t = (m - 1) / (m + 1);
+	t2 = t * t;
+	return t * (2 + t2 * (2.0 / 3 + t2 * (2.0 / 5 + t2 * (2.0 / 7 + t2 * (2.0 / 9))))) +
+	       e * 0.6931471805599453;
+}
+
+/* The distance to the next sample point: exponential, of mean
+ * sample_mean (xorshift64*, then -mean ln U with U in (0, 1]). */
+static int64_t sample_gap(struct thread *self)
+{
+	u64 x = T.rng;
+	double u;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	T.rng = x;
+	u = (double)(((x * 0x2545F4914F6CDD1DULL) >> 11) + 1) * (1.0 / 9007199254740992.0);
+	return (int64_t)(-sample_mean_f * ln01(u)) + 1;
+}
+
+/* A thread's first look (or its first after a fork): the generator
+ * seeded from getrandom, else the clock and the thread, and a first
+ * sample point. Once per thread: the system call is off the fast path. */
+static void sample_seed(struct thread *self)
+{
+	u64 seed = 0;
+	struct timespec ts;
+
+	if (syscall(SYS_getrandom, &seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) ||
+	    !seed) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		seed = ts_of_raw(&ts) ^ ((u64)syscall(SYS_gettid) << 32) ^ (u64)self;
+	}
+	T.rng = seed | 1;
+	T.sample_left = sample_gap(self);
+}
+
+static __attribute__((noinline)) int sample_crossed(struct thread *self, u64 size)
+{
+	int64_t left;
+
+	if (!T.rng)
+		sample_seed(self);
+	left = T.sample_left - (int64_t)size;
+	if (left > 0) {
+		T.sample_left = left;
+		return 0;
+	}
+	while (left <= 0)
+		left += sample_gap(self);
+	T.sample_left = left;
+	return 1;
+}
+
+/* Whether an outermost allocation of `size` bytes is left unrecorded:
+ * no sample point falls in it. */
+static inline int unsampled(struct thread *self, u64 size)
+{
+	int64_t left = T.sample_left - (int64_t)size;
+
+	if (likely(left > 0)) {
+		T.sample_left = left;
+		return 1;
+	}
+	return !sample_crossed(self, size);
+}
+
 /* Per-thread state, reached through a pthread key, not a __thread
  * variable: a module with TLS makes ld.so give every thread's DTV one more
  * entry, and the program's own runtime allocations would no longer be
@@ -563,8 +746,10 @@ static void after_fork(void)
 	struct thread *t = pthread_getspecific(key);
 
 	my_pid = (u32)syscall(SYS_getpid);
-	if (t)
+	if (t) {
 		t->tid = 0;
+		t->rng = 0; /* the child draws its own sample points */
+	}
 	table_idx = ~0u;
 	table_gen_seen = ~0ull;
 	on = H && pid_traced(my_pid);
@@ -616,6 +801,7 @@ static void init(void)
 		slot_mask = H->nslots - 1;
 		tables = (struct mla_table *)((char *)H + H->tables_off);
 		rows = (struct unwind_row *)((char *)H + H->rows_off);
+		sampling_start(H->sample_mean);
 		pthread_atfork(NULL, NULL, after_fork);
 	}
 	state = ST_READY;
@@ -1234,6 +1420,19 @@ static void leave(struct outer *s)
 	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
 	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(self, fa__, wrapper)
 
+/* OUTER for an allocation of `size` bytes, which with --sample is passed
+ * through unless a sample point falls in it. A nested call is passed
+ * through first: its bytes are its outermost call's, counted once. */
+#define OUTER_S(size)                                                         \
+	u64 *fa__ = __builtin_frame_address(0);                               \
+	struct thread *self = me();                                           \
+	if (!on || self->off || nested(self, fa__))                           \
+		goto pass;                                                    \
+	if (sample_mean && unsampled(self, size))                             \
+		goto pass;                                                    \
+	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
+	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(self, fa__, 0)
+
 /* An allocation that returned `addr`, with the stack at `r`. */
 static void record_alloc(struct thread *self, u8 kind, u64 addr, u64 size, const struct regs *r)
 {
@@ -1246,12 +1445,28 @@ static void record_alloc(struct thread *self, u8 kind, u64 addr, u64 size, const
 	}
 	if (size < H->min_size || size > H->max_size)
 		return;
-	s = claim(&pos);
-	if (!s)
+	/* Sampled: tracked before it is recorded, or not recorded at all.
+	 * Mappings are never sampled (docs/design.md). */
+	if (sample_mean && kind != MK_MMAP && !set_insert(addr))
 		return;
+	s = claim(&pos);
+	if (!s) {
+		if (sample_mean && kind != MK_MMAP)
+			set_remove(addr);
+		return;
+	}
 	header(self, s, kind, addr, size, 0, 0, event_time(self));
 	walk_stack(self, s, r);
 	publish(s, pos);
+}
+
+/* A libc wrapper's block, its size known once the call returned: with
+ * --sample, recorded if a sample point falls in it. */
+static void record_wrapped(struct thread *self, u8 kind, u64 addr, u64 size, const struct regs *r)
+{
+	if (sample_mean && addr && unsampled(self, size == ~0ULL ? 0 : size))
+		return;
+	record_alloc(self, kind, addr, size, r);
 }
 
 /* A release, recorded before the block is released: another thread can
@@ -1350,6 +1565,50 @@ static inline u64 clamp(u64 size)
 	return size > SIZE_MASK ? SIZE_MASK : size;
 }
 
+/* realloc and reallocarray (n, m) with --sample. The new block is
+ * sampled afresh on its size, as an allocation; the old one, if it was
+ * sampled, ends here: a move to the new block when that is sampled too, a
+ * release (a realloc to nothing) when not. An unsampled old block behind a
+ * sampled new one is not named: the new one is recorded as allocated. */
+static void *sampled_realloc(struct thread *self, u8 kind, void *old, size_t n, size_t m,
+			     const struct regs *r)
+{
+	u64 size = kind == MK_REALLOC ? (u64)n : (m && n > SIZE_MASK / m ? SIZE_MASK : (u64)n * m);
+	u64 *was = old ? set_find((u64)old) : NULL;
+	int take = size && !unsampled(self, clamp(size));
+	struct mla_slot *s;
+	void *p;
+	u64 pos;
+
+#define CALL() (kind == MK_REALLOC ? real.realloc(old, n) : real.reallocarray(old, n, m))
+	if (!was) {
+		p = CALL();
+		if (take)
+			record_alloc(self, kind, (u64)p, clamp(size), r);
+		return p;
+	}
+	/* Claimed before the call, which may release the old block. */
+	s = claim_move(self, &pos);
+	set_drop(was);
+	p = CALL();
+#undef CALL
+	if (!p && size) {
+		/* Failed: the old block stays, and stays sampled (or, with no
+		 * room to track it, its sample ends here). */
+		if (set_insert((u64)old))
+			done_move(self, s, pos, kind, 0, size, (u64)old, 0, r);
+		else
+			done_move(self, s, pos, kind, 0, 0, (u64)old, 0, r);
+	} else if (take && p && set_insert((u64)p)) {
+		if (!s)
+			set_remove((u64)p);
+		done_move(self, s, pos, kind, (u64)p, clamp(size), (u64)old, 0, r);
+	} else {
+		done_move(self, s, pos, kind, 0, 0, (u64)old, 0, r);
+	}
+	return p;
+}
+
 /* ---- the malloc family ---- */
 
 EXPORT void *malloc(size_t n)
@@ -1359,7 +1618,7 @@ EXPORT void *malloc(size_t n)
 	if (unlikely(!ready()))
 		return boot_alloc(n);
 	{
-		OUTER(0);
+		OUTER_S(n);
 		p = real.malloc(n);
 		record_alloc(self, MK_MALLOC, (u64)p, clamp(n), &r);
 		return p;
@@ -1371,12 +1630,22 @@ pass:
 
 EXPORT void free(void *p)
 {
+	u64 *sampled = NULL;
+
 	if (unlikely(is_boot(p)) || !p)
 		return;
 	if (unlikely(!ready()))
 		return;
+	/* --sample: a block not in the set was not recorded; its release is
+	 * not either (one bucket read, no thread state). */
+	if (sample_mean && likely(!(sampled = set_find((u64)p)))) {
+		real.free(p);
+		return;
+	}
 	{
 		OUTER(0);
+		if (sampled)
+			set_drop(sampled);
 		record_free(self, MK_FREE, (u64)p, 0);
 		real.free(p);
 		return;
@@ -1397,7 +1666,7 @@ EXPORT void *calloc(size_t n, size_t m)
 		return p;
 	}
 	{
-		OUTER(0);
+		OUTER_S(size);
 		p = real.calloc(n, m);
 		record_alloc(self, MK_CALLOC, (u64)p, size, &r);
 		return p;
@@ -1423,6 +1692,8 @@ EXPORT void *realloc(void *old, size_t size)
 	}
 	{
 		OUTER(0);
+		if (sample_mean)
+			return sampled_realloc(self, MK_REALLOC, old, size, 1, &r);
 		s = claim_move(self, &pos);
 		p = real.realloc(old, size);
 		done_move(self, s, pos, MK_REALLOC, (u64)p, size, (u64)old, 0, &r);
@@ -1443,6 +1714,8 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		return NULL;
 	{
 		OUTER(0);
+		if (sample_mean)
+			return sampled_realloc(self, MK_REALLOCARRAY, old, n, m, &r);
 		s = claim_move(self, &pos);
 		p = real.reallocarray(old, n, m);
 		done_move(self, s, pos, MK_REALLOCARRAY, (u64)p, (u64)n * m, (u64)old, 0, &r);
@@ -1459,7 +1732,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 	if (unlikely(!ready()))
 		return ENOMEM;
 	{
-		OUTER(0);
+		OUTER_S(size);
 		ret = real.posix_memalign(out, align, size);
 		record_alloc(self, MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
 		return ret;
@@ -1475,7 +1748,7 @@ pass:
 		if (unlikely(!ready()))                              \
 			return NULL;                                 \
 		{                                                    \
-			OUTER(0);                                    \
+			OUTER_S(size);                               \
 			p = real.name(align, size);                  \
 			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
@@ -1493,7 +1766,7 @@ ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
 		if (unlikely(!ready()))                              \
 			return NULL;                                 \
 		{                                                    \
-			OUTER(0);                                    \
+			OUTER_S(size);                               \
 			p = real.name(size);                         \
 			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
@@ -1580,7 +1853,7 @@ EXPORT char *strdup(const char *str)
 	{
 		OUTER(1);
 		p = real.strdup(str);
-		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
+		record_wrapped(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
@@ -1596,7 +1869,7 @@ EXPORT char *strndup(const char *str, size_t n)
 	{
 		OUTER(1);
 		p = real.strndup(str, n);
-		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
+		record_wrapped(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
@@ -1608,7 +1881,7 @@ static int do_vasprintf(struct thread *self, char **out, const char *fmt, va_lis
 	int ret = real.vasprintf(out, fmt, ap);
 	u64 addr = ret >= 0 ? (u64)*out : 0;
 
-	record_alloc(self, MK_MALLOC, addr, wrapper_size(self, addr), r);
+	record_wrapped(self, MK_MALLOC, addr, wrapper_size(self, addr), r);
 	return ret;
 }
 
@@ -1656,7 +1929,29 @@ static ssize_t do_getdelim(struct thread *self, char **line, size_t *n, int deli
 	size = wrapper_size(self, addr);
 	if (size == ~0ULL)
 		return ret; /* the caller's buffer, reused as it was */
-	if (entry) {
+	if (sample_mean) {
+		/* The old buffer is gone already: its sample (if it was one)
+		 * ends, and the new one is sampled afresh. */
+		u64 *old = entry ? set_find(entry) : NULL;
+		int take = addr && !unsampled(self, size);
+
+		if (old) {
+			struct mla_slot *s;
+			u64 pos;
+
+			set_drop(old);
+			take = take && set_insert(addr);
+			s = claim_move(self, &pos);
+			if (take)
+				done_move(self, s, pos, MK_REALLOC, addr, size, entry, 0, r);
+			else
+				done_move(self, s, pos, MK_REALLOC, 0, 0, entry, 0, r);
+			if (!s && take)
+				set_remove(addr);
+		} else if (take) {
+			record_alloc(self, MK_MALLOC, addr, size, r);
+		}
+	} else if (entry) {
 		struct mla_slot *s;
 		u64 pos;
 
@@ -1729,7 +2024,7 @@ typedef void (*del3_t)(void *, u64, u64);
 		if (unlikely(!ready()))                                   \
 			return boot_alloc(size);                          \
 		{                                                         \
-			OUTER(0);                                         \
+			OUTER_S(size);                                    \
 			p = ((TYPE)next_of(&next, #sym))CALLARGS;         \
 			record_alloc(self, kind, (u64)p, clamp(size), &r);      \
 			return p;                                         \
@@ -1754,13 +2049,18 @@ NEW(_ZnamSt11align_val_tRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b, u64 c
 	EXPORT void sym ARGS                                              \
 	{                                                                 \
 		static void *next;                                        \
+		u64 *sampled = NULL;                                      \
 		if (unlikely(is_boot(p) || !ready()))                     \
 			return;                                           \
 		if (!p)                                                   \
 			goto pass;                                        \
+		if (sample_mean && !(sampled = set_find((u64)p)))         \
+			goto pass;                                        \
 		{                                                         \
 			OUTER(0);                                         \
-			record_free(self, kind, (u64)p, 0);                     \
+			if (sampled)                                      \
+				set_drop(sampled);                        \
+			record_free(self, kind, (u64)p, 0);               \
 			((TYPE)next_of(&next, #sym))CALLARGS;             \
 			return;                                           \
 		}                                                         \
@@ -2046,6 +2346,20 @@ EXPORT long memleak_attach(int fd)
 	/* The previous recording's memory stays mapped (a call still in
 	 * flight may write to it); the recorder freed its pages. */
 	on = 0;
+	/* --sample: this recording's mean, and an empty set of sampled
+	 * blocks (an earlier recording's are not this one's). */
+	if (h->sample_mean && sampled_set) {
+		syscall(SYS_madvise, sampled_set, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
+			MADV_DONTNEED);
+		sample_mean_f = (double)h->sample_mean;
+		sample_mean = h->sample_mean;
+	} else if (h->sample_mean) {
+		sampling_start(h->sample_mean);
+		if (!sampled_set)
+			return -ENOMEM;
+	} else {
+		sample_mean = 0;
+	}
 	slots = (char *)h + h->ring_off;
 	slot_mask = h->nslots - 1;
 	tables = (struct mla_table *)((char *)h + h->tables_off);

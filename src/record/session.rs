@@ -14,10 +14,10 @@ use anyhow::{bail, Result};
 use memleak_recorder::providers::Allocators;
 use memleak_recorder::targets;
 use memleak_recorder::{Recorder, TableUpdate};
-use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
+use memleak_trace::{KernelRecursion, Meta, Sampling, TraceWriter, WriterOptions};
 
 use super::args::RecordArgs;
-use super::capture::{self, Agent, Chosen};
+use super::capture::{self, Agent, Capture, Chosen};
 use super::child::{Child, PrivateLibs};
 use super::live_report::LiveReport;
 use super::probes::{self, ProbeConfig, Probes};
@@ -115,6 +115,27 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
     {
         bail!("--scan-contents needs a scan: a command without --no-scan, or -p with --scan");
     }
+    if args.sample.is_some() {
+        // Refused before anything starts: one line each.
+        if !args.pid.is_empty() && args.capture != Capture::Inject {
+            bail!(
+                "--sample needs the agent: with -p add --capture inject; the probes \
+                 (--capture bpf) trap into the kernel on every call, sampled or not"
+            );
+        }
+        if args.capture == Capture::Bpf {
+            bail!(
+                "--sample needs --capture preload (or inject with -p): with bpf every call \
+                 traps into the kernel, sampled or not"
+            );
+        }
+        if args.scan || args.scan_contents > 0 {
+            bail!(
+                "--sample records no scan: a pointer held in an unsampled block cannot be \
+                 followed, so no block can be judged lost"
+            );
+        }
+    }
     if args.min_size > args.max_size {
         bail!(
             "--min-size ({}) is larger than --max-size ({})",
@@ -149,6 +170,13 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
             count_only: args.count_only,
         },
     )?;
+    if let (Chosen::Bpf(why), Some(_)) = (&chosen, args.sample) {
+        bail!(
+            "--sample needs the agent (--capture preload), and this recording uses the probes{}: \
+             with bpf every call traps into the kernel, sampled or not",
+            why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default()
+        );
+    }
     if let (Chosen::Bpf(Some(why)), true) = (&chosen, args.verbose && !argv.is_empty()) {
         say!("memleak: note: capture bpf: {why}");
     }
@@ -157,13 +185,14 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
         args.output = super::dataset::trace_dir(root, &meta.host)?;
     }
     meta.capture = Some(chosen.name().to_string());
+    meta.sampling = args.sample.map(|mean_bytes| Sampling { mean_bytes });
     meta.command = std::env::args().collect();
     meta.options = serde_json::json!({
         "min_size": args.min_size, "max_size": args.max_size, "stack_depth": args.stack_depth,
         "ring_size": args.ring_size, "probe_placement": format!("{:?}", args.probe_placement).to_lowercase(),
         "kernel": args.kernel, "kernel_pid": args.kernel_pid, "percpu": args.percpu,
         "object": args.object, "symbols_prefix": args.symbols_prefix, "target_command": argv,
-        "unwind": args.unwind.mode().name(),
+        "unwind": args.unwind.mode().name(), "sample": args.sample,
     });
     let opts = WriterOptions {
         force: args.force,
@@ -229,6 +258,7 @@ fn record(
         max_size: args.max_size,
         max_frames: args.stack_depth,
         unwind_mode: cfg.unwind.code(),
+        sample_mean: args.sample.unwrap_or(0),
     };
     let mut agent = match chosen {
         Chosen::Preload => Some(Agent::new(&agent_cfg)?),
@@ -356,6 +386,7 @@ fn record(
 
     let status_line = !args.quiet && std::io::stderr().is_terminal();
     let mut recorder = Recorder::new(writer, status_line || args.interval().is_some());
+    recorder.set_sampling(args.sample.map(|mean_bytes| Sampling { mean_bytes }));
     if let Some((base, size)) = page_frames {
         recorder.set_page_frames(base, size);
     }
@@ -505,7 +536,9 @@ fn record(
     };
 
     // The leak scan at the command's exit (on_stop has drained the ring).
-    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only;
+    // A sampled recording is not scanned: a pointer held in an unsampled
+    // block cannot be followed.
+    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only && args.sample.is_none();
     let scan_lines: RefCell<Vec<String>> = RefCell::new(Vec::new());
     let contents = args.scan_contents as usize;
     let mut on_exit = || -> Result<()> {
@@ -536,7 +569,7 @@ fn record(
     let mut status = Status::new(status_line, args.duration, &pids, probes_on_pids);
     let mut live = args.interval().map(|every| {
         let start_ns = recorder.borrow_mut().meta_mut().start_ns;
-        LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns)
+        LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns).sampled(args.sample)
     });
     let mut exit: Option<Exit> = None;
     let mut stopping: Option<Stopping> = None;
@@ -724,6 +757,13 @@ fn record(
                 .counters
                 .lost
                 .insert("unfinished".into(), a.shared.unfinished());
+        }
+        let set_full = a.shared.lost()[memleak_recorder::agent::LOST_SAMPLE_SET];
+        if set_full > 0 {
+            rec.meta_mut()
+                .counters
+                .lost
+                .insert("sample_set_full".into(), set_full);
         }
         if a.shared.agents() == 0 {
             let note = "the agent did not start in the command (LD_PRELOAD ignored or \

@@ -65,7 +65,7 @@ struct Header {
     _pad2: [u8; 56],
     lost: [AtomicU64; 8],
     agents: AtomicU64,
-    _reserved1: u64,
+    sample_mean: u64,
     _pad3: [u8; 48],
     pids: [AtomicU32; MAX_PIDS],
 }
@@ -78,6 +78,7 @@ const _: () = assert!(std::mem::offset_of!(Header, head) == 256);
 const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
 const _: () = assert!(std::mem::offset_of!(Header, agents) == 448);
+const _: () = assert!(std::mem::offset_of!(Header, sample_mean) == 456);
 const _: () = assert!(std::mem::offset_of!(Header, pids) == 512);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
@@ -105,7 +106,15 @@ pub struct Config {
     pub max_frames: u32,
     /// `enum memleak_unwind_mode`.
     pub unwind_mode: u32,
+    /// `--sample`: the mean bytes between sample points; 0 records every
+    /// call.
+    pub sample_mean: u64,
 }
+
+/// `MLA_LOST_SAMPLE_SET`: the agent's `lost` index of the sampled
+/// allocations not recorded because its set of sampled addresses had no
+/// room.
+pub const LOST_SAMPLE_SET: usize = 5;
 
 /// The shared mapping.
 struct Mapping {
@@ -242,6 +251,7 @@ impl Shared {
             (*h).max_size = cfg.max_size;
             (*h).max_frames = cfg.max_frames;
             (*h).unwind_mode = cfg.unwind_mode;
+            (*h).sample_mean = cfg.sample_mean;
         }
         let ring = map.base.wrapping_add(ring_off as usize);
         // Writing every slot's sequence word makes the ring's pages (tens
