@@ -2333,7 +2333,10 @@ EXPORT long memleak_attach(int fd)
 
 	if (!injected || state != ST_READY)
 		return -EINVAL;
-	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+	/* Another recording is attached, unless its recorder died (killed:
+	 * it never detached); then this one takes over. */
+	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE) && H &&
+	    !(kill((pid_t)H->recorder_pid, 0) != 0 && errno == ESRCH))
 		return -EBUSY;
 	if (pread(fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC || hdr.version != MLA_VERSION) {
 		close(fd);

@@ -512,3 +512,36 @@ fn inject_samples_with_sample() {
         "{events} events for {made} allocations"
     );
 }
+
+/// A second recording of a process whose agent is attached is refused
+/// with one line, and the first goes on unharmed.
+#[test]
+fn a_second_inject_recording_is_refused() {
+    if !can_inject() {
+        return;
+    }
+    let fx = Fixture::load("attach");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fx.binary(), &[]);
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    let out = memleak()
+        .args(["record", "--capture", "inject", "-d", "1s", "-p"])
+        .arg(target.pid().to_string())
+        .arg("-o")
+        .arg(dir.path().join("second"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("another recording is attached"), "{err}");
+    assert!(!dir.path().join("second").exists());
+    target.ask("go", "leaked");
+    rec.finish();
+    target.send("more");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+    check_trace(&fx, &trace, &["outstanding"]);
+}

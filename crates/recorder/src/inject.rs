@@ -855,6 +855,13 @@ pub fn attach<T>(
     };
     let attach = agent_function(agent_so, base, "memleak_attach")?;
     let sites = t.call(attach, &[ring_fd as u64])? as i64;
+    if sites == -i64::from(libc::EBUSY) || sites == -i64::from(libc::EINVAL) {
+        // Refused before it took the descriptor.
+        let _ = t.call(process.close, &[ring_fd as u64]);
+    }
+    if sites == -i64::from(libc::EBUSY) {
+        return err(format!("another recording is attached to process {pid}"));
+    }
     if sites < 0 {
         return err(format!(
             "the agent could not attach in process {pid}: {}",
