@@ -26,6 +26,8 @@
  * not recorded, as the probe's outermost-call rule says. */
 #define _GNU_SOURCE
 #include <dlfcn.h>
+#include <elf.h>
+#include <link.h>
 #include <alloca.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -89,6 +91,13 @@ static char *slots;
 static struct mla_table *tables;
 static struct unwind_row *rows;
 static u32 table_idx = ~0u;      /* this process's table, once found */
+/* Loaded into a running process by `record -p --capture inject`
+ * (inject section, at the end): the agent is reached through the
+ * call sites it patched, not by symbol lookup, and the next definitions
+ * are the process's own (RTLD_DEFAULT: the agent is not in its global
+ * scope). */
+static int injected;
+static void *next_handle = RTLD_NEXT;
 static u64 table_gen_seen = ~0ull;
 
 /* ---- thread state ---- */
@@ -108,6 +117,8 @@ struct thread {
 	u32 clock_uses;
 	u32 stack_known;
 	u32 off; /* not traced */
+	int64_t sample_left; /* --sample: bytes to the next sample point */
+	u64 rng;             /* --sample: xorshift64* state; 0 until seeded */
 };
 
 /* The caller's registers at our return, as the probe sees them at the
@@ -144,6 +155,11 @@ static size_t boot_size(const void *p)
 	return *(const size_t *)((const char *)p - 16);
 }
 
+
+static u64 ts_of_raw(const struct timespec *t)
+{
+	return (u64)t->tv_sec * 1000000000ull + (u64)t->tv_nsec;
+}
 
 /* ---- the environment: the program sees the one it was given ----
  *
@@ -404,7 +420,7 @@ static void stop_for_recorder(void)
 {
 	siginfo_t si;
 
-	if (!on || !H || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+	if (!on || !H || injected || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
 		return;
 	memset(&si, 0, sizeof(si));
 	si.si_signo = SIGSTOP;
@@ -418,11 +434,15 @@ static void stop_for_recorder(void)
 typedef void *(*dlopen_t)(const char *, int);
 typedef int (*dlclose_t)(void *);
 
+static void patch_new_objects(void);
+
 EXPORT void *dlopen(const char *file, int flags)
 {
-	void *h = ((dlopen_t)dlsym(RTLD_NEXT, "dlopen"))(file, flags);
+	void *h = ((dlopen_t)dlsym(next_handle, "dlopen"))(file, flags);
 
-	if (h)
+	if (h && injected)
+		patch_new_objects();
+	else if (h)
 		stop_for_recorder();
 	return h;
 }
@@ -430,7 +450,7 @@ EXPORT void *dlopen(const char *file, int flags)
 EXPORT int dlclose(void *h)
 {
 	stop_for_recorder();
-	return ((dlclose_t)dlsym(RTLD_NEXT, "dlclose"))(h);
+	return ((dlclose_t)dlsym(next_handle, "dlclose"))(h);
 }
 
 /* ---- init ---- */
@@ -439,6 +459,182 @@ static void count_lost(u32 reason)
 {
 	if (H && reason < 8)
 		__atomic_fetch_add(&H->lost[reason], 1, __ATOMIC_RELAXED);
+}
+
+/* ---- sampling (record --sample, docs/design.md) ----
+ *
+ * Byte-weighted Poisson sampling, as tcmalloc and jemalloc do it: sample
+ * points fall on the bytes a thread allocates at exponentially
+ * distributed distances of mean `sample_mean`, and an allocation is
+ * recorded when one falls in it: with probability 1 - exp(-size/mean),
+ * which the analyzer undoes. Each thread counts down the bytes to its
+ * next point; an allocation that does not reach it costs a subtraction
+ * and a branch.
+ *
+ * The addresses of the recorded blocks are kept in a set, so that their
+ * release is recorded and no other: open addressing in buckets of 8
+ * addresses (a cache line), found by a hash of the address, claimed by a
+ * compare-and-swap of an empty (0) entry, emptied again at the release.
+ * Every lookup reads one bucket whole, so an emptied entry needs no
+ * tombstone. A sampled allocation whose bucket is full is not recorded
+ * and is counted (MLA_LOST_SAMPLE_SET): recorded untracked, its release
+ * would go unseen and it would be reported as a leak. SET_SLOTS
+ * addresses take 8 MiB of address space, touched a page at a time. */
+
+#define SET_BUCKET_BITS 17
+#define SET_WAYS 8
+static u64 sample_mean;          /* 0: every call is recorded */
+static double sample_mean_f;
+static u64 *sampled_set;         /* (1 << SET_BUCKET_BITS) buckets of SET_WAYS */
+
+static void sampling_start(u64 mean)
+{
+	void *p;
+
+	if (!mean)
+		return;
+	p = (void *)syscall(SYS_mmap, NULL, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
+			    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if ((long)p < 0 && (long)p > -4096) {
+		/* No set: nothing can be sampled safely; record nothing. */
+		H = NULL;
+		return;
+	}
+	sampled_set = p;
+	sample_mean_f = (double)mean;
+	sample_mean = mean;
+}
+
+static inline u64 *bucket_of(u64 addr)
+{
+	u64 h = (addr >> 4) * 0x9E3779B97F4A7C15ULL;
+
+	return sampled_set + (h >> (64 - SET_BUCKET_BITS)) * SET_WAYS;
+}
+
+/* The set's entry holding `addr`, or NULL: one bucket read. */
+static inline u64 *set_find(u64 addr)
+{
+	u64 *b = bucket_of(addr);
+
+	for (int i = 0; i < SET_WAYS; i++)
+		if (__atomic_load_n(&b[i], __ATOMIC_ACQUIRE) == addr)
+			return &b[i];
+	return NULL;
+}
+
+static int set_insert(u64 addr)
+{
+	u64 *b = bucket_of(addr);
+
+	for (int i = 0; i < SET_WAYS; i++) {
+		u64 empty = 0;
+
+		if (__atomic_load_n(&b[i], __ATOMIC_RELAXED) == 0 &&
+		    __atomic_compare_exchange_n(&b[i], &empty, addr, 0, __ATOMIC_RELEASE,
+						__ATOMIC_RELAXED))
+			return 1;
+	}
+	count_lost(MLA_LOST_SAMPLE_SET);
+	return 0;
+}
+
+static inline void set_drop(u64 *entry)
+{
+	__atomic_store_n(entry, 0, __ATOMIC_RELEASE);
+}
+
+static void set_remove(u64 addr)
+{
+	u64 *e = set_find(addr);
+
+	if (e)
+		set_drop(e);
+}
+
+/* ln(x) for x in (0, 1], without libm: x = m * 2^e with m in [0.71,
+ * 1.42), ln(m) = 2 atanh((m-1)/(m+1)) by its series (error < 1e-9). */
+static double ln01(double x)
+{
+	union {
+		double d;
+		u64 u;
+	} v = { x };
+	int e = (int)((v.u >> 52) & 0x7ff) - 1023;
+	double m, t, t2;
+
+	v.u = (v.u & ((1ULL << 52) - 1)) | (1023ULL << 52);
+	m = v.d;
+	if (m > 1.4142135623730951) {
+		m *= 0.5;
+		e++;
+	}
+	t = (m - 1) / (m + 1);
+	t2 = t * t;
+	return t * (2 + t2 * (2.0 / 3 + t2 * (2.0 / 5 + t2 * (2.0 / 7 + t2 * (2.0 / 9))))) +
+	       e * 0.6931471805599453;
+}
+
+/* The distance to the next sample point: exponential, of mean
+ * sample_mean (xorshift64*, then -mean ln U with U in (0, 1]). */
+static int64_t sample_gap(struct thread *self)
+{
+	u64 x = T.rng;
+	double u;
+
+	x ^= x >> 12;
+	x ^= x << 25;
+	x ^= x >> 27;
+	T.rng = x;
+	u = (double)(((x * 0x2545F4914F6CDD1DULL) >> 11) + 1) * (1.0 / 9007199254740992.0);
+	return (int64_t)(-sample_mean_f * ln01(u)) + 1;
+}
+
+/* A thread's first look (or its first after a fork): the generator
+ * seeded from getrandom, else the clock and the thread, and a first
+ * sample point. Once per thread: the system call is off the fast path. */
+static void sample_seed(struct thread *self)
+{
+	u64 seed = 0;
+	struct timespec ts;
+
+	if (syscall(SYS_getrandom, &seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) ||
+	    !seed) {
+		clock_gettime(CLOCK_MONOTONIC, &ts);
+		seed = ts_of_raw(&ts) ^ ((u64)syscall(SYS_gettid) << 32) ^ (u64)self;
+	}
+	T.rng = seed | 1;
+	T.sample_left = sample_gap(self);
+}
+
+static __attribute__((noinline)) int sample_crossed(struct thread *self, u64 size)
+{
+	int64_t left;
+
+	if (!T.rng)
+		sample_seed(self);
+	left = T.sample_left - (int64_t)size;
+	if (left > 0) {
+		T.sample_left = left;
+		return 0;
+	}
+	while (left <= 0)
+		left += sample_gap(self);
+	T.sample_left = left;
+	return 1;
+}
+
+/* Whether an outermost allocation of `size` bytes is left unrecorded:
+ * no sample point falls in it. */
+static inline int unsampled(struct thread *self, u64 size)
+{
+	int64_t left = T.sample_left - (int64_t)size;
+
+	if (likely(left > 0)) {
+		T.sample_left = left;
+		return 1;
+	}
+	return !sample_crossed(self, size);
 }
 
 /* Per-thread state, reached through a pthread key, not a __thread
@@ -550,8 +746,10 @@ static void after_fork(void)
 	struct thread *t = pthread_getspecific(key);
 
 	my_pid = (u32)syscall(SYS_getpid);
-	if (t)
+	if (t) {
 		t->tid = 0;
+		t->rng = 0; /* the child draws its own sample points */
+	}
 	table_idx = ~0u;
 	table_gen_seen = ~0ull;
 	on = H && pid_traced(my_pid);
@@ -559,13 +757,19 @@ static void after_fork(void)
 		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
 }
 
-#define RESOLVE(name) real.name = dlsym(RTLD_NEXT, #name)
+#define RESOLVE(name) real.name = dlsym(next_handle, #name)
+
+static int loaded_for_inject(void);
 
 static void init(void)
 {
 	char spec_buf[300];
 
 	state = ST_INITING;
+	if (loaded_for_inject()) {
+		injected = 1;
+		next_handle = RTLD_DEFAULT;
+	}
 	RESOLVE(malloc);
 	RESOLVE(calloc);
 	RESOLVE(realloc);
@@ -585,12 +789,19 @@ static void init(void)
 	RESOLVE(getdelim);
 	if (pthread_key_create(&key, thread_gone) != 0)
 		return; /* never ready: everything passes through the boot path */
+	if (injected) {
+		/* Idle until memleak_attach(). */
+		pthread_atfork(NULL, NULL, after_fork);
+		state = ST_READY;
+		return;
+	}
 	H = find_self(spec_buf, sizeof(spec_buf)) ? map_shared(spec_buf) : NULL;
 	if (H) {
 		slots = (char *)H + H->ring_off;
 		slot_mask = H->nslots - 1;
 		tables = (struct mla_table *)((char *)H + H->tables_off);
 		rows = (struct unwind_row *)((char *)H + H->rows_off);
+		sampling_start(H->sample_mean);
 		pthread_atfork(NULL, NULL, after_fork);
 	}
 	state = ST_READY;
@@ -1209,6 +1420,19 @@ static void leave(struct outer *s)
 	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
 	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(self, fa__, wrapper)
 
+/* OUTER for an allocation of `size` bytes, which with --sample is passed
+ * through unless a sample point falls in it. A nested call is passed
+ * through first: its bytes are its outermost call's, counted once. */
+#define OUTER_S(size)                                                         \
+	u64 *fa__ = __builtin_frame_address(0);                               \
+	struct thread *self = me();                                           \
+	if (!on || self->off || nested(self, fa__))                           \
+		goto pass;                                                    \
+	if (sample_mean && unsampled(self, size))                             \
+		goto pass;                                                    \
+	struct regs r __attribute__((unused)) = { (u64)__builtin_return_address(0), (u64)fa__ + 16, fa__[0] }; \
+	struct outer saved__ __attribute__((cleanup(leave), unused)) = enter(self, fa__, 0)
+
 /* An allocation that returned `addr`, with the stack at `r`. */
 static void record_alloc(struct thread *self, u8 kind, u64 addr, u64 size, const struct regs *r)
 {
@@ -1221,12 +1445,28 @@ static void record_alloc(struct thread *self, u8 kind, u64 addr, u64 size, const
 	}
 	if (size < H->min_size || size > H->max_size)
 		return;
-	s = claim(&pos);
-	if (!s)
+	/* Sampled: tracked before it is recorded, or not recorded at all.
+	 * Mappings are never sampled (docs/design.md). */
+	if (sample_mean && kind != MK_MMAP && !set_insert(addr))
 		return;
+	s = claim(&pos);
+	if (!s) {
+		if (sample_mean && kind != MK_MMAP)
+			set_remove(addr);
+		return;
+	}
 	header(self, s, kind, addr, size, 0, 0, event_time(self));
 	walk_stack(self, s, r);
 	publish(s, pos);
+}
+
+/* A libc wrapper's block, its size known once the call returned: with
+ * --sample, recorded if a sample point falls in it. */
+static void record_wrapped(struct thread *self, u8 kind, u64 addr, u64 size, const struct regs *r)
+{
+	if (sample_mean && addr && unsampled(self, size == ~0ULL ? 0 : size))
+		return;
+	record_alloc(self, kind, addr, size, r);
 }
 
 /* A release, recorded before the block is released: another thread can
@@ -1325,6 +1565,50 @@ static inline u64 clamp(u64 size)
 	return size > SIZE_MASK ? SIZE_MASK : size;
 }
 
+/* realloc and reallocarray (n, m) with --sample. The new block is
+ * sampled afresh on its size, as an allocation; the old one, if it was
+ * sampled, ends here: a move to the new block when that is sampled too, a
+ * release (a realloc to nothing) when not. An unsampled old block behind a
+ * sampled new one is not named: the new one is recorded as allocated. */
+static void *sampled_realloc(struct thread *self, u8 kind, void *old, size_t n, size_t m,
+			     const struct regs *r)
+{
+	u64 size = kind == MK_REALLOC ? (u64)n : (m && n > SIZE_MASK / m ? SIZE_MASK : (u64)n * m);
+	u64 *was = old ? set_find((u64)old) : NULL;
+	int take = size && !unsampled(self, clamp(size));
+	struct mla_slot *s;
+	void *p;
+	u64 pos;
+
+#define CALL() (kind == MK_REALLOC ? real.realloc(old, n) : real.reallocarray(old, n, m))
+	if (!was) {
+		p = CALL();
+		if (take)
+			record_alloc(self, kind, (u64)p, clamp(size), r);
+		return p;
+	}
+	/* Claimed before the call, which may release the old block. */
+	s = claim_move(self, &pos);
+	set_drop(was);
+	p = CALL();
+#undef CALL
+	if (!p && size) {
+		/* Failed: the old block stays, and stays sampled (or, with no
+		 * room to track it, its sample ends here). */
+		if (set_insert((u64)old))
+			done_move(self, s, pos, kind, 0, size, (u64)old, 0, r);
+		else
+			done_move(self, s, pos, kind, 0, 0, (u64)old, 0, r);
+	} else if (take && p && set_insert((u64)p)) {
+		if (!s)
+			set_remove((u64)p);
+		done_move(self, s, pos, kind, (u64)p, clamp(size), (u64)old, 0, r);
+	} else {
+		done_move(self, s, pos, kind, 0, 0, (u64)old, 0, r);
+	}
+	return p;
+}
+
 /* ---- the malloc family ---- */
 
 EXPORT void *malloc(size_t n)
@@ -1334,7 +1618,7 @@ EXPORT void *malloc(size_t n)
 	if (unlikely(!ready()))
 		return boot_alloc(n);
 	{
-		OUTER(0);
+		OUTER_S(n);
 		p = real.malloc(n);
 		record_alloc(self, MK_MALLOC, (u64)p, clamp(n), &r);
 		return p;
@@ -1346,12 +1630,22 @@ pass:
 
 EXPORT void free(void *p)
 {
+	u64 *sampled = NULL;
+
 	if (unlikely(is_boot(p)) || !p)
 		return;
 	if (unlikely(!ready()))
 		return;
+	/* --sample: a block not in the set was not recorded; its release is
+	 * not either (one bucket read, no thread state). */
+	if (sample_mean && likely(!(sampled = set_find((u64)p)))) {
+		real.free(p);
+		return;
+	}
 	{
 		OUTER(0);
+		if (sampled)
+			set_drop(sampled);
 		record_free(self, MK_FREE, (u64)p, 0);
 		real.free(p);
 		return;
@@ -1372,7 +1666,7 @@ EXPORT void *calloc(size_t n, size_t m)
 		return p;
 	}
 	{
-		OUTER(0);
+		OUTER_S(size);
 		p = real.calloc(n, m);
 		record_alloc(self, MK_CALLOC, (u64)p, size, &r);
 		return p;
@@ -1398,6 +1692,8 @@ EXPORT void *realloc(void *old, size_t size)
 	}
 	{
 		OUTER(0);
+		if (sample_mean)
+			return sampled_realloc(self, MK_REALLOC, old, size, 1, &r);
 		s = claim_move(self, &pos);
 		p = real.realloc(old, size);
 		done_move(self, s, pos, MK_REALLOC, (u64)p, size, (u64)old, 0, &r);
@@ -1418,6 +1714,8 @@ EXPORT void *reallocarray(void *old, size_t n, size_t m)
 		return NULL;
 	{
 		OUTER(0);
+		if (sample_mean)
+			return sampled_realloc(self, MK_REALLOCARRAY, old, n, m, &r);
 		s = claim_move(self, &pos);
 		p = real.reallocarray(old, n, m);
 		done_move(self, s, pos, MK_REALLOCARRAY, (u64)p, (u64)n * m, (u64)old, 0, &r);
@@ -1434,7 +1732,7 @@ EXPORT int posix_memalign(void **out, size_t align, size_t size)
 	if (unlikely(!ready()))
 		return ENOMEM;
 	{
-		OUTER(0);
+		OUTER_S(size);
 		ret = real.posix_memalign(out, align, size);
 		record_alloc(self, MK_POSIX_MEMALIGN, ret == 0 ? (u64)*out : 0, size, &r);
 		return ret;
@@ -1450,7 +1748,7 @@ pass:
 		if (unlikely(!ready()))                              \
 			return NULL;                                 \
 		{                                                    \
-			OUTER(0);                                    \
+			OUTER_S(size);                               \
 			p = real.name(align, size);                  \
 			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
@@ -1468,7 +1766,7 @@ ALIGNED(aligned_alloc, MK_ALIGNED_ALLOC)
 		if (unlikely(!ready()))                              \
 			return NULL;                                 \
 		{                                                    \
-			OUTER(0);                                    \
+			OUTER_S(size);                               \
 			p = real.name(size);                         \
 			record_alloc(self, kind, (u64)p, clamp(size), &r); \
 			return p;                                    \
@@ -1555,7 +1853,7 @@ EXPORT char *strdup(const char *str)
 	{
 		OUTER(1);
 		p = real.strdup(str);
-		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
+		record_wrapped(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
@@ -1571,7 +1869,7 @@ EXPORT char *strndup(const char *str, size_t n)
 	{
 		OUTER(1);
 		p = real.strndup(str, n);
-		record_alloc(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
+		record_wrapped(self, MK_MALLOC, (u64)p, wrapper_size(self, (u64)p), &r);
 		return p;
 	}
 pass:
@@ -1583,7 +1881,7 @@ static int do_vasprintf(struct thread *self, char **out, const char *fmt, va_lis
 	int ret = real.vasprintf(out, fmt, ap);
 	u64 addr = ret >= 0 ? (u64)*out : 0;
 
-	record_alloc(self, MK_MALLOC, addr, wrapper_size(self, addr), r);
+	record_wrapped(self, MK_MALLOC, addr, wrapper_size(self, addr), r);
 	return ret;
 }
 
@@ -1631,7 +1929,29 @@ static ssize_t do_getdelim(struct thread *self, char **line, size_t *n, int deli
 	size = wrapper_size(self, addr);
 	if (size == ~0ULL)
 		return ret; /* the caller's buffer, reused as it was */
-	if (entry) {
+	if (sample_mean) {
+		/* The old buffer is gone already: its sample (if it was one)
+		 * ends, and the new one is sampled afresh. */
+		u64 *old = entry ? set_find(entry) : NULL;
+		int take = addr && !unsampled(self, size);
+
+		if (old) {
+			struct mla_slot *s;
+			u64 pos;
+
+			set_drop(old);
+			take = take && set_insert(addr);
+			s = claim_move(self, &pos);
+			if (take)
+				done_move(self, s, pos, MK_REALLOC, addr, size, entry, 0, r);
+			else
+				done_move(self, s, pos, MK_REALLOC, 0, 0, entry, 0, r);
+			if (!s && take)
+				set_remove(addr);
+		} else if (take) {
+			record_alloc(self, MK_MALLOC, addr, size, r);
+		}
+	} else if (entry) {
 		struct mla_slot *s;
 		u64 pos;
 
@@ -1677,7 +1997,7 @@ static void *next_of(void **cache, const char *name)
 	void *f = __atomic_load_n(cache, __ATOMIC_ACQUIRE);
 
 	if (!f) {
-		f = dlsym(RTLD_NEXT, name);
+		f = dlsym(next_handle, name);
 		if (!f) {
 			static const char msg[] = "memleak agent: no next definition of a C++ operator\n";
 			write(2, msg, sizeof(msg) - 1);
@@ -1704,7 +2024,7 @@ typedef void (*del3_t)(void *, u64, u64);
 		if (unlikely(!ready()))                                   \
 			return boot_alloc(size);                          \
 		{                                                         \
-			OUTER(0);                                         \
+			OUTER_S(size);                                    \
 			p = ((TYPE)next_of(&next, #sym))CALLARGS;         \
 			record_alloc(self, kind, (u64)p, clamp(size), &r);      \
 			return p;                                         \
@@ -1729,13 +2049,18 @@ NEW(_ZnamSt11align_val_tRKSt9nothrow_t, MK_NEW_ARRAY, (size_t size, u64 b, u64 c
 	EXPORT void sym ARGS                                              \
 	{                                                                 \
 		static void *next;                                        \
+		u64 *sampled = NULL;                                      \
 		if (unlikely(is_boot(p) || !ready()))                     \
 			return;                                           \
 		if (!p)                                                   \
 			goto pass;                                        \
+		if (sample_mean && !(sampled = set_find((u64)p)))         \
+			goto pass;                                        \
 		{                                                         \
 			OUTER(0);                                         \
-			record_free(self, kind, (u64)p, 0);                     \
+			if (sampled)                                      \
+				set_drop(sampled);                        \
+			record_free(self, kind, (u64)p, 0);               \
 			((TYPE)next_of(&next, #sym))CALLARGS;             \
 			return;                                           \
 		}                                                         \
@@ -1756,3 +2081,311 @@ DELETE(_ZdaPvSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b), (p, b), del2_t)
 DELETE(_ZdaPvmSt11align_val_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c), del3_t)
 DELETE(_ZdaPvSt11align_val_tRKSt9nothrow_t, MK_DELETE_ARRAY, (void *p, u64 b, u64 c), (p, b, c),
        del3_t)
+
+/* ---- inject: attached to a running process ----
+ *
+ * `record -p PID --capture inject` stops one thread of a running process
+ * with ptrace, at a moment it is outside the allocator and the loader,
+ * and makes it call, in turn: memfd_create and dlopen (this library, from
+ * a memfd named INJECT_NAME), then memleak_attach(fd of the shared
+ * memory) (src/record/inject.rs drives it; crates/recorder/src/inject.rs
+ * makes the calls). Loaded that way the agent is in no global scope:
+ * nothing binds to its definitions, and it takes the calls by rewriting
+ * the process's call sites instead: every GOT entry (PLT jump slots, and
+ * GOT slots of code built with -fno-plt) that names a function it
+ * defines and still holds the process's own definition. memleak_detach()
+ * puts them back; the agent stays loaded, idle, and a later recording
+ * attaches it again (200 attach/detach cycles must leave one copy).
+ *
+ * A patched slot only ever holds one of two values, the process's
+ * definition or ours, each written with one aligned store: a thread
+ * calling through it at the same moment takes either, and both work. A
+ * slot that holds anything else (another object's definition, bound by
+ * versioning or DT_SYMBOLIC) is left alone. */
+
+#define INJECT_NAME "memleak-inject.so"
+
+static int loaded_for_inject(void)
+{
+	Dl_info info;
+	char link[256];
+	ssize_t n;
+
+	if (!dladdr((void *)loaded_for_inject, &info) || !info.dli_fname)
+		return 0;
+	n = readlink(info.dli_fname, link, sizeof(link) - 1);
+	if (n <= 0)
+		return 0;
+	link[n] = 0;
+	return strstr(link, INJECT_NAME) != NULL;
+}
+
+/* The functions whose call sites are patched: the allocator entry
+ * points, and dlopen (a library loaded later gets its sites patched).
+ * The exec family is not: a program exec'd is no longer recorded. */
+static struct hook {
+	const char *name;
+	void *mine, *theirs;
+} hooks[] = {
+	{ .name = "malloc" }, { .name = "free" }, { .name = "calloc" }, { .name = "realloc" }, { .name = "reallocarray" },
+	{ .name = "posix_memalign" }, { .name = "memalign" }, { .name = "aligned_alloc" }, { .name = "valloc" }, { .name = "pvalloc" },
+	{ .name = "mmap" }, { .name = "mmap64" }, { .name = "munmap" }, { .name = "mremap" },
+	{ .name = "strdup" }, { .name = "strndup" }, { .name = "vasprintf" }, { .name = "asprintf" }, { .name = "getdelim" }, { .name = "getline" },
+	{ .name = "dlopen" }, { .name = "dlclose" }, { .name = "dlsym" },
+	{ .name = "_Znwm" }, { .name = "_ZnwmRKSt9nothrow_t" }, { .name = "_ZnwmSt11align_val_t" },
+	{ .name = "_ZnwmSt11align_val_tRKSt9nothrow_t" }, { .name = "_Znam" }, { .name = "_ZnamRKSt9nothrow_t" },
+	{ .name = "_ZnamSt11align_val_t" }, { .name = "_ZnamSt11align_val_tRKSt9nothrow_t" },
+	{ .name = "_ZdlPv" }, { .name = "_ZdlPvm" }, { .name = "_ZdlPvRKSt9nothrow_t" }, { .name = "_ZdlPvSt11align_val_t" },
+	{ .name = "_ZdlPvmSt11align_val_t" }, { .name = "_ZdlPvSt11align_val_tRKSt9nothrow_t" }, { .name = "_ZdaPv" },
+	{ .name = "_ZdaPvm" }, { .name = "_ZdaPvRKSt9nothrow_t" }, { .name = "_ZdaPvSt11align_val_t" },
+	{ .name = "_ZdaPvmSt11align_val_t" }, { .name = "_ZdaPvSt11align_val_tRKSt9nothrow_t" },
+};
+#define NHOOKS (sizeof(hooks) / sizeof(hooks[0]))
+
+static u64 my_base;    /* this library's load address: never patched */
+static int attached;   /* between memleak_attach and memleak_detach */
+
+static struct hook *hook_named(const char *name)
+{
+	for (u32 i = 0; i < NHOOKS; i++)
+		if (!strcmp(hooks[i].name, name))
+			return &hooks[i];
+	return NULL;
+}
+
+typedef void *(*dlsym_t)(void *, const char *);
+static dlsym_t real_dlsym;
+
+/* dlsym, for the process while the agent is attached: a lookup of a
+ * function the agent takes gets the agent's (ctypes, plugin loaders:
+ * calls through a pointer looked up after the attach pass no GOT slot).
+ * RTLD_NEXT is answered by the real dlsym, tail-called, so that it sees
+ * its caller's return address; a pointer looked up before the attach is
+ * not seen (docs/design.md). Not exported: a preloaded agent must not
+ * take the program's lookups. */
+static void *inject_dlsym(void *h, const char *name)
+{
+	void *p;
+
+	if (h == RTLD_NEXT) {
+		__attribute__((musttail)) return real_dlsym(h, name);
+	}
+	p = real_dlsym(h, name);
+	if (p && __atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+		for (u32 i = 0; i < NHOOKS; i++)
+			if (hooks[i].theirs == p && hooks[i].mine)
+				return hooks[i].mine;
+	return p;
+}
+
+/* Our definitions (by our own handle: RTLD_DEFAULT would not find them)
+ * and the process's (libstdc++'s operators once it is loaded). */
+static void resolve_hooks(void)
+{
+	Dl_info info;
+	void *me_h;
+
+	if (!my_base && dladdr((void *)resolve_hooks, &info))
+		my_base = (u64)info.dli_fbase;
+	me_h = dladdr((void *)resolve_hooks, &info) ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	if (!real_dlsym)
+		real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
+	hook_named("dlsym")->mine = real_dlsym ? (void *)inject_dlsym : NULL;
+	for (u32 i = 0; i < NHOOKS; i++) {
+		if (!hooks[i].mine && me_h)
+			hooks[i].mine = dlsym(me_h, hooks[i].name);
+		if (!hooks[i].theirs)
+			hooks[i].theirs = dlsym(RTLD_DEFAULT, hooks[i].name);
+	}
+	/* One reference was taken above; the library is never unloaded. */
+}
+
+
+/* What one pass over the objects does. */
+struct patching {
+	int attach;   /* 1: theirs -> mine; 0: mine -> theirs */
+	long slots;   /* slots written */
+	long skipped; /* slots naming a hook that held another definition */
+};
+
+static u64 dyn_ptr(u64 v, u64 base)
+{
+	/* ld.so relocates most objects' dynamic entries in place; not the
+	 * vDSO's. */
+	return v < base ? v + base : v;
+}
+
+static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct patching *p = data;
+	const ElfW(Dyn) *dyn = NULL;
+	const ElfW(Sym) *symtab = NULL;
+	const char *strtab = NULL;
+	const ElfW(Rela) *rel[2] = { NULL, NULL };
+	u64 relsz[2] = { 0, 0 };
+	u64 lo = ~0ull, hi = 0, relro_lo = 0, relro_hi = 0, base = info->dlpi_addr;
+	int relro_open = 0;
+
+	if (base == my_base || !info->dlpi_phdr)
+		return 0;
+	for (int i = 0; i < info->dlpi_phnum; i++) {
+		const ElfW(Phdr) *ph = &info->dlpi_phdr[i];
+
+		if (ph->p_type == PT_DYNAMIC)
+			dyn = (const ElfW(Dyn) *)(base + ph->p_vaddr);
+		else if (ph->p_type == PT_LOAD) {
+			if (base + ph->p_vaddr < lo)
+				lo = base + ph->p_vaddr;
+			if (base + ph->p_vaddr + ph->p_memsz > hi)
+				hi = base + ph->p_vaddr + ph->p_memsz;
+		} else if (ph->p_type == PT_GNU_RELRO) {
+			relro_lo = (base + ph->p_vaddr) & ~4095ull;
+			relro_hi = (base + ph->p_vaddr + ph->p_memsz + 4095) & ~4095ull;
+		}
+	}
+	if (!dyn)
+		return 0;
+	for (; dyn->d_tag != DT_NULL; dyn++) {
+		switch (dyn->d_tag) {
+		case DT_SYMTAB: symtab = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_STRTAB: strtab = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_JMPREL: rel[0] = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_PLTRELSZ: relsz[0] = dyn->d_un.d_val; break;
+		case DT_RELA: rel[1] = (const void *)dyn_ptr(dyn->d_un.d_ptr, base); break;
+		case DT_RELASZ: relsz[1] = dyn->d_un.d_val; break;
+		}
+	}
+	if (!symtab || !strtab)
+		return 0;
+	for (int t = 0; t < 2; t++) {
+		for (u64 i = 0; rel[t] && i < relsz[t] / sizeof(ElfW(Rela)); i++) {
+			const ElfW(Rela) *r = &rel[t][i];
+			u32 type = ELF64_R_TYPE(r->r_info);
+			struct hook *h;
+			void **slot, *now, *want;
+
+			if (type != R_X86_64_JUMP_SLOT && type != R_X86_64_GLOB_DAT)
+				continue;
+			if (!ELF64_R_SYM(r->r_info))
+				continue;
+			h = hook_named(strtab + symtab[ELF64_R_SYM(r->r_info)].st_name);
+			if (!h || !h->mine || !h->theirs)
+				continue;
+			slot = (void **)(base + r->r_offset);
+			now = __atomic_load_n(slot, __ATOMIC_RELAXED);
+			if (p->attach) {
+				/* Bound to the process's definition, or not yet
+				 * bound (a lazy slot points into its own PLT). */
+				if (now == h->mine)
+					continue;
+				if (now != h->theirs && !((u64)now >= lo && (u64)now < hi)) {
+					p->skipped++;
+					continue;
+				}
+				want = h->mine;
+			} else {
+				if (now != h->mine)
+					continue;
+				want = h->theirs;
+			}
+			if ((u64)slot >= relro_lo && (u64)slot < relro_hi && !relro_open) {
+				if (syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo,
+					    PROT_READ | PROT_WRITE) != 0) {
+					p->skipped++;
+					continue;
+				}
+				relro_open = 1;
+			}
+			__atomic_store_n(slot, want, __ATOMIC_RELEASE);
+			p->slots++;
+		}
+	}
+	if (relro_open)
+		syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo, PROT_READ);
+	return 0;
+}
+
+static long patch_all(int attach)
+{
+	struct patching p = { attach, 0, 0 };
+
+	if (attach)
+		resolve_hooks();
+	dl_iterate_phdr(patch_object, &p);
+	return p.slots;
+}
+
+static void patch_new_objects(void)
+{
+	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
+		patch_all(1);
+}
+
+/* Attaches to the shared memory the recorder made (its descriptor `fd`,
+ * closed here) and patches the call sites. Returns the number of slots
+ * patched, or a negative errno. Called by the recorder, through ptrace,
+ * on a thread it stopped outside the allocator and the loader. */
+EXPORT long memleak_attach(int fd)
+{
+	struct mla_header hdr;
+	struct mla_header *h;
+	long n;
+
+	if (!injected || state != ST_READY)
+		return -EINVAL;
+	/* Another recording is attached, unless its recorder died (killed:
+	 * it never detached); then this one takes over. */
+	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE) && H &&
+	    !(kill((pid_t)H->recorder_pid, 0) != 0 && errno == ESRCH))
+		return -EBUSY;
+	if (pread(fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC || hdr.version != MLA_VERSION) {
+		close(fd);
+		return -EPROTO;
+	}
+	h = (void *)syscall(SYS_mmap, NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if ((long)h < 0 && (long)h > -4096)
+		return (long)h;
+	/* The previous recording's memory stays mapped (a call still in
+	 * flight may write to it); the recorder freed its pages. */
+	on = 0;
+	/* --sample: this recording's mean, and an empty set of sampled
+	 * blocks (an earlier recording's are not this one's). */
+	if (h->sample_mean && sampled_set) {
+		syscall(SYS_madvise, sampled_set, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
+			MADV_DONTNEED);
+		sample_mean_f = (double)h->sample_mean;
+		sample_mean = h->sample_mean;
+	} else if (h->sample_mean) {
+		sampling_start(h->sample_mean);
+		if (!sampled_set)
+			return -ENOMEM;
+	} else {
+		sample_mean = 0;
+	}
+	slots = (char *)h + h->ring_off;
+	slot_mask = h->nslots - 1;
+	tables = (struct mla_table *)((char *)h + h->tables_off);
+	rows = (struct unwind_row *)((char *)h + h->rows_off);
+	table_idx = ~0u;
+	table_gen_seen = ~0ull;
+	my_pid = (u32)syscall(SYS_getpid);
+	__atomic_store_n(&H, h, __ATOMIC_RELEASE);
+	__atomic_store_n(&on, pid_traced(my_pid), __ATOMIC_RELEASE);
+	if (on)
+		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&attached, 1, __ATOMIC_RELEASE);
+	n = patch_all(1);
+	return n;
+}
+
+/* Puts the call sites back and records nothing more; the agent stays,
+ * idle. Returns the number of slots restored. */
+EXPORT long memleak_detach(void)
+{
+	if (!injected)
+		return -EINVAL;
+	__atomic_store_n(&attached, 0, __ATOMIC_RELEASE);
+	__atomic_store_n(&on, 0, __ATOMIC_RELEASE);
+	return patch_all(0);
+}

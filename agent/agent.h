@@ -41,6 +41,11 @@
  * recorder tells them from a user's: src/record/child.rs. */
 #define MLA_STOP_VALUE 0x4d4c5354
 
+/* lost[] index, the agent's own (after enum memleak_lost): a sampled
+ * allocation not recorded because the set of sampled addresses had no
+ * room for it (record --sample). */
+#define MLA_LOST_SAMPLE_SET 5
+
 struct mla_header {
 	__u64 magic;         /* 0 */
 	__u32 version;       /* 8 */
@@ -72,7 +77,7 @@ struct mla_header {
 	__u8 pad2[56];
 	__u64 lost[8];       /* 384: by enum memleak_lost */
 	__u64 agents;        /* 448: processes whose agent started */
-	__u64 reserved1;     /* 456 */
+	__u64 sample_mean;   /* 456: record --sample: mean bytes between samples; 0 records every call */
 	__u8 pad3[48];
 	__u32 pids[MLA_MAX_PIDS]; /* 512 */
 };
@@ -107,6 +112,7 @@ _Static_assert(offsetof(struct mla_header, room_waiting) == 120, "room_waiting")
 _Static_assert(offsetof(struct mla_header, head) == 256, "head");
 _Static_assert(offsetof(struct mla_header, tail) == 320, "tail");
 _Static_assert(offsetof(struct mla_header, lost) == 384, "lost");
+_Static_assert(offsetof(struct mla_header, sample_mean) == 456, "sample_mean");
 _Static_assert(offsetof(struct mla_header, pids) == 512, "pids");
 _Static_assert(sizeof(struct mla_header) <= MLA_HEADER_BYTES, "header");
 _Static_assert(sizeof(struct mla_table) == 16 + 16 + 32 * UNWIND_MAX_MAPS, "table");

@@ -83,6 +83,14 @@ int main(int argc, char **argv)
     int threads = argc > 4 ? atoi(argv[4]) : 1;
     long long dt = 0, dc = 0;
 
+    /* ALLOC_PAIRS_WAIT: say "ready" and wait for a line on stdin first,
+     * for a recorder that attaches to the running process. */
+    if (getenv("ALLOC_PAIRS_WAIT")) {
+        char c;
+        write(1, "ready\n", 6);
+        while (read(0, &c, 1) == 1 && c != '\n')
+            ;
+    }
     if (threads <= 1) {
         run(pairs, leaks, depth, &dt, &dc);
     } else {

@@ -10,11 +10,18 @@ run, alternating ROUNDS times:
   record      `memleak record --capture bpf` writing a trace (the probes)
   preload     `memleak record --capture preload`: memleak's agent inside
               the workload (LD_PRELOAD), the same trace
+  inject      `memleak record -p PID --capture inject`: the workload
+              started first (ALLOC_PAIRS_WAIT), the agent loaded into it
+              and its call sites patched, then the loop runs
+  sample      (with --sample SIZE) `memleak record --sample SIZE`: the agent
+              recording a byte-weighted sample of one allocation per SIZE
+              bytes on average; the pairs it does not sample cost a
+              countdown and a set lookup
   heaptrack   `heaptrack -o FILE` (Debian's heaptrack: an LD_PRELOAD hook),
               the peer a user would pick for this job
   valgrind    `valgrind --tool=memcheck --leak-check=full` (with --peers;
               slow, so it runs on PAIRS/VALGRIND_DIV pairs and is scaled)
-Reports the median µs per pair of each, by the workload thread's CPU time
+Reports the median µs per pair of each (and ns above bare), by the workload thread's CPU time
 (user + system: the probes run in the thread and are charged to it, time
 spent preempted by other work on the machine is not) and by wall time, the
 ratios to bare and to heaptrack, the end-to-end wall time and CPU of
@@ -31,7 +38,7 @@ thread figures are per thread, the end-to-end ones per pair of all.
 
 usage: bench/record_overhead.py [--pairs N] [--leaks N] [--depth N] [--rounds N] [--threads N]
                                 [--no-peers] [--valgrind] [--cflags "-O2 ..."]
-                                [--unwind auto|fp|dwarf] [--memleak PATH]
+                                [--unwind auto|fp|dwarf] [--memleak PATH] [--sample SIZE]
 """
 import argparse, json, os, resource, shutil, statistics, subprocess, sys, tempfile, time
 
@@ -50,6 +57,8 @@ def main():
     ap.add_argument("--valgrind-div", type=int, default=20,
                     help="valgrind runs PAIRS/N pairs; its per-pair figures are per pair all the same")
     ap.add_argument("--cflags", default="-O2 -g -fno-omit-frame-pointer")
+    ap.add_argument("--sample", default=None, metavar="SIZE",
+                    help="also a `record --sample SIZE` row (e.g. 512k)")
     ap.add_argument("--unwind", default=None,
                     help="memleak record --unwind (auto, fp, dwarf); default: memleak's")
     a = ap.parse_args()
@@ -69,7 +78,11 @@ def main():
 
 def run(a, args, tmp):
     trace = os.path.join(tmp, "t.parquet")
-    modes = ["bare", "floor", "record", "preload"]
+    modes = ["bare", "floor", "record", "preload", "inject"]
+    recorded = ["record", "preload", "inject"]
+    if a.sample:
+        modes.append("sample")
+        recorded.append("sample")
     peers = []
     if not a.no_peers and shutil.which("heaptrack"):
         peers.append("heaptrack")
@@ -82,9 +95,10 @@ def run(a, args, tmp):
     wall_us = {m: [] for m in modes}
     e2e_wall_us = {m: [] for m in modes}
     e2e_cpu_us = {m: [] for m in modes}
-    cpu = {"record": [], "preload": []}
-    lost = {"record": [], "preload": []}
-    events, unwinds = [], []
+    cpu = {m: [] for m in recorded}
+    lost = {m: [] for m in recorded}
+    events = {m: [] for m in recorded}
+    unwinds = []
 
     def timed(mode, cmd, pairs=a.pairs):
         r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -102,23 +116,63 @@ def run(a, args, tmp):
         used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
         e2e_cpu_us[mode].append(used * 1e6 / total)
 
+    def timed_inject(cmd_args):
+        """The workload started first, waiting; memleak attached with
+        --capture inject; then the loop runs. End to end: from the go to
+        the recorder's exit."""
+        env = dict(os.environ, ALLOC_PAIRS_WAIT="1")
+        w = subprocess.Popen(cmd_args, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env=env)
+        assert w.stdout.readline().strip() == "ready"
+        m = subprocess.Popen([a.memleak, "record", "-v", "--force", "--capture", "inject",
+                              "-p", str(w.pid), "-o", trace],
+                             stderr=subprocess.PIPE, text=True)
+        for line in m.stderr:
+            if "call sites patched" in line:
+                break
+        else:
+            raise SystemExit("memleak did not attach")
+        r0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        t0 = time.monotonic()
+        w.stdin.write("go\n")
+        w.stdin.flush()
+        out = w.stdout.read().split()
+        w.wait()
+        m.stderr.read()
+        m.wait()
+        t1 = time.monotonic()
+        r1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        wall_us["inject"].append(int(out[0]) / a.pairs / 1000)
+        cpu_us["inject"].append(int(out[1]) / a.pairs / 1000)
+        total = a.pairs * a.threads
+        e2e_wall_us["inject"].append((t1 - t0) * 1e6 / total)
+        used = (r1.ru_utime - r0.ru_utime) + (r1.ru_stime - r0.ru_stime)
+        e2e_cpu_us["inject"].append(used * 1e6 / total)
+
     ht = os.path.join(tmp, "heaptrack.out")
     for _ in range(a.rounds):
         timed("bare", args)
         timed("floor", [a.memleak, "record", "-q", "--count-only", "--force", "-o", trace, "--"] + args)
         unwind = ["--unwind", a.unwind] if a.unwind else []
-        for mode in ["record", "preload"]:
+        for mode in recorded:
             capture = "bpf" if mode == "record" else "preload"
+            sample = ["--sample", a.sample] if mode == "sample" else []
             timed(mode, [a.memleak, "record", "-q", "--force", "--capture", capture] + unwind
-                  + ["-o", trace, "--"] + args)
+                  + sample + ["-o", trace, "--"] + args)
             meta = json.load(open(os.path.join(trace, "meta.json")))
             n = sum(meta["counters"]["events"].values())
+            events[mode].append(n)
             if mode == "record":
-                events.append(n)
                 unwinds.append(meta.get("unwind"))
             lost[mode].append(sum(v for k, v in meta["counters"]["lost"].items()
                                   if k != "failed_alloc"))
             cpu[mode].append(meta["recorder_cpu_ns"] / n)
+        timed_inject(args)
+        meta = json.load(open(os.path.join(trace, "meta.json")))
+        n = sum(meta["counters"]["events"].values())
+        lost["inject"].append(sum(v for k, v in meta["counters"]["lost"].items()
+                                  if k != "failed_alloc"))
+        cpu["inject"].append(meta["recorder_cpu_ns"] / n)
         if "heaptrack" in peers:
             for f in os.listdir(tmp):
                 if f.startswith("heaptrack.out"):
@@ -131,10 +185,10 @@ def run(a, args, tmp):
                                "--log-file=/dev/null"] + vargs, pairs=vp)
     print(f"workload: {a.threads} thread(s) x {a.pairs} malloc(32)+free pairs + {a.leaks} leaks, "
           f"{a.depth} frames deep, built with {a.cflags}, --unwind {a.unwind or 'default'}, "
-          f"{a.rounds} rounds, median")
-    print("| mode | µs per pair (thread CPU) | × bare | × floor | × heaptrack "
+          f"{a.rounds} rounds, median" + (f"; sample: --sample {a.sample}" if a.sample else ""))
+    print("| mode | µs per pair (thread CPU) | ns above bare | × bare | × floor | × heaptrack "
           "| µs per pair (end-to-end wall) | µs per pair (CPU of all processes) |")
-    print("|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|")
     mc = {k: statistics.median(v) for k, v in cpu_us.items()}
     ew = {k: statistics.median(v) for k, v in e2e_wall_us.items()}
     ec = {k: statistics.median(v) for k, v in e2e_cpu_us.items()}
@@ -142,12 +196,13 @@ def run(a, args, tmp):
     for k in modes:
         vs_ht = f"{mc[k]/ref:.2f}" if ref else "–"
         vs_floor = "–" if k == "bare" else f"{mc[k]/mc['floor']:.2f}"
-        print(f"| {k} | {mc[k]:.3f} | {mc[k]/mc['bare']:.1f} | {vs_floor} | {vs_ht} "
+        above = "–" if k == "bare" else f"{(mc[k] - mc['bare']) * 1000:+.1f}"
+        print(f"| {k} | {mc[k]:.3f} | {above} | {mc[k]/mc['bare']:.1f} | {vs_floor} | {vs_ht} "
               f"| {ew[k]:.3f} | {ec[k]:.3f} |")
-    for mode in ["record", "preload"]:
+    for mode in recorded:
         c = cpu[mode]
-        print(f"{mode}: events per run: {events[0]}; lost: {max(lost[mode])}; recorder CPU per "
-              f"event: {statistics.median(c):.0f} ns (min {min(c):.0f}, max {max(c):.0f})")
+        print(f"{mode}: events per run: {events[mode][0]}; lost: {max(lost[mode])}; recorder CPU "
+              f"per event: {statistics.median(c):.0f} ns (min {min(c):.0f}, max {max(c):.0f})")
     print(f"stack walks (last run): {unwinds[-1]}")
 
 

@@ -200,6 +200,13 @@ fn check_verdict_order(args: &AnalyzeArgs, trace: &memleak_trace::Trace) -> anyh
         } else {
             "--sort verdict"
         };
+        if trace.meta().sampling.is_some() {
+            bail!(
+                "{what}: {} is a sampled recording (--sample): a pointer held in an unsampled \
+                 block cannot be followed, so it has no verdicts",
+                trace.path().display()
+            );
+        }
         bail!(
             "{what}: {} has no scan to take verdicts from (record with a scan: at exit in -- CMD \
              mode, or --scan with -p)",

@@ -85,6 +85,9 @@ struct Report<'a> {
     path: &'a Path,
     pids: &'a [u32],
     recorder_cpu_ns: Option<u64>,
+    /// `record --sample`: the mean bytes between sample points (`null`:
+    /// every call was recorded).
+    sample_mean_bytes: Option<u64>,
     /// Reachability scans (`[]` when there was none).
     scans: &'a [memleak_trace::ScanInfo],
     start_ns: u64,
@@ -144,6 +147,7 @@ fn report(trace: &Trace) -> Report<'_> {
     let exit_signal = exit.and_then(Exit::signal);
     Report {
         capture: m.capture.as_deref().unwrap_or("bpf"),
+        sample_mean_bytes: m.sampling.map(|s| s.mean_bytes),
         command: &m.command,
         complete: m.complete,
         cut_stacks: m.cut_stacks,
@@ -221,6 +225,14 @@ fn print_text(r: &Report<'_>, out: &mut dyn Write) -> io::Result<()> {
             other => other,
         }
     )?;
+    if let Some(mean) = r.sample_mean_bytes {
+        writeln!(
+            out,
+            "sampled:   one allocation per {} allocated on average (record --sample): \
+             reports give estimates",
+            crate::units::format_size(mean)
+        )?;
+    }
     let pids: Vec<String> = r.pids.iter().map(|p| p.to_string()).collect();
     writeln!(
         out,

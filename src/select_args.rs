@@ -213,6 +213,15 @@ impl SelectArgs {
     /// `--verdict` on a trace without a scan before the evaluation time.
     pub fn check_trace(&self, trace: &memleak_trace::Trace) -> anyhow::Result<()> {
         if let Some(v) = self.verdict {
+            if let Some(s) = trace.meta().sampling {
+                bail!(
+                    "--verdict {}: {} is a sampled recording (--sample {}): a pointer held in an \
+                     unsampled block cannot be followed, so it has no verdicts",
+                    v.describe(),
+                    trace.path().display(),
+                    crate::units::format_size(s.mean_bytes)
+                );
+            }
             let scans = &trace.meta().scans;
             let ok: Vec<_> = scans.iter().filter(|s| s.error.is_none()).collect();
             if ok.is_empty() {

@@ -114,8 +114,19 @@ fn source(path: &Path) -> anyhow::Result<Source> {
     Ok(Source::Dataset(text))
 }
 
-/// The statement orders events by `seq` (format 1.5).
+/// The statement orders events by `seq` (format 1.5), and counts every
+/// event as one allocation: a sampled recording's (`record --sample`)
+/// would need each scaled by the mean in its meta.json, which the
+/// statement cannot read, so it is refused (`memleak analyze` scales).
 fn check_version(path: &Path, meta: &Meta) -> anyhow::Result<()> {
+    if let Some(s) = meta.sampling {
+        bail!(
+            "{}: a sampled recording (--sample {}): the statement would count samples, not \
+             allocations; use memleak analyze, which scales them",
+            path.display(),
+            crate::units::format_size(s.mean_bytes)
+        );
+    }
     if meta.version().is_none_or(|v| v < (1, 5)) {
         bail!(
             "{}: format {} has no seq column to order events by in SQL (recorded by an older memleak; `memleak analyze` reads it)",

@@ -5,27 +5,14 @@
 mod common;
 
 use std::path::Path;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 use common::fixtures::{build_steady, fixtures_dir, memleak};
+use common::one_line_error;
 use common::procs::{
     become_subreaper, proc_state, reaped, running_command, wait_orphan, wait_within,
 };
-
-fn one_line_error(out: &Output) -> String {
-    assert!(
-        !out.status.success(),
-        "expected failure, got {:?}: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let err = String::from_utf8_lossy(&out.stderr).into_owned();
-    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("libbpf:")).collect();
-    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
-    assert!(lines[0].starts_with("memleak: error: "), "{err}");
-    lines[0].to_string()
-}
 
 #[test]
 fn missing_pid_is_refused() {

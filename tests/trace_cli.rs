@@ -140,7 +140,7 @@ fn info_describes_a_trace() {
         String::from_utf8_lossy(&out.stderr)
     );
     for needle in [
-        "format:    memleak-trace 1.5 (written by memleak 0.1.0-test)",
+        "format:    memleak-trace 1.6 (written by memleak 0.1.0-test)",
         "command:   memleak record -- ./seed",
         "pids:      321",
         "duration:  2.500 s",
@@ -179,7 +179,7 @@ fn info_json_is_machine_readable() {
     let out = info(&root, true);
     assert!(out.status.success());
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("stdout is JSON");
-    assert_eq!(v["format_version"], "1.5");
+    assert_eq!(v["format_version"], "1.6");
     assert_eq!(v["exit_code"], 0);
     assert_eq!(v["exit_signal"], serde_json::Value::Null);
     assert_eq!(v["exit_core_dumped"], false);

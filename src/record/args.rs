@@ -16,7 +16,8 @@ Examples:
   memleak record -o t.parquet -- ./server --port 80   # start it, trace it until it exits, scan it
   memleak record -p 1234 -d 30s -o t.parquet          # attach to a running process for 30 s
   memleak record -p 1234 5                            # bcc's habit: top stacks every 5 s (Ctrl-C to stop)
-  memleak record --interval 10s -T 5 -- ./server      # the same while a command runs
+  memleak record -p 1234 --capture inject -d 30s     # from inside it: a twentieth of the probes' cost
+  memleak record --sample 512k -- ./server            # cheap enough to leave on: a byte-weighted sample
   memleak analyze t.parquet                           # then: what is still allocated, by stack
 
 Coming from bcc memleak: -o is the trace here; bcc's -o (older than) is `analyze --older-than`,
@@ -24,9 +25,11 @@ Coming from bcc memleak: -o is the trace here; bcc's -o (older than) is `analyze
 pub struct RecordArgs {
     /// How allocator calls are captured: memleak's agent inside a
     /// command it starts (preload: LD_PRELOAD, no kernel trap per call, a
-    /// twentieth of the probes' cost), kernel uprobes (bpf: any process,
-    /// -p, static and setuid programs, --kernel), or preload wherever it
-    /// can work and bpf elsewhere (auto).
+    /// twentieth of the probes' cost), the agent loaded into a running
+    /// process and taken out at the end (inject, with one -p), kernel
+    /// uprobes (bpf: any process, -p, static and setuid programs,
+    /// --kernel), or preload wherever it can work and bpf elsewhere (auto:
+    /// -p stays bpf unless inject is asked for).
     #[arg(help_heading = "Target", long, value_enum, default_value = "auto")]
     pub capture: Capture,
     /// Trace processes by pid (comma-separated or repeated).
@@ -70,6 +73,16 @@ pub struct RecordArgs {
     /// suffixes; at least --min-size) [default: no limit].
     #[arg(help_heading = "What to record", short = 'Z', long, value_name = "SIZE", default_value_t = u64::MAX, hide_default_value = true, value_parser = parse_size)]
     pub max_size: u64,
+    /// Record a sample of the heap allocations instead of every one: on
+    /// average one per SIZE bytes allocated, byte-weighted (an allocation
+    /// of s bytes is recorded with probability 1-exp(-s/SIZE)), as
+    /// tcmalloc's and jemalloc's heap profilers do. An allocation not
+    /// sampled costs the agent a subtraction and a branch; the reports
+    /// scale what was recorded into estimates and say so. Needs the agent
+    /// (a command memleak starts: --capture preload or auto), and leaves
+    /// out the leak scan at exit. SIZE from 1k to 1G, e.g. `--sample 512k`.
+    #[arg(help_heading = "What to record", long, value_name = "SIZE", value_parser = parse_sample)]
+    pub sample: Option<u64>,
     /// Allocator library to probe instead of the target's libc.
     #[arg(help_heading = "What to record", short = 'O', long)]
     pub object: Option<PathBuf>,
@@ -207,18 +220,26 @@ pub enum Placement {
     Entry,
 }
 
+/// Parses `--sample`: a mean from 1 KiB to 1 GiB.
+pub(crate) fn parse_sample(text: &str) -> Result<u64, String> {
+    size_within(text, 1 << 10, 1 << 30)
+}
+
 /// Parses `--ring-size`: a size from 4 KiB to 1 GiB.
 pub(crate) fn parse_ring_size(text: &str) -> Result<u32, String> {
-    const MIN: u64 = 4 << 10;
-    const MAX: u64 = 1 << 30;
+    size_within(text, 4 << 10, 1 << 30).map(|n| n as u32)
+}
+
+/// A size from `min` to `max`.
+fn size_within(text: &str, min: u64, max: u64) -> Result<u64, String> {
     let n = parse_size(text)?;
-    if !(MIN..=MAX).contains(&n) {
+    if !(min..=max).contains(&n) {
         return Err(format!(
             "{} is not in {} to {}",
             format_size(n),
-            format_size(MIN),
-            format_size(MAX)
+            format_size(min),
+            format_size(max)
         ));
     }
-    Ok(n as u32)
+    Ok(n)
 }

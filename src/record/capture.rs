@@ -6,6 +6,10 @@
 //!   command with `LD_PRELOAD`, writes the same records into memory shared
 //!   with the recorder ([`memleak_recorder::agent`]). No trap per call: a
 //!   malloc+free pair costs a fraction of what the probes cost.
+//! - `inject`: the same agent, loaded into a running process (`-p`) with
+//!   ptrace, which patches the process's call sites and puts them back at
+//!   the end ([`memleak_recorder::inject`]). Never chosen by `auto`:
+//!   nothing enters a running process unless asked.
 //!
 //! The rest of the recording is the same for both: the BPF program still
 //! records the processes' lifecycle (exec, fork, exit) and stops them at
@@ -32,6 +36,9 @@ pub enum Capture {
     Bpf,
     /// memleak's agent inside the command (LD_PRELOAD).
     Preload,
+    /// memleak's agent loaded into a running process (-p), its call
+    /// sites patched; taken out again at the end.
+    Inject,
 }
 
 /// The capture that runs, and why when `auto` did not pick `preload`.
@@ -39,6 +46,7 @@ pub enum Capture {
 pub enum Chosen {
     Bpf(Option<String>),
     Preload,
+    Inject,
 }
 
 impl Chosen {
@@ -47,13 +55,21 @@ impl Chosen {
         match self {
             Chosen::Bpf(_) => "bpf",
             Chosen::Preload => "preload",
+            Chosen::Inject => "inject",
         }
+    }
+
+    /// Whether memleak's agent records the allocator calls.
+    pub fn agent(&self) -> bool {
+        !matches!(self, Chosen::Bpf(_))
     }
 }
 
 /// What decides the capture, from the other options.
 pub struct Situation<'a> {
     pub argv: &'a [String],
+    /// `-p` processes.
+    pub pids: usize,
     pub kernel: bool,
     pub custom_allocator: bool,
     pub count_only: bool,
@@ -62,6 +78,25 @@ pub struct Situation<'a> {
 /// Picks the capture. `preload` asked for where it cannot work is an
 /// error; `auto` says in a note why it fell back to `bpf`.
 pub fn choose(asked: Capture, s: &Situation<'_>) -> Result<Chosen> {
+    if asked == Capture::Inject {
+        let why_not = if !s.argv.is_empty() {
+            Some("it attaches to a running process (-p); a command memleak starts takes preload")
+        } else if s.pids != 1 {
+            Some("it takes exactly one -p PID")
+        } else if s.kernel {
+            Some("--kernel needs the probes")
+        } else if s.custom_allocator {
+            Some("--object and --symbols-prefix need the probes")
+        } else if s.count_only {
+            Some("--count-only measures the probes")
+        } else {
+            None
+        };
+        return match why_not {
+            Some(why) => anyhow::bail!("--capture inject: {why}"),
+            None => Ok(Chosen::Inject),
+        };
+    }
     let why_not = if s.argv.is_empty() {
         Some("only a command memleak starts can be preloaded (-p uses bpf)".to_string())
     } else if s.kernel {
@@ -93,6 +128,7 @@ pub fn choose(asked: Capture, s: &Situation<'_>) -> Result<Chosen> {
         (Capture::Preload, None) => Chosen::Preload,
         (Capture::Auto, Some(why)) => Chosen::Bpf(Some(why)),
         (Capture::Auto, None) => Chosen::Preload,
+        (Capture::Inject, _) => unreachable!("decided above"),
     })
 }
 
@@ -187,7 +223,8 @@ const AGENT_NAME: &str = "/memfd:memleak-agent.so";
 
 /// The agent of one recording: its code and the shared memory.
 pub struct Agent {
-    so: OwnedFd,
+    /// The agent's code, for LD_PRELOAD; None once injected.
+    so: Option<OwnedFd>,
     pub shared: Shared,
 }
 
@@ -214,7 +251,20 @@ impl Agent {
         std::fs::File::from(so.try_clone()?)
             .write_all(AGENT_SO)
             .context("writing the agent")?;
-        Ok(Agent { so, shared })
+        Ok(Agent {
+            so: Some(so),
+            shared,
+        })
+    }
+
+    /// The agent injected into a running process, with this memory.
+    pub fn injected(shared: Shared) -> Agent {
+        Agent { so: None, shared }
+    }
+
+    /// The agent's image, for an injection.
+    pub fn image() -> &'static [u8] {
+        AGENT_SO
     }
 
     /// The environment the command gets: the agent first in LD_PRELOAD
@@ -222,7 +272,10 @@ impl Agent {
     /// calls reach). The agent takes itself out again at start.
     pub fn env(&self) -> Vec<(String, String)> {
         let me = std::process::id();
-        let mut preload = format!("/proc/{me}/fd/{}", self.so.as_raw_fd());
+        let Some(so) = &self.so else {
+            return Vec::new();
+        };
+        let mut preload = format!("/proc/{me}/fd/{}", so.as_raw_fd());
         if let Some(user) = std::env::var_os("LD_PRELOAD") {
             let user = user.to_string_lossy();
             if !user.trim().is_empty() {

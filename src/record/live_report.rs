@@ -25,6 +25,8 @@ pub(super) struct LiveReport {
     last: HashMap<u64, Totals>,
     /// Reports printed so far.
     printed: u64,
+    /// `--sample`'s mean: the figures are estimates.
+    sample_mean: Option<u64>,
 }
 
 impl LiveReport {
@@ -38,7 +40,15 @@ impl LiveReport {
             last_total: Totals::default(),
             last: HashMap::new(),
             printed: 0,
+            sample_mean: None,
         }
+    }
+
+    /// Says in each report that its figures are estimates of a sampled
+    /// recording (the recorder's totals are scaled already).
+    pub(super) fn sampled(mut self, mean: Option<u64>) -> Self {
+        self.sample_mean = mean;
+        self
     }
 
     /// Whether COUNT reports were printed: the recording ends.
@@ -90,6 +100,12 @@ impl LiveReport {
             human_change(total.bytes as i64),
             human_size(rate as u64),
         );
+        if let Some(mean) = self.sample_mean {
+            s += &format!(
+                "  estimates: a sample of one allocation per {} allocated (--sample)\n",
+                human_size(mean)
+            );
+        }
         let top = now.top(self.top);
         if !top.is_empty() {
             s += &format!(

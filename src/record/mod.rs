@@ -8,6 +8,7 @@
 //!   preloaded agent), the agent's memfd and environment;
 //! * [`targets`]: where each target's allocator probes go;
 //! * [`dataset`]: where `--dataset` puts a recording;
+//! * [`inject`]: `--capture inject`, the agent into a running process;
 //! * [`probes`]: loading and attaching the BPF program, the only module
 //!   that touches libbpf;
 //! * [`child`]: a command memleak starts, held with ptrace;
@@ -24,6 +25,7 @@ mod args;
 mod capture;
 mod child;
 mod dataset;
+mod inject;
 mod live_report;
 mod private_libs;
 mod probes;

@@ -14,10 +14,10 @@ use anyhow::{bail, Result};
 use memleak_recorder::providers::Allocators;
 use memleak_recorder::targets;
 use memleak_recorder::{Recorder, TableUpdate};
-use memleak_trace::{KernelRecursion, Meta, TraceWriter, WriterOptions};
+use memleak_trace::{KernelRecursion, Meta, Sampling, TraceWriter, WriterOptions};
 
 use super::args::RecordArgs;
-use super::capture::{self, Agent, Chosen};
+use super::capture::{self, Agent, Capture, Chosen};
 use super::child::{Child, PrivateLibs};
 use super::live_report::LiveReport;
 use super::probes::{self, ProbeConfig, Probes};
@@ -115,6 +115,27 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
     {
         bail!("--scan-contents needs a scan: a command without --no-scan, or -p with --scan");
     }
+    if args.sample.is_some() {
+        // Refused before anything starts: one line each.
+        if !args.pid.is_empty() && args.capture != Capture::Inject {
+            bail!(
+                "--sample needs the agent: with -p add --capture inject; the probes \
+                 (--capture bpf) trap into the kernel on every call, sampled or not"
+            );
+        }
+        if args.capture == Capture::Bpf {
+            bail!(
+                "--sample needs --capture preload (or inject with -p): with bpf every call \
+                 traps into the kernel, sampled or not"
+            );
+        }
+        if args.scan || args.scan_contents > 0 {
+            bail!(
+                "--sample records no scan: a pointer held in an unsampled block cannot be \
+                 followed, so no block can be judged lost"
+            );
+        }
+    }
     if args.min_size > args.max_size {
         bail!(
             "--min-size ({}) is larger than --max-size ({})",
@@ -143,11 +164,19 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
         args.capture,
         &capture::Situation {
             argv: &argv,
+            pids: args.pid.len(),
             kernel: args.kernel || args.kernel_pid.is_some(),
             custom_allocator: object.is_some() || !args.symbols_prefix.is_empty(),
             count_only: args.count_only,
         },
     )?;
+    if let (Chosen::Bpf(why), Some(_)) = (&chosen, args.sample) {
+        bail!(
+            "--sample needs the agent (--capture preload), and this recording uses the probes{}: \
+             with bpf every call traps into the kernel, sampled or not",
+            why.as_ref().map(|w| format!(" ({w})")).unwrap_or_default()
+        );
+    }
     if let (Chosen::Bpf(Some(why)), true) = (&chosen, args.verbose && !argv.is_empty()) {
         say!("memleak: note: capture bpf: {why}");
     }
@@ -156,13 +185,14 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
         args.output = super::dataset::trace_dir(root, &meta.host)?;
     }
     meta.capture = Some(chosen.name().to_string());
+    meta.sampling = args.sample.map(|mean_bytes| Sampling { mean_bytes });
     meta.command = std::env::args().collect();
     meta.options = serde_json::json!({
         "min_size": args.min_size, "max_size": args.max_size, "stack_depth": args.stack_depth,
         "ring_size": args.ring_size, "probe_placement": format!("{:?}", args.probe_placement).to_lowercase(),
         "kernel": args.kernel, "kernel_pid": args.kernel_pid, "percpu": args.percpu,
         "object": args.object, "symbols_prefix": args.symbols_prefix, "target_command": argv,
-        "unwind": args.unwind.mode().name(),
+        "unwind": args.unwind.mode().name(), "sample": args.sample,
     });
     let opts = WriterOptions {
         force: args.force,
@@ -205,7 +235,7 @@ fn record(
         // an exec): a sixteenth of the size, which costs a sixteenth of
         // the time to make, map and unmap (64 MiB: ~30 ms).
         ring_bytes: match chosen {
-            Chosen::Preload => args.ring_size / 16,
+            Chosen::Preload | Chosen::Inject => args.ring_size / 16,
             Chosen::Bpf(_) => args.ring_size,
         },
         kernel_tgid: args.kernel_pid.unwrap_or(0),
@@ -222,21 +252,37 @@ fn record(
         u.prefetch(prefetch_paths(&args.pid, &argv));
         u
     });
-    let mut agent = match chosen {
-        Chosen::Preload => Some(Agent::new(&memleak_recorder::agent::Config {
-            ring_bytes: u64::from(args.ring_size),
-            min_size: args.min_size,
-            max_size: args.max_size,
-            max_frames: args.stack_depth,
-            unwind_mode: cfg.unwind.code(),
-        })?),
-        Chosen::Bpf(_) => None,
+    let agent_cfg = memleak_recorder::agent::Config {
+        ring_bytes: u64::from(args.ring_size),
+        min_size: args.min_size,
+        max_size: args.max_size,
+        max_frames: args.stack_depth,
+        unwind_mode: cfg.unwind.code(),
+        sample_mean: args.sample.unwrap_or(0),
     };
-    let preload = agent.is_some();
+    let mut agent = match chosen {
+        Chosen::Preload => Some(Agent::new(&agent_cfg)?),
+        Chosen::Bpf(_) | Chosen::Inject => None,
+    };
+    // The agent records the allocator calls; the probe's ring has the
+    // lifecycle only.
+    let preload = chosen.agent();
+    let injected = *chosen == Chosen::Inject;
     let mut object_storage = MaybeUninit::uninit();
     let mut probes = Probes::load(&mut object_storage, &cfg)?;
     probes.attach_lifecycle()?;
-    if let Some(u) = &unwinder {
+    if let (true, Some(&pid)) = (injected, args.pid.first()) {
+        // Ctrl-C from here on ends the recording the usual way, which
+        // detaches the agent: dying now would leave it attached.
+        catch_stop_signals();
+        agent = Some(super::inject::attach(
+            pid,
+            &agent_cfg,
+            unwinder.as_ref(),
+            &probes,
+            args.verbose,
+        )?);
+    } else if let Some(u) = &unwinder {
         match &agent {
             Some(a) => u.set_sink(Box::new(capture::BothTables(
                 a.shared.sink(),
@@ -340,6 +386,7 @@ fn record(
 
     let status_line = !args.quiet && std::io::stderr().is_terminal();
     let mut recorder = Recorder::new(writer, status_line || args.interval().is_some());
+    recorder.set_sampling(args.sample.map(|mean_bytes| Sampling { mean_bytes }));
     if let Some((base, size)) = page_frames {
         recorder.set_page_frames(base, size);
     }
@@ -349,7 +396,8 @@ fn record(
     for &pid in &pids {
         if !matches!(target, Target::Child(_)) {
             recorder.snapshot_maps(pid)?;
-            if let Some(u) = &unwinder {
+            // An injected agent's process was tracked before it attached.
+            if let (Some(u), false) = (&unwinder, injected) {
                 u.track(pid);
             }
         }
@@ -488,7 +536,9 @@ fn record(
     };
 
     // The leak scan at the command's exit (on_stop has drained the ring).
-    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only;
+    // A sampled recording is not scanned: a pointer held in an unsampled
+    // block cannot be followed.
+    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only && args.sample.is_none();
     let scan_lines: RefCell<Vec<String>> = RefCell::new(Vec::new());
     let contents = args.scan_contents as usize;
     let mut on_exit = || -> Result<()> {
@@ -515,10 +565,11 @@ fn record(
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);
-    let mut status = Status::new(status_line, args.duration, &pids);
+    let probes_on_pids = matches!(chosen, Chosen::Bpf(_)) && !args.pid.is_empty();
+    let mut status = Status::new(status_line, args.duration, &pids, probes_on_pids);
     let mut live = args.interval().map(|every| {
         let start_ns = recorder.borrow_mut().meta_mut().start_ns;
-        LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns)
+        LiveReport::new(every, args.top.unwrap_or(10), args.count, start_ns).sampled(args.sample)
     });
     let mut exit: Option<Exit> = None;
     let mut stopping: Option<Stopping> = None;
@@ -674,6 +725,13 @@ fn record(
             scan_lines.borrow_mut().push(line);
         }
     }
+    // The injected agent's call sites are put back first: the process
+    // runs on at its old speed, and nothing more comes into the ring.
+    if let (true, Target::Pids(pids)) = (injected, &target) {
+        for &pid in pids.iter().filter(|&&p| process_alive(p)) {
+            super::inject::detach(pid, args.verbose);
+        }
+    }
     if let Some(a) = &agent {
         a.borrow().shared.stop();
     }
@@ -684,6 +742,12 @@ fn record(
         return Err(e.into());
     }
     drop(rb);
+    if let (true, Some(a)) = (injected, &agent) {
+        // The memory stays mapped in the process; its pages go.
+        if let Err(e) = a.borrow().shared.release_pages() {
+            say!("memleak: warning: the agent's memory in the process could not be released: {e}");
+        }
+    }
     let mut rec = recorder.into_inner();
     rec.set_lost(&lost(&probes, agent.as_ref()));
     if let Some(a) = &agent {
@@ -693,6 +757,13 @@ fn record(
                 .counters
                 .lost
                 .insert("unfinished".into(), a.shared.unfinished());
+        }
+        let set_full = a.shared.lost()[memleak_recorder::agent::LOST_SAMPLE_SET];
+        if set_full > 0 {
+            rec.meta_mut()
+                .counters
+                .lost
+                .insert("sample_set_full".into(), set_full);
         }
         if a.shared.agents() == 0 {
             let note = "the agent did not start in the command (LD_PRELOAD ignored or \

@@ -20,6 +20,25 @@ use crate::units::{format_duration, human_size};
 const REDRAW: Duration = Duration::from_secs(1);
 /// How often a whole status line is written when the terminal is shared.
 const SHARED_EVERY: Duration = Duration::from_secs(5);
+/// What the probes cost the traced threads per event: a uprobe trap on
+/// the allocator's entry and one on its return, 2.6 us of thread CPU per
+/// malloc+free pair here (docs/benchmarks.md, "Recording overhead").
+const PROBE_NS_PER_EVENT: f64 = 1300.0;
+/// The share of a CPU from which the status line names the cheaper
+/// captures.
+const COSTLY_SHARE: f64 = 0.10;
+
+/// The probes' estimated cost at `rate` events per second, as a share of
+/// one CPU, said when it is large: with the captures that avoid it.
+pub(super) fn probe_cost_hint(rate: f64) -> Option<String> {
+    let share = rate * PROBE_NS_PER_EVENT / 1e9;
+    (share >= COSTLY_SHARE).then(|| {
+        format!(
+            "probes ~{:.0}% of a CPU in the target: --capture inject (and --sample) cost less",
+            share * 100.0
+        )
+    })
+}
 
 /// The live status line.
 pub(super) struct Status {
@@ -32,10 +51,17 @@ pub(super) struct Status {
     duration: Option<Duration>,
     last: Instant,
     last_events: u64,
+    /// The capture is the probes: their cost is estimated.
+    probes: bool,
 }
 
 impl Status {
-    pub(super) fn new(enabled: bool, duration: Option<Duration>, pids: &[u32]) -> Self {
+    pub(super) fn new(
+        enabled: bool,
+        duration: Option<Duration>,
+        pids: &[u32],
+        probes: bool,
+    ) -> Self {
         Status {
             enabled,
             shared: enabled && pids.iter().any(|&p| writes_to_our_terminal(p)),
@@ -44,6 +70,7 @@ impl Status {
             duration,
             last: Instant::now(),
             last_events: 0,
+            probes,
         }
     }
 
@@ -59,12 +86,15 @@ impl Status {
             .duration
             .map(|d| format!(" of {}", format_duration(d)))
             .unwrap_or_default();
-        let line = format!(
+        let mut line = format!(
             "memleak: {elapsed}s{of}: {} events ({:.0}/s), {} outstanding, {lost} lost",
             s.events,
             rate,
             human_size(s.outstanding_bytes),
         );
+        if let Some(hint) = self.probes.then(|| probe_cost_hint(rate)).flatten() {
+            line = format!("{line}; {hint}");
+        }
         if self.shared {
             fresh_line();
             say!("{line}");
@@ -130,4 +160,19 @@ fn writes_to_our_terminal(pid: u32) -> bool {
             m.rdev() == ours.rdev() && m.dev() == ours.dev() && m.ino() == ours.ino()
         })
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::probe_cost_hint;
+
+    #[test]
+    fn the_probes_cost_is_said_from_a_tenth_of_a_cpu() {
+        // 50,000 events/s: 6.5 % of a CPU, not said.
+        assert_eq!(probe_cost_hint(50_000.0), None);
+        // 400,000 events/s: 52 %.
+        let hint = probe_cost_hint(400_000.0).unwrap();
+        assert!(hint.starts_with("probes ~52% of a CPU"), "{hint}");
+        assert!(hint.contains("--capture inject") && hint.contains("--sample"));
+    }
 }

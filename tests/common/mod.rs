@@ -17,6 +17,23 @@ pub fn can_record() -> bool {
     false
 }
 
+/// The one line a failed memleak command printed, `memleak: error: ...`
+/// (libbpf's own lines aside), after checking that it failed and printed
+/// nothing else.
+pub fn one_line_error(out: &std::process::Output) -> String {
+    assert!(
+        !out.status.success(),
+        "expected failure, got {:?}: {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let err = String::from_utf8_lossy(&out.stderr).into_owned();
+    let lines: Vec<&str> = err.lines().filter(|l| !l.starts_with("libbpf:")).collect();
+    assert_eq!(lines.len(), 1, "want one error line, got: {err}");
+    assert!(lines[0].starts_with("memleak: error: "), "{err}");
+    lines[0].to_string()
+}
+
 /// Whether `tool` runs. If not, says why the calling test is skipped
 /// ([`skip`]).
 pub fn has_tool(tool: &str) -> bool {

@@ -97,6 +97,7 @@ pub fn analyze_trace(
         max_stack_id: Some(0),
         growth: Some(plan.clone()),
         temporary_ns: temporary_ns(opts),
+        sampling: meta.sampling,
     };
     // The stacks and frames tables are read, and indexed, while the events
     // replay: the pool has idle moments (the first decode, waiting for
@@ -159,6 +160,7 @@ pub fn analyze_trace(
         verdicts: opts.verdicts,
         suppressions: &opts.suppressions,
         suppressed_stacks: &suppressed_stacks,
+        sampling: meta.sampling,
     };
     let (mut stacks, by_class, leak_totals, suppressed_totals, outstanding_sizes) = build_stacks(
         &stacks_by_id,
@@ -248,6 +250,7 @@ pub fn analyze_trace(
     let summary = Summary {
         trace: trace.path().display().to_string(),
         capture: trace.meta().capture.clone(),
+        sampling: meta.sampling,
         start_ts,
         eval_ts,
         at_given: at_ts.is_some(),
@@ -342,6 +345,7 @@ fn find_peak(
         filter,
         // Several partitions tell which row reached the peak.
         partitions: opts.partitions.max(2),
+        sampling: trace.meta().sampling,
         ..Default::default()
     };
     let r = replay(trace, &ropts)?;

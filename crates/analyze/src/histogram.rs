@@ -218,6 +218,15 @@ impl SizeHistogram {
         self.bytes[b] += size;
     }
 
+    /// Counts `count` allocations of `size` bytes each, `bytes` in all
+    /// (the blocks a sampled block stands for).
+    #[inline]
+    pub fn add_scaled(&mut self, size: u64, count: u64, bytes: u64) {
+        let b = size_bucket(size);
+        self.counts[b] += count;
+        self.bytes[b] += bytes;
+    }
+
     /// Counts an allocation of `size` bytes if `yes`, without a branch.
     #[inline(always)]
     pub fn add_if(&mut self, size: u64, yes: bool) {

@@ -190,6 +190,11 @@ pub struct Summary {
     /// How allocator calls were captured (meta.json `capture`: `bpf` or
     /// `preload`); `None` for traces that do not say.
     pub capture: Option<String>,
+    /// `record --sample`'s sampling (meta.json `sampling`): the heap's
+    /// bytes and blocks are estimates, each recorded block scaled by the
+    /// inverse of its chance of being recorded. `None`: every call was
+    /// recorded.
+    pub sampling: Option<memleak_trace::Sampling>,
     /// Timestamp the relative times count from: recording start.
     pub start_ts: u64,
     /// Timestamp at which the state is evaluated and ages measured: the
@@ -309,6 +314,19 @@ impl Summary {
         } else {
             format!("by {}", key.name())
         }
+    }
+
+    /// What a sampled trace's figures are, for every report's header:
+    /// `None` when every call was recorded.
+    pub fn sampling_note(&self) -> Option<String> {
+        self.sampling.map(|s| {
+            format!(
+                "sampled recording (record --sample {}): heap bytes and blocks are estimates, \
+                 each recorded allocation of s bytes scaled by 1/(1-exp(-s/{}))",
+                crate::time::format_bytes(s.mean_bytes),
+                s.mean_bytes
+            )
+        })
     }
 
     /// Time span from start to the evaluation time.

@@ -51,6 +51,9 @@ pub(crate) struct Join<'a> {
     pub(crate) suppressions: &'a [Suppression],
     /// The first suppression matching each stack, by stack id.
     pub(crate) suppressed_stacks: &'a HashMap<u64, u32>,
+    /// A sampled trace's sampling: each heap block counts for the blocks
+    /// and bytes it stands for.
+    pub(crate) sampling: Option<memleak_trace::Sampling>,
 }
 
 /// What [`build_stacks`] returns: the stacks, the totals by class, the
@@ -104,10 +107,17 @@ pub(crate) fn build_stacks(
                 .scan
                 .and_then(|s| s.lookup(b.pid, b.addr, b.size, b.ts));
             let verdict = found.map(|(v, _)| v);
+            // What the block stands for: in a sampled trace, a heap
+            // block counts as the blocks and bytes it was sampled from
+            // (mappings and kernel blocks are all recorded).
+            let (size, blocks) = match join.sampling {
+                Some(s) if b.mapping.is_none() && b.pid.is_some() => s.scaled(b.size, b.addr, b.ts),
+                _ => (b.size, 1),
+            };
             if let Some(&i) = join.suppressed_stacks.get(&b.stack) {
                 if join.suppressions[i as usize].applies_to(verdict, b.mapping.is_some()) {
                     let first_piece = b.mapping.is_none_or(|m| mappings.insert(m));
-                    suppressed[i as usize].add(b.size, first_piece as u64);
+                    suppressed[i as usize].add(size, first_piece as u64 * blocks);
                     return;
                 }
             }
@@ -129,29 +139,32 @@ pub(crate) fn build_stacks(
                 oldest_ts: u64::MAX,
                 ..Default::default()
             });
-            let count = first_piece as u64;
-            sizes.add(b.size, count);
+            let count = first_piece as u64 * blocks;
+            match b.mapping {
+                Some(_) => sizes.add(b.size, count),
+                None => sizes.add_scaled(b.size, count, size),
+            }
             if join.scan.is_some() {
-                e.verdicts.add(verdict, b.size, count);
+                e.verdicts.add(verdict, size, count);
                 if let Some((v, row)) = found.filter(|(v, _)| v.is_lost()) {
                     if join.scan.is_some_and(|s| s.has_contents) {
                         e.add_sample((verdict_rank(Some(v)), b.addr, row));
                     }
                 }
             }
-            e.bytes += b.size;
+            e.bytes += size;
             e.count += count;
             if b.mapping.is_some() {
-                e.mapped_bytes += b.size;
+                e.mapped_bytes += size;
                 e.mapped_count += count;
             }
             match (b.pid, b.mapping) {
-                (None, _) => class.kernel.add(b.size, count),
-                (Some(_), Some(_)) => class.mapped.add(b.size, count),
-                (Some(_), None) => class.heap.add(b.size, count),
+                (None, _) => class.kernel.add(size, count),
+                (Some(_), Some(_)) => class.mapped.add(size, count),
+                (Some(_), None) => class.heap.add(size, count),
             }
             e.oldest_ts = e.oldest_ts.min(b.ts);
-            e.histogram.add(eval_ts.saturating_sub(b.ts), count, b.size);
+            e.histogram.add(eval_ts.saturating_sub(b.ts), count, size);
         },
     );
     // Merged pairwise on the pool's threads, not one after another.

@@ -65,7 +65,7 @@ struct Header {
     _pad2: [u8; 56],
     lost: [AtomicU64; 8],
     agents: AtomicU64,
-    _reserved1: u64,
+    sample_mean: u64,
     _pad3: [u8; 48],
     pids: [AtomicU32; MAX_PIDS],
 }
@@ -78,6 +78,7 @@ const _: () = assert!(std::mem::offset_of!(Header, head) == 256);
 const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
 const _: () = assert!(std::mem::offset_of!(Header, agents) == 448);
+const _: () = assert!(std::mem::offset_of!(Header, sample_mean) == 456);
 const _: () = assert!(std::mem::offset_of!(Header, pids) == 512);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
@@ -105,7 +106,15 @@ pub struct Config {
     pub max_frames: u32,
     /// `enum memleak_unwind_mode`.
     pub unwind_mode: u32,
+    /// `--sample`: the mean bytes between sample points; 0 records every
+    /// call.
+    pub sample_mean: u64,
 }
+
+/// `MLA_LOST_SAMPLE_SET`: the agent's `lost` index of the sampled
+/// allocations not recorded because its set of sampled addresses had no
+/// room.
+pub const LOST_SAMPLE_SET: usize = 5;
 
 /// The shared mapping.
 struct Mapping {
@@ -179,6 +188,19 @@ impl Shared {
     /// a program exec'd by the command finds it by number, or else by
     /// path through /proc).
     pub fn create(cfg: &Config) -> io::Result<Shared> {
+        // SAFETY: a name and flags; the fd returned is ours.
+        let fd = unsafe { libc::memfd_create(c"memleak-agent-ring".as_ptr(), 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a fresh fd, owned from here.
+        Shared::create_on(unsafe { OwnedFd::from_raw_fd(fd) }, cfg)
+    }
+
+    /// Makes the memory in `fd`, an empty memfd: one the recorder made,
+    /// or one made in a running process for its injected agent, opened
+    /// here through /proc.
+    pub fn create_on(fd: OwnedFd, cfg: &Config) -> io::Result<Shared> {
         // The largest power of two of slots the ring size holds, at least
         // 1024.
         let fit = (cfg.ring_bytes / SLOT_BYTES as u64).max(1024);
@@ -188,13 +210,6 @@ impl Shared {
             page_up(tables_off + u64::from(TABLES) * std::mem::size_of::<Table>() as u64);
         let ring_off = page_up(rows_off + u64::from(ROWS) * 8);
         let total = page_up(ring_off + nslots * SLOT_BYTES as u64);
-        // SAFETY: a name and flags; the fd returned is ours.
-        let fd = unsafe { libc::memfd_create(c"memleak-agent-ring".as_ptr(), 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: a fresh fd, owned from here.
-        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
         // SAFETY: our fd.
         if unsafe { libc::ftruncate(fd.as_raw_fd(), total as libc::off_t) } != 0 {
             return Err(io::Error::last_os_error());
@@ -236,6 +251,7 @@ impl Shared {
             (*h).max_size = cfg.max_size;
             (*h).max_frames = cfg.max_frames;
             (*h).unwind_mode = cfg.unwind_mode;
+            (*h).sample_mean = cfg.sample_mean;
         }
         let ring = map.base.wrapping_add(ring_off as usize);
         // Writing every slot's sequence word makes the ring's pages (tens
@@ -342,6 +358,29 @@ impl Shared {
     pub fn stop(&self) {
         self.header().stop.store(1, Ordering::SeqCst);
         self.wake_writers(true);
+    }
+
+    /// Gives back the pages of everything but the header (the tables, the
+    /// rows, the ring) once the recording is over and drained, for an
+    /// agent that keeps the memory mapped: an injected one stays in the
+    /// running process. A late write there gets a fresh zero page, never
+    /// a fault.
+    pub fn release_pages(&self) -> io::Result<()> {
+        let start = HEADER_BYTES as i64;
+        let len = self.map.len as i64 - start;
+        // SAFETY: our fd; a range inside the file.
+        let r = unsafe {
+            libc::fallocate(
+                self.fd.as_raw_fd(),
+                libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+                start,
+                len,
+            )
+        };
+        if r != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
     }
 
     /// Wakes the writers waiting for room in the ring, once a quarter of

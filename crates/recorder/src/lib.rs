@@ -34,6 +34,7 @@ pub mod agent;
 pub mod elf;
 pub mod event;
 pub mod functions;
+pub mod inject;
 pub mod live;
 pub mod pipeline;
 pub mod placement;

@@ -20,14 +20,14 @@ pub struct Totals {
 }
 
 impl Totals {
-    fn add(&mut self, size: u64) {
-        self.bytes += size;
-        self.count += 1;
+    fn add(&mut self, bytes: u64, count: u64) {
+        self.bytes += bytes;
+        self.count += count;
     }
 
-    fn sub(&mut self, size: u64) {
-        self.bytes = self.bytes.saturating_sub(size);
-        self.count = self.count.saturating_sub(1);
+    fn sub(&mut self, bytes: u64, count: u64) {
+        self.bytes = self.bytes.saturating_sub(bytes);
+        self.count = self.count.saturating_sub(count);
     }
 }
 
@@ -72,7 +72,10 @@ type IntMap<K, V> = HashMap<K, V, BuildHasherDefault<IntHasher>>;
 
 #[derive(Clone, Copy)]
 struct Block {
-    size: u64,
+    /// What the block adds to the totals: its size and 1, or in a sampled
+    /// recording the bytes and blocks it stands for.
+    bytes: u64,
+    count: u64,
     stack_id: u64,
 }
 
@@ -88,9 +91,16 @@ pub struct Outstanding {
     site_frames: HashSet<(u32, u64)>,
     /// `function (file:line)` of each symbolized frame of a site.
     labels: HashMap<(u32, u64), String>,
+    /// `record --sample`: heap blocks count for what they stand for.
+    sampling: Option<memleak_trace::Sampling>,
 }
 
 impl Outstanding {
+    /// Scales what sampled heap blocks stand for (`record --sample`).
+    pub fn set_sampling(&mut self, sampling: Option<memleak_trace::Sampling>) {
+        self.sampling = sampling;
+    }
+
     /// Everything outstanding.
     pub fn total(&self) -> Totals {
         self.total
@@ -107,27 +117,43 @@ impl Outstanding {
         old_addr: u64,
         stack_id: u64,
     ) {
+        // Mappings and kernel blocks are never sampled.
+        let scale = match self.sampling {
+            Some(s) if kind.class() != KindClass::MapRange && pid != 0 => Some(s),
+            _ => None,
+        };
+        let block = |size: u64| {
+            let (bytes, count) = scale.map_or((size, 1), |s| s.scaled(size, addr, 0));
+            Block {
+                bytes,
+                count,
+                stack_id,
+            }
+        };
         match kind.class() {
-            KindClass::Alloc | KindClass::MapRange => self.insert(pid, addr, size, stack_id),
+            KindClass::Alloc | KindClass::MapRange => self.insert(pid, addr, block(size)),
             KindClass::Free | KindClass::UnmapRange => self.remove(pid, addr),
             KindClass::Realloc | KindClass::RemapRange => {
                 if old_addr != 0 {
                     self.remove(pid, old_addr);
                 }
                 if addr != 0 {
-                    self.insert(pid, addr, size, stack_id);
+                    self.insert(pid, addr, block(size));
                 }
             }
             KindClass::Process => {}
         }
     }
 
-    fn insert(&mut self, pid: u32, addr: u64, size: u64, stack_id: u64) {
-        if let Some(old) = self.blocks.insert((pid, addr), Block { size, stack_id }) {
+    fn insert(&mut self, pid: u32, addr: u64, b: Block) {
+        if let Some(old) = self.blocks.insert((pid, addr), b) {
             self.take(old);
         }
-        self.total.add(size);
-        self.by_stack.entry(stack_id).or_default().add(size);
+        self.total.add(b.bytes, b.count);
+        self.by_stack
+            .entry(b.stack_id)
+            .or_default()
+            .add(b.bytes, b.count);
     }
 
     fn remove(&mut self, pid: u32, addr: u64) {
@@ -137,9 +163,9 @@ impl Outstanding {
     }
 
     fn take(&mut self, b: Block) {
-        self.total.sub(b.size);
+        self.total.sub(b.bytes, b.count);
         if let Some(t) = self.by_stack.get_mut(&b.stack_id) {
-            t.sub(b.size);
+            t.sub(b.bytes, b.count);
             if t.count == 0 {
                 self.by_stack.remove(&b.stack_id);
             }

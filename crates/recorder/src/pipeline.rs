@@ -153,6 +153,14 @@ impl Recorder {
         }
     }
 
+    /// Makes the running totals ([`Recorder::outstanding`]) scale each
+    /// sampled heap block by what it stands for (`record --sample`).
+    pub fn set_sampling(&mut self, sampling: Option<memleak_trace::Sampling>) {
+        if let Some(live) = &mut self.live {
+            live.set_sampling(sampling);
+        }
+    }
+
     /// What is outstanding now, by stack, if `track_live` was asked for.
     pub fn outstanding(&self) -> Option<&Outstanding> {
         self.live.as_ref()

@@ -52,7 +52,9 @@ pub use discover::{find_traces, is_trace, FoundTrace};
 pub use error::{describe_io, Error, Result};
 pub use lock::TraceLock;
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
-pub use meta::{Counters, KernelRecursion, Manifest, Meta, ScanInfo, SegmentEntry, UnwindInfo};
+pub use meta::{
+    Counters, KernelRecursion, Manifest, Meta, Sampling, ScanInfo, SegmentEntry, UnwindInfo,
+};
 pub use reader::{EventBatch, EventColumns, Incomplete, TableStats, Trace};
 pub use schema::{
     Event, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord,

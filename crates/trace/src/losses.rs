@@ -61,6 +61,15 @@ pub const LOSS_REASONS: &[LossReason] = &[
         why: "a signal stack above the thread's stack; tracing them could crash the program",
     },
     LossReason {
+        name: "sample_set_full",
+        effect: LossEffect::Missing,
+        what: (
+            "sampled allocation not recorded",
+            "sampled allocations not recorded",
+        ),
+        why: "the agent's set of sampled addresses was full",
+    },
+    LossReason {
         name: "unfinished",
         effect: LossEffect::Missing,
         what: ("event lost", "events lost"),

@@ -192,6 +192,12 @@ pub struct Meta {
     /// when empty.
     #[serde(default, skip_serializing_if = "Vec::is_empty")]
     pub scans: Vec<ScanInfo>,
+    /// `record --sample` (1.6): the heap allocations in the trace are a
+    /// byte-weighted Poisson sample, and every figure drawn from them is
+    /// an estimate ([`Sampling::weight`]). Absent: every call was
+    /// recorded (and in every trace before 1.6).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub sampling: Option<Sampling>,
     /// Fields this version does not know (a newer minor version added
     /// them); preserved on rewrite.
     #[serde(flatten)]
@@ -239,6 +245,61 @@ pub struct ScanInfo {
     /// and a failed scan has no rows).
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+}
+
+/// `sampling` in `meta.json` (1.6): how the allocations of a sampled
+/// recording were picked. Sample points fall on the bytes each thread
+/// allocates at exponentially distributed distances of mean
+/// `mean_bytes`; an allocation is recorded when one falls in it, with
+/// probability `1 - exp(-size / mean_bytes)`. Mappings (`mmap`,
+/// `mremap`, `munmap`) are never sampled: all of them are recorded.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Sampling {
+    /// The mean distance between sample points, in bytes.
+    pub mean_bytes: u64,
+}
+
+impl Sampling {
+    /// How many allocations one recorded heap allocation of `size` bytes
+    /// stands for: the inverse of the probability it was recorded,
+    /// `1 / (1 - exp(-size / mean_bytes))` (an unbiased estimate: counts
+    /// scale by it, bytes by `size` times it). 1 for a size of 0, which
+    /// is never sampled, and for a mean of 0.
+    pub fn weight(&self, size: u64) -> f64 {
+        if size == 0 || self.mean_bytes == 0 {
+            return 1.0;
+        }
+        let p = -(-(size as f64) / self.mean_bytes as f64).exp_m1();
+        1.0 / p
+    }
+
+    /// What one recorded heap block of `size` bytes adds to a report, as
+    /// integers: `(bytes, blocks)`, its size times its weight (rounded)
+    /// and its weight rounded up or down at random, the chance of up
+    /// being the fraction (so the sum of many is unbiased). The block's
+    /// address and time draw that chance: a block adds the same wherever
+    /// it is counted (allocated, outstanding, freed).
+    pub fn scaled(&self, size: u64, addr: u64, ts: u64) -> (u64, u64) {
+        let key = addr ^ ts.rotate_left(32);
+        let w = self.weight(size);
+        let bytes = (size as f64 * w).round() as u64;
+        let whole = w.floor();
+        let mut h = key.wrapping_mul(0x9E37_79B9_7F4A_7C15);
+        h ^= h >> 29;
+        h = h.wrapping_mul(0xBF58_476D_1CE4_E5B9);
+        h ^= h >> 32;
+        let u = (h >> 11) as f64 / (1u64 << 53) as f64;
+        let count = whole as u64 + u64::from(u < w - whole);
+        (bytes, count)
+    }
+
+    /// Whether events of `kind` were sampled (the heap's), or all
+    /// recorded (mappings, and kernel events, which --sample does not
+    /// reach).
+    pub fn samples(kind: crate::EventKind) -> bool {
+        use crate::EventKind as K;
+        !matches!(kind, K::Mmap | K::Munmap | K::Mremap) && !kind.is_kernel()
+    }
 }
 
 /// `unwind` in `meta.json`: the walks of user stacks by how they ended,
@@ -300,6 +361,7 @@ impl Default for Meta {
             kernel_recursion: None,
             unwind: None,
             scans: Vec::new(),
+            sampling: None,
             extra: BTreeMap::new(),
         }
     }
@@ -452,4 +514,58 @@ fn uname_field(pick: impl Fn(&libc::utsname) -> &[libc::c_char; 65]) -> String {
         .map(|&c| c as u8)
         .collect();
     String::from_utf8_lossy(&bytes).into_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Sampling;
+
+    const R: u64 = 512 << 10;
+
+    #[test]
+    fn weight_is_the_inverse_of_the_chance_to_be_sampled() {
+        let s = Sampling { mean_bytes: R };
+        let e = std::f64::consts::E;
+        assert!((s.weight(R) - e / (e - 1.0)).abs() < 1e-12);
+        // Small blocks stand for about R/size blocks, large ones for one.
+        assert!((s.weight(64) - (R as f64 / 64.0 + 0.5)).abs() < 1e-3);
+        assert!((s.weight(64 * R) - 1.0).abs() < 1e-12);
+        assert_eq!(s.weight(0), 1.0);
+        assert_eq!(Sampling { mean_bytes: 0 }.weight(100), 1.0);
+    }
+
+    /// The blocks a block stands for are its weight rounded up or down,
+    /// the same every time for the same block, and unbiased in sum.
+    #[test]
+    fn scaled_counts_round_at_random_without_bias() {
+        let s = Sampling { mean_bytes: R };
+        let size = 100_000;
+        let w = s.weight(size);
+        let (bytes, n) = s.scaled(size, 0x7f00_1234_5670, 42);
+        assert_eq!(bytes, (size as f64 * w).round() as u64);
+        assert!(n == w.floor() as u64 || n == w.ceil() as u64);
+        assert_eq!(s.scaled(size, 0x7f00_1234_5670, 42), (bytes, n));
+        let blocks = 200_000u64;
+        let sum: u64 = (0..blocks)
+            .map(|i| s.scaled(size, 0x5555_0000_0000 + i * 48, i * 7919).1)
+            .sum();
+        let mean = sum as f64 / blocks as f64;
+        // Each adds w's fraction or not: sd of the mean 0.5/sqrt(200000).
+        assert!((mean - w).abs() < 0.01, "{mean} against {w}");
+    }
+
+    #[test]
+    fn sampling_is_in_meta_json_only_when_sampled() {
+        let mut m = super::Meta::default();
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(!text.contains("sampling"));
+        m.sampling = Some(Sampling { mean_bytes: R });
+        let text = serde_json::to_string(&m).unwrap();
+        assert!(
+            text.contains("\"sampling\":{\"mean_bytes\":524288}"),
+            "{text}"
+        );
+        let back: super::Meta = serde_json::from_str(&text).unwrap();
+        assert_eq!(back.sampling, m.sampling);
+    }
 }

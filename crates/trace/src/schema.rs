@@ -11,7 +11,7 @@ use arrow_schema::{DataType, Field, Fields, Schema, SchemaRef};
 /// Major version of the format. Readers refuse a newer major.
 pub const FORMAT_MAJOR: u32 = 1;
 /// Minor version of the format. Newer minors only add tables or columns.
-pub const FORMAT_MINOR: u32 = 5;
+pub const FORMAT_MINOR: u32 = 6;
 /// Value of the `format` field of `meta.json`.
 pub const FORMAT_NAME: &str = "memleak-trace";
 /// Parquet key-value metadata key naming the table a segment belongs to.

@@ -116,6 +116,8 @@ pub struct SideSummary {
     pub complete: bool,
     /// Events the recorder lost, by reason, from meta.json.
     pub lost_by_reason: BTreeMap<String, u64>,
+    /// A sampled recording's sampling: its figures are estimates.
+    pub sampling: Option<memleak_trace::Sampling>,
 }
 
 impl SideSummary {
@@ -137,6 +139,7 @@ impl SideSummary {
             keys,
             complete: s.complete,
             lost_by_reason: s.lost_by_reason.clone(),
+            sampling: s.sampling,
         }
     }
 }

@@ -24,6 +24,9 @@ struct SideSummaryJson<'a> {
     outstanding_allocations: u64,
     outstanding_stacks: u64,
     keys: u64,
+    estimated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampling: Option<memleak_trace::Sampling>,
 }
 
 #[derive(Serialize)]
@@ -93,6 +96,8 @@ fn side_summary(t: &SideSummary) -> SideSummaryJson<'_> {
         outstanding_allocations: t.outstanding_allocations,
         outstanding_stacks: t.outstanding_stacks,
         keys: t.keys,
+        estimated: t.sampling.is_some(),
+        sampling: t.sampling,
     }
 }
 

@@ -24,6 +24,16 @@ pub fn render_text(d: &Diff) -> String {
             let _ = writeln!(out, "WARNING: in the {side} recording, {w}.\n");
         }
     }
+    for (side, t) in [("BASE", &s.base), ("NEW", &s.new)] {
+        if let Some(sm) = t.sampling {
+            let _ = writeln!(
+                out,
+                "ESTIMATES: the {side} recording is sampled (record --sample {}): its bytes \
+                 and blocks are estimates.\n",
+                format_bytes(sm.mean_bytes)
+            );
+        }
+    }
     for (change, title, order) in [
         (Change::Grown, "Grown", "most growth first"),
         (Change::Shrunk, "Shrunk", "largest decrease first"),

@@ -143,6 +143,12 @@ impl Merger {
             m.scan_note = s.scan_note.clone();
         }
         self.captures.push(s.capture.clone());
+        // One sampled trace makes the merged figures estimates; each
+        // trace's were scaled by its own mean, and the report names the
+        // first trace's (in trace order).
+        if s.sampling.is_some() && (m.sampling.is_none() || self.first == Some(index)) {
+            m.sampling = s.sampling;
+        }
         m.eval_ts = m.eval_ts.max(s.duration_ns());
         for (k, v) in &s.events_by_kind {
             *m.events_by_kind.entry(k.clone()).or_default() += v;

@@ -151,6 +151,15 @@ impl StackTotals {
         }
     }
 
+    /// Adds `extra` allocations and `bytes` to `stack`'s, all of `size`
+    /// bytes each: what a sampled allocation stands for beyond itself.
+    pub(super) fn add_scaled(&mut self, stack: u64, size: u64, extra: u64, bytes: u64) {
+        let e = &mut self.entry(stack).t;
+        e.allocations += extra;
+        e.bytes += bytes;
+        self.spill(stack, size_bucket(size), extra);
+    }
+
     /// Hints the CPU to fetch the entry of `stack`, if it is in the flat
     /// array.
     #[inline(always)]

@@ -73,6 +73,9 @@ pub(super) struct Ctx<'a> {
     /// The threshold of temporary allocations, ns.
     pub(super) temporary_ns: u64,
     pub(super) filter: &'a ResolvedFilter,
+    /// A sampled trace's sampling: heap allocations count for what they
+    /// stand for.
+    pub(super) sampling: Option<memleak_trace::Sampling>,
 }
 
 /// Codes of [`Ctx::code_of`] (and of `packed.rs`'s operations), above every kind's: rows that do nothing,
@@ -177,6 +180,7 @@ impl<'a> Ctx<'a> {
             heap,
             temporary_ns,
             filter,
+            sampling: None,
         }
     }
 

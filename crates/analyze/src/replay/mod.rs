@@ -96,12 +96,17 @@ pub fn replay(trace: &Trace, opts: &ReplayOptions<'_>) -> memleak_trace::Result<
         0 => DEFAULT_TEMPORARY_NS,
         t => t,
     };
-    let ctx = Ctx::new(nparts, &opts.filter, temporary_ns);
+    let mut ctx = Ctx::new(nparts, &opts.filter, temporary_ns);
+    ctx.sampling = opts.sampling;
     let mut carry = temporary::Carry::default();
     let processes = ProcessIndex::default();
     let plan = opts.growth.clone().map(std::sync::Arc::new);
     let mut partitions: Vec<Partition> = (0..nparts)
-        .map(|i| Partition::new(i, &processes, Sampler::new(plan.clone())))
+        .map(|i| {
+            let mut p = Partition::new(i, &processes, Sampler::new(plan.clone()));
+            p.sampling = opts.sampling;
+            p
+        })
         .collect();
     let timing = Timing::default();
     let mut live = LiveTotal::default();

@@ -184,6 +184,20 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
         acc.totals.add_if(stack, size, counted);
         acc.sizes.add_if(size, counted);
         let heap = ctx.heap[kind];
+        if let (Some(s), true) = (
+            ctx.sampling,
+            yes & (heap == HEAP_ALLOC || heap == HEAP_REALLOC),
+        ) {
+            // What a sampled allocation stands for beyond itself.
+            let (bytes, n) = s.scaled(size, addr, b.ts[i]);
+            let (extra, more) = (n - 1, bytes - size);
+            acc.allocations += extra;
+            acc.bytes += more;
+            if counted {
+                acc.totals.add_scaled(stack, size, extra, more);
+                acc.sizes.add_scaled(size, extra, more);
+            }
+        }
         if heap != 0 {
             let (tid, ts) = (b.tid[i], b.ts[i]);
             if heap == HEAP_ALLOC {

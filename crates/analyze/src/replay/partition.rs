@@ -60,6 +60,20 @@ pub(super) struct Partition {
     next_mapping: u64,
     /// Outstanding bytes by stack, sampled for the growth verdicts.
     pub(super) sampler: Sampler,
+    /// A sampled trace's sampling: frees and the live total count each
+    /// heap block for the bytes and blocks it stands for.
+    pub(super) sampling: Option<memleak_trace::Sampling>,
+}
+
+/// What heap block `b` at `addr` of process `pid` counts for, (bytes,
+/// blocks): itself, or in a sampled trace what it stands for (kernel
+/// blocks are never sampled).
+#[inline(always)]
+fn weigh(sampling: Option<memleak_trace::Sampling>, pid: u32, addr: u64, b: &Block) -> (u64, u64) {
+    match sampling {
+        Some(s) if pid < PAGE_PID => s.scaled(b.size, addr, b.ts),
+        _ => (b.size, 1),
+    }
 }
 
 impl Partition {
@@ -81,6 +95,7 @@ impl Partition {
             peak_ts: 0,
             next_mapping: 1,
             sampler,
+            sampling: None,
         };
         for st in &mut p.pids {
             st.sampled = p.sampler.counts_pid(None);
@@ -138,7 +153,9 @@ impl Partition {
     /// single partition (`ALONE`) follows the process's peak too.
     #[inline(always)]
     fn alloc_hashed<const ALONE: bool>(&mut self, slot: usize, addr: u64, h: u64, b: Block) -> i64 {
-        let (size, ts) = (b.size, b.ts);
+        let ts = b.ts;
+        let size = weigh(self.sampling, self.pids[slot].pid, addr, &b).0;
+        let sampling = self.sampling;
         let st = &mut self.pids[slot];
         let sampler = &mut self.sampler;
         sampler.count(&b, st.sampled, st.born_ts, 1);
@@ -154,7 +171,7 @@ impl Partition {
             Some(old) => {
                 self.counts.anomalies.missed_frees += 1;
                 sampler.count(&old, st.sampled, st.born_ts, -1);
-                size as i64 - old.size as i64
+                size as i64 - weigh(sampling, st.pid, addr, &old).0 as i64
             }
         };
         st.held += d;
@@ -182,10 +199,11 @@ impl Partition {
         *cached = fp;
         let d = match st.blocks.remove_hashed(addr, h) {
             Some(b) => {
-                self.counts.frees += 1;
-                self.counts.freed_bytes += b.size;
+                let (bytes, blocks) = weigh(self.sampling, st.pid, addr, &b);
+                self.counts.frees += blocks;
+                self.counts.freed_bytes += bytes;
                 self.sampler.count(&b, st.sampled, st.born_ts, -1);
-                -(b.size as i64)
+                -(bytes as i64)
             }
             None => {
                 if st.gone.is_some() {

@@ -45,6 +45,9 @@ pub struct ReplayOptions<'a> {
     /// be temporary (`replay/temporary.rs`); 0 means the default
     /// ([`DEFAULT_TEMPORARY_NS`](DEFAULT_TEMPORARY_NS)).
     pub temporary_ns: u64,
+    /// A sampled trace's sampling (meta.json): the allocations, frees and
+    /// live total count each heap block for what it stands for.
+    pub sampling: Option<memleak_trace::Sampling>,
 }
 
 /// An outstanding allocation as the report sees it: a heap block or a

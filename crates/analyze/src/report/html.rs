@@ -161,6 +161,14 @@ fn page_body(out: &mut String, report: &Report) {
             escape(&w)
         );
     }
+    if let Some(n) = s.sampling_note() {
+        let _ = writeln!(
+            out,
+            "<p class=\"warning banner\" id=\"sampled\">\
+<strong>Estimates:</strong> {}.</p>",
+            escape(&n)
+        );
+    }
     if let Some(leak) = &s.leak {
         // First, in the first screen: memcheck's verdicts, as the text
         // report leads with them.

@@ -114,6 +114,11 @@ struct SummaryJson<'a> {
     trace: &'a str,
     #[serde(skip_serializing_if = "Option::is_none")]
     capture: Option<&'a str>,
+    /// The heap's bytes and counts are estimates from a sampled
+    /// recording (`sampling` says how).
+    estimated: bool,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    sampling: Option<memleak_trace::Sampling>,
     complete: bool,
     #[serde(skip_serializing_if = "Option::is_none")]
     incomplete: Option<IncompleteJson>,
@@ -414,6 +419,8 @@ fn doc<'a>(report: &'a Report, stacks: Vec<StackJson<'a>>, shown: usize) -> Doc<
         summary: SummaryJson {
             trace: &s.trace,
             capture: s.capture.as_deref(),
+            estimated: s.sampling.is_some(),
+            sampling: s.sampling,
             complete: s.complete,
             incomplete: s.incomplete.map(|i| IncompleteJson {
                 missing_after_ns: i.listed.then_some(i.since_start_ns),

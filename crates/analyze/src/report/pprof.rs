@@ -683,6 +683,9 @@ pub fn profile(report: &Report, ctx: &Context) -> Profile {
         // `go tool pprof -raw` and `-comments` show it.
         comments.push(format!("WARNING: {w}"));
     }
+    if let Some(n) = sum.sampling_note() {
+        comments.push(format!("ESTIMATES: {n}"));
+    }
     if !ctx.host.is_empty() {
         comments.push(format!("recorded on {}", ctx.host));
     }

@@ -24,6 +24,12 @@ pub fn render(report: &Report, weight: Weight) -> std::io::Result<Vec<u8>> {
     // they fold into: the page's "6 stacks" and this title must agree.
     let stacks = report.stacks.iter().filter(|s| weight.of(s) > 0).count();
     let mut subtitle = format!("{stacks} stacks");
+    if let Some(s) = report.summary.sampling {
+        subtitle.push_str(&format!(
+            "; estimates from a sampled recording (mean {})",
+            crate::time::format_bytes(s.mean_bytes)
+        ));
+    }
     if !report.summary.filters.is_empty() {
         subtitle.push_str(&format!("; filters: {}", report.summary.filters.join(", ")));
     }

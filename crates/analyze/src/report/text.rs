@@ -29,6 +29,9 @@ pub fn render(report: &Report) -> String {
         // As near the top: the figures below may be wrong.
         let _ = writeln!(out, "WARNING: {w}.\n");
     }
+    if let Some(n) = s.sampling_note() {
+        let _ = writeln!(out, "ESTIMATES: {n}.\n");
+    }
     if let Some(leak) = &s.leak {
         // With a scan, the verdicts lead, as memcheck's LEAK SUMMARY does.
         render_leak_summary(&mut out, leak, s);
@@ -398,6 +401,15 @@ fn render_summary(out: &mut String, s: &Summary) {
     row("trace", s.trace.clone());
     if let Some(capture) = &s.capture {
         row("capture", capture.clone());
+    }
+    if let Some(sm) = s.sampling {
+        row(
+            "sampled",
+            format!(
+                "mean {}: bytes and blocks are estimates",
+                format_bytes(sm.mean_bytes)
+            ),
+        );
     }
     if !s.complete {
         let missing = match &s.incomplete {

@@ -1,0 +1,547 @@
+//! `record -p PID --capture inject`: memleak's agent loaded into
+//! processes that were running before the recording, with the real
+//! ptrace, the real agent and the real lifecycle probes. Each test
+//! checks what the trace holds (exactly the leaks made after the attach)
+//! and what the process does after the detach (runs on, its call sites
+//! back on its own allocator, and exits 0).
+#![cfg(feature = "bpf")]
+
+mod common;
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+use std::sync::mpsc;
+use std::time::Duration;
+
+use common::fixtures::{check_trace, fixtures_dir, memleak, recording_guard, Fixture};
+use memleak_analyze::report::{analyze, AnalyzeOptions};
+
+/// A fixture program driven through its stdin and stdout.
+struct Target {
+    child: Child,
+    stdin: ChildStdin,
+    stdout: BufReader<ChildStdout>,
+}
+
+impl Target {
+    fn start(program: &Path, args: &[&str]) -> Target {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stdin = child.stdin.take().unwrap();
+        let stdout = BufReader::new(child.stdout.take().unwrap());
+        let mut t = Target {
+            child,
+            stdin,
+            stdout,
+        };
+        t.expect("ready");
+        t
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Sends a command line.
+    fn send(&mut self, line: &str) {
+        writeln!(self.stdin, "{line}").unwrap();
+        self.stdin.flush().unwrap();
+    }
+
+    /// The next line, which must start with `prefix`.
+    fn expect(&mut self, prefix: &str) -> String {
+        let mut line = String::new();
+        assert!(
+            self.stdout.read_line(&mut line).unwrap() > 0,
+            "the program ended before saying {prefix:?}"
+        );
+        assert!(line.starts_with(prefix), "{line:?} is not {prefix:?}");
+        line.trim_end().to_string()
+    }
+
+    fn ask(&mut self, cmd: &str, prefix: &str) -> String {
+        self.send(cmd);
+        self.expect(prefix)
+    }
+
+    fn count(&mut self) -> u64 {
+        let line = self.ask("count", "count ");
+        line["count ".len()..].parse().unwrap()
+    }
+
+    /// Waits for the program's exit; its status code.
+    fn exit_code(mut self) -> Option<i32> {
+        self.child.wait().unwrap().code()
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        if self.child.try_wait().ok().flatten().is_none() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+/// A recording of `pid` under way; it ends at SIGINT.
+struct Recording {
+    child: Child,
+    stderr: mpsc::Receiver<String>,
+    trace: PathBuf,
+}
+
+impl Recording {
+    /// Starts `memleak record -v -p PID --capture inject` and returns once
+    /// the agent is attached.
+    fn start(pid: u32, trace: &Path, extra: &[&str]) -> Recording {
+        let mut child = memleak()
+            .args(["record", "-v", "--capture", "inject", "-p"])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(trace)
+            .args(extra)
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let (tx, rx) = mpsc::channel();
+        let err = BufReader::new(child.stderr.take().unwrap());
+        std::thread::spawn(move || {
+            for line in err.lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let r = Recording {
+            child,
+            stderr: rx,
+            trace: trace.to_path_buf(),
+        };
+        let mut seen = Vec::new();
+        loop {
+            match r.stderr.recv_timeout(Duration::from_secs(60)) {
+                Ok(line) if line.contains("call sites patched") => break,
+                Ok(line) => seen.push(line),
+                Err(_) => panic!("the agent did not attach:\n{}", seen.join("\n")),
+            }
+        }
+        r
+    }
+
+    /// Ends the recording (SIGINT) and waits for it; its stderr.
+    fn finish(mut self) -> String {
+        // SAFETY: kill(2) on our child.
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGINT) };
+        let status = self.child.wait().unwrap();
+        let err: Vec<String> = self.stderr.try_iter().collect();
+        let err = err.join("\n");
+        assert!(status.success(), "record failed: {status}\n{err}");
+        assert!(self.trace.exists());
+        err
+    }
+}
+
+fn can_inject() -> bool {
+    common::can_record() && common::has_tool("cc") && common::has_tool("c++")
+}
+
+/// The fixture started first, its leaks made after the attach: exactly
+/// those are in the trace (3 stacks of malloc, calloc, strdup, realloc),
+/// the 4 frees of blocks it allocated before are counted as unknown, and
+/// after the detach the process makes a million more allocations and
+/// exits 0.
+#[test]
+fn inject_records_exactly_the_leaks_made_after_the_attach() {
+    if !can_inject() {
+        return;
+    }
+    let fx = Fixture::load("attach");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fx.binary(), &[]);
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    target.ask("go", "leaked");
+    let err = rec.finish();
+    assert!(err.contains("call sites restored"), "{err}");
+    target.send("more");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+
+    let report = check_trace(&fx, &trace, &["outstanding"]);
+    assert_eq!(
+        report.summary.anomalies.unknown_frees,
+        fx.expected["unknown_frees"].as_u64().unwrap()
+    );
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert_eq!(meta.capture.as_deref(), Some("inject"));
+}
+
+/// Four threads allocating without pause, attached to: the leak made on
+/// each thread after the attach is exact (40 Nodes from leak_node), the
+/// only other outstanding blocks are at most one churned block per
+/// thread (allocated just before the detach, freed just after); while
+/// attached the program's own call site reaches the agent, after it libc
+/// again; and the threads make a million more allocations before the
+/// program exits 0.
+#[test]
+fn inject_into_a_multithreaded_cxx_program() {
+    if !can_inject() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fixtures_dir().join("attach_threads"), &[]);
+    let before = target.ask("where", "malloc in ");
+    assert!(before.contains("libc.so"), "{before}");
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    // The agent, loaded from its memfd by /proc/self/fd/N.
+    let during = target.ask("where", "malloc in ");
+    assert!(during.contains("/proc/self/fd/"), "{during}");
+    target.ask("leak", "leaked");
+    rec.finish();
+    let after = target.ask("where", "malloc in ");
+    assert!(after.contains("libc.so"), "{after}");
+    let from = target.count();
+    while target.count() < from + 1_000_000 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    target.send("quit");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+
+    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    let fn_names = |s: &memleak_analyze::model::StackReport| -> Vec<String> {
+        s.frames
+            .iter()
+            .flat_map(|f| {
+                f.inlined
+                    .iter()
+                    .map(|i| i.function.clone())
+                    .chain(f.function.clone())
+            })
+            .collect()
+    };
+    let mut leak = None;
+    let mut churned = 0;
+    for s in report.stacks.iter().filter(|s| s.count > 0) {
+        let names = fn_names(s);
+        if names.iter().any(|n| n.starts_with("leak_node")) {
+            assert!(leak.is_none(), "two leak_node stacks");
+            leak = Some((s.bytes, s.count, names));
+        } else {
+            assert!(
+                names.iter().any(|n| n.starts_with("worker")),
+                "outstanding outside the workers: {names:?}"
+            );
+            churned += s.count;
+        }
+    }
+    let (bytes, count, names) = leak.expect("the leak_node stack");
+    assert_eq!((bytes, count), (40 * 64, 40), "{names:?}");
+    assert!(names.iter().any(|n| n.starts_with("worker")), "{names:?}");
+    assert!(churned <= 4, "{churned} churned blocks outstanding");
+}
+
+/// A running python3 leaking through ctypes (malloc looked up after the
+/// attach: dlsym answers with the agent's): the 25 blocks of 4096 bytes
+/// are found, with the ctypes call in their stack; python exits 0 after
+/// a million more allocations.
+#[test]
+fn inject_into_a_running_python3() {
+    if !can_inject() || !common::has_tool("python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let script = dir.path().join("leaky.py");
+    std::fs::write(
+        &script,
+        "import ctypes, sys\n\
+         print('ready', flush=True)\n\
+         sys.stdin.readline()\n\
+         libc = ctypes.CDLL(None)\n\
+         libc.malloc.restype = ctypes.c_void_p\n\
+         keep = [libc.malloc(4096) for _ in range(25)]\n\
+         print('leaked', flush=True)\n\
+         sys.stdin.readline()\n\
+         for i in range(1000000):\n    x = bytearray(64 + i % 100)\n\
+         print('done', flush=True)\n",
+    )
+    .unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let python = which("python3");
+    let mut target = Target::start(&python, &[script.to_str().unwrap()]);
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    target.ask("go", "leaked");
+    rec.finish();
+    target.send("more");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+
+    let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+    let found = report.stacks.iter().find(|s| {
+        s.count == 25
+            && s.bytes == 25 * 4096
+            && s.frames.iter().any(|f| {
+                f.function
+                    .as_deref()
+                    .is_some_and(|n| n.contains("ffi_call"))
+            })
+    });
+    assert!(
+        found.is_some(),
+        "no stack of 25 x 4096 bytes through ffi_call in {:?}",
+        report
+            .stacks
+            .iter()
+            .map(|s| (s.bytes, s.count))
+            .collect::<Vec<_>>()
+    );
+}
+
+fn which(tool: &str) -> PathBuf {
+    std::env::var_os("PATH")
+        .and_then(|p| {
+            std::env::split_paths(&p)
+                .map(|d| d.join(tool))
+                .find(|p| p.is_file())
+        })
+        .unwrap()
+}
+
+/// 200 attach/detach cycles of 100 ms on four threads that allocate
+/// without pause: every recording succeeds, the threads keep running, the
+/// agent is loaded once, and after the last cycle the program's call
+/// site reaches libc again. The allocation rates before and after are
+/// printed (not asserted: no timing assertion in tests; the figures are
+/// in docs/benchmarks.md).
+#[test]
+fn attach_and_detach_200_times() {
+    if !can_inject() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fixtures_dir().join("attach_threads"), &[]);
+    let rate = |t: &mut Target| {
+        let a = t.count();
+        std::thread::sleep(Duration::from_millis(500));
+        (t.count() - a) * 2
+    };
+    let before = rate(&mut target);
+    let trace = dir.path().join("t");
+    for cycle in 0..200 {
+        let out = memleak()
+            .args([
+                "record",
+                "-q",
+                "--capture",
+                "inject",
+                "-d",
+                "100ms",
+                "--force",
+                "-p",
+            ])
+            .arg(target.pid().to_string())
+            .arg("-o")
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "cycle {cycle}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            common::procs::proc_state(target.pid()).is_some_and(|s| s != 'Z'),
+            "the program died at cycle {cycle}"
+        );
+        if cycle % 50 == 0 {
+            // On a loaded machine the workers may wait for a core: give
+            // them up to 10 s to be seen counting.
+            let c = target.count();
+            let mut moved = false;
+            for _ in 0..200 {
+                std::thread::sleep(Duration::from_millis(50));
+                if target.count() > c {
+                    moved = true;
+                    break;
+                }
+            }
+            assert!(moved, "the threads stopped at cycle {cycle}");
+        }
+    }
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
+    let copies = maps
+        .lines()
+        .filter(|l| l.contains("memleak-inject.so"))
+        .filter(|l| l.split_whitespace().nth(2) == Some("00000000"))
+        .count();
+    assert_eq!(copies, 1, "{maps}");
+    let after_site = target.ask("where", "malloc in ");
+    assert!(after_site.contains("libc.so"), "{after_site}");
+    let after = rate(&mut target);
+    eprintln!(
+        "allocations per second before the cycles {before}, after {after} ({:+.1} %)",
+        (after as f64 / before as f64 - 1.0) * 100.0
+    );
+    target.send("quit");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+}
+
+/// What cannot be injected is refused with one line naming
+/// `--capture bpf`, before anything touches the process; and inject is
+/// for -p only.
+#[test]
+fn inject_refuses_what_it_cannot_do_with_one_line() {
+    if !can_inject() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("t");
+    let one_line = |out: &std::process::Output, want: &str| {
+        assert!(!out.status.success());
+        let err = String::from_utf8_lossy(&out.stderr);
+        let lines: Vec<&str> = err.lines().filter(|l| !l.trim().is_empty()).collect();
+        assert_eq!(lines.len(), 1, "{err}");
+        assert!(lines[0].contains(want), "{err}");
+    };
+    // A command: preload's job.
+    let out = memleak()
+        .args(["record", "--capture", "inject", "-o"])
+        .arg(&trace)
+        .args(["--", "true"])
+        .output()
+        .unwrap();
+    one_line(&out, "--capture inject: it attaches to a running process");
+
+    let _guard = recording_guard(false);
+    // A statically linked program.
+    let src = dir.path().join("sleeper.c");
+    std::fs::write(
+        &src,
+        "#include <unistd.h>\nint main(void) { sleep(60); return 0; }\n",
+    )
+    .unwrap();
+    let exe = dir.path().join("sleeper");
+    let built = Command::new("cc")
+        .arg("-static")
+        .arg("-o")
+        .arg(&exe)
+        .arg(&src)
+        .status()
+        .unwrap();
+    assert!(built.success());
+    let mut stat = Command::new(&exe).spawn().unwrap();
+    let out = memleak()
+        .args(["record", "--capture", "inject", "-p"])
+        .arg(stat.id().to_string())
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    let _ = stat.kill();
+    let _ = stat.wait();
+    one_line(&out, "--capture bpf");
+
+    // A stopped process.
+    let mut target = Target::start(&fixtures_dir().join("attach"), &[]);
+    // SAFETY: kill(2) on our child.
+    unsafe { libc::kill(target.pid() as i32, libc::SIGSTOP) };
+    for _ in 0..500 {
+        if common::procs::proc_state(target.pid()) == Some('T') {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let out = memleak()
+        .args(["record", "--capture", "inject", "-p"])
+        .arg(target.pid().to_string())
+        .arg("-o")
+        .arg(&trace)
+        .output()
+        .unwrap();
+    one_line(&out, "is stopped");
+    assert!(!trace.exists(), "a refused recording left a trace");
+    // SAFETY: as above.
+    unsafe { libc::kill(target.pid() as i32, libc::SIGCONT) };
+    target.send("go");
+    target.expect("leaked");
+}
+
+/// `--sample` with inject: the agent samples in the running process. Four
+/// threads make millions of allocations while attached; the trace says it
+/// is sampled with the mean asked for and holds far fewer events than the
+/// calls made.
+#[test]
+fn inject_samples_with_sample() {
+    if !can_inject() {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fixtures_dir().join("attach_threads"), &[]);
+    let rec = Recording::start(target.pid(), &trace, &["--sample", "512k"]);
+    let from = target.count();
+    while target.count() < from + 2_000_000 {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    rec.finish();
+    let made = target.count() - from;
+    target.send("quit");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+    let t = memleak_trace::Trace::open(&trace).unwrap();
+    let meta = t.meta().clone();
+    assert_eq!(meta.sampling.map(|s| s.mean_bytes), Some(512 << 10));
+    let events: u64 = meta.counters.events.values().sum();
+    // Blocks of 24-87 bytes at one sample per 512 KiB: about one in
+    // 10,000 is recorded (each with its free).
+    assert!(
+        events > 0 && events * 100 < made,
+        "{events} events for {made} allocations"
+    );
+}
+
+/// A second recording of a process whose agent is attached is refused
+/// with one line, and the first goes on unharmed.
+#[test]
+fn a_second_inject_recording_is_refused() {
+    if !can_inject() {
+        return;
+    }
+    let fx = Fixture::load("attach");
+    let dir = tempfile::tempdir().unwrap();
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&fx.binary(), &[]);
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    let out = memleak()
+        .args(["record", "--capture", "inject", "-d", "1s", "-p"])
+        .arg(target.pid().to_string())
+        .arg("-o")
+        .arg(dir.path().join("second"))
+        .output()
+        .unwrap();
+    assert!(!out.status.success());
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(err.trim().lines().count(), 1, "{err}");
+    assert!(err.contains("another recording is attached"), "{err}");
+    assert!(!dir.path().join("second").exists());
+    target.ask("go", "leaked");
+    rec.finish();
+    target.send("more");
+    target.expect("done");
+    assert_eq!(target.exit_code(), Some(0));
+    check_trace(&fx, &trace, &["outstanding"]);
+}
