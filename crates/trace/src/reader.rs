@@ -520,19 +520,22 @@ impl Trace {
             let s = |i: usize| b.column(i).as_string::<i32>();
             let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>();
             let u32c = |i: usize| b.column(i).as_primitive::<UInt32Type>();
+            // The inlined lists by their offsets into the child columns,
+            // not a slice of them per row (which costs more than the row).
             let inl = b.column(10).as_list::<i32>();
+            let offsets = inl.value_offsets();
+            let st = inl.values().as_struct();
+            let (f0, f1) = (
+                st.column(0).as_string::<i32>(),
+                st.column(1).as_string::<i32>(),
+            );
+            let (f2, f3) = (
+                st.column(2).as_primitive::<UInt32Type>(),
+                st.column(3).as_primitive::<UInt32Type>(),
+            );
             for i in 0..b.num_rows() {
-                let list = inl.value(i);
-                let st = list.as_struct();
-                let (f0, f1) = (
-                    st.column(0).as_string::<i32>(),
-                    st.column(1).as_string::<i32>(),
-                );
-                let (f2, f3) = (
-                    st.column(2).as_primitive::<UInt32Type>(),
-                    st.column(3).as_primitive::<UInt32Type>(),
-                );
-                let inlined = (0..st.len())
+                let (from, to) = (offsets[i] as usize, offsets[i + 1] as usize);
+                let inlined = (from..to)
                     .map(|j| InlinedFrame {
                         function: f0.value(j).to_string(),
                         file: opt_str(f1, j),
