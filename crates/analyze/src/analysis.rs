@@ -81,7 +81,8 @@ pub(crate) struct Tables {
 }
 
 /// Like [`analyze_trace`], but the report's stacks are left without their
-/// frames, and the tables they are resolved from are returned with it: a
+/// frames, and unsorted, and the tables they are resolved from are
+/// returned with it: a
 /// caller that keys the stacks by their records
 /// ([`record_key`](crate::diff::record_key)) resolves only the stacks it
 /// keeps ([`resolve_frames`](crate::stacks::resolve_frames)).
@@ -143,7 +144,7 @@ fn analyze_trace_with(
                 .into_iter()
                 .map(|s| (s.stack_id, s))
                 .collect();
-            let frames = FrameTable::new(trace.frames()?);
+            let frames = FrameTable::new(trace.frame_columns()?);
             let suppressed = crate::suppress::match_stacks(&opts.suppressions, &stacks, &frames);
             // Every scan is at or before the end; only --at can precede one.
             let scans = Scans::load(trace, at_ts.unwrap_or(u64::MAX))?;
@@ -217,10 +218,13 @@ fn analyze_trace_with(
     // the order the stacks are in.
     let group_by_verdict =
         join.scan.is_some() && (opts.group_by_verdict || opts.sort == SortKey::Verdict);
-    if group_by_verdict {
-        sort_stacks_by_verdict(&mut stacks, opts.sort);
-    } else {
-        sort_stacks(&mut stacks, opts.sort);
+    // Stacks left unresolved go to a merger, which sorts what it merges.
+    if resolve {
+        if group_by_verdict {
+            sort_stacks_by_verdict(&mut stacks, opts.sort);
+        } else {
+            sort_stacks(&mut stacks, opts.sort);
+        }
     }
     if std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some() {
         let end = clock.elapsed();

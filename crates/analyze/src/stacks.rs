@@ -291,18 +291,21 @@ pub(crate) fn resolve_frames(rec: &StackRecord, frames: &FrameTable) -> Vec<Fram
     rec.frames
         .iter()
         .map(|&addr| match frames.get(&(pid, addr)) {
-            Some(f) => Frame {
-                addr,
-                function: f.function.clone(),
-                offset: f.func_offset,
-                file: f.file.clone(),
-                line: f.line,
-                column: f.column,
-                path: f.path.clone(),
-                file_offset: f.file_offset,
-                build_id: f.build_id.clone(),
-                inlined: f.inlined.clone(),
-            },
+            Some(f) => {
+                let f = f.to_record();
+                Frame {
+                    addr,
+                    function: f.function,
+                    offset: f.func_offset,
+                    file: f.file,
+                    line: f.line,
+                    column: f.column,
+                    path: f.path,
+                    file_offset: f.file_offset,
+                    build_id: f.build_id,
+                    inlined: f.inlined,
+                }
+            }
             None => Frame {
                 addr,
                 ..Default::default()

@@ -205,19 +205,19 @@ impl<'a> LogicalFrames<'a> {
             self.pending = Some((rest, pid, table));
             match table.get(&(pid, *addr)) {
                 Some(f) => {
-                    for inl in &f.inlined {
+                    for inl in f.inlined() {
                         self.out.push(LogicalFrame {
-                            function: Some(&inl.function),
-                            object: f.path.as_deref(),
-                            file: inl.file.as_deref(),
+                            function: Some(inl.function),
+                            object: f.path(),
+                            file: inl.file,
                             line: inl.line,
                         });
                     }
                     self.out.push(LogicalFrame {
-                        function: f.function.as_deref(),
-                        object: f.path.as_deref(),
-                        file: f.file.as_deref(),
-                        line: f.line,
+                        function: f.function(),
+                        object: f.path(),
+                        file: f.file(),
+                        line: f.line(),
                     });
                 }
                 None => self.out.push(LogicalFrame {

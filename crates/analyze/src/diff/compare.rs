@@ -370,21 +370,6 @@ fn sort(stacks: &mut [DiffStack]) {
 /// Separates the frames of a key.
 pub(super) const SEP: &str = " | ";
 
-/// The [`FrameKeyParts`] of a report's [`Frame`] or a trace's frame
-/// record, whose fields are named alike.
-macro_rules! key_parts {
-    ($f:expr) => {
-        FrameKeyParts {
-            function: $f.function.as_deref(),
-            file: $f.file.as_deref(),
-            line: $f.line,
-            path: $f.path.as_deref(),
-            file_offset: $f.file_offset,
-            inlined: &$f.inlined,
-        }
-    };
-}
-
 /// The identity of a stack across traces: its frames, innermost first,
 /// each as [`frame_key`] makes it, and whether it is a kernel stack and
 /// truncated. Addresses, function offsets, columns, stack ids and pids
@@ -406,7 +391,7 @@ pub fn stack_key(s: &StackReport, opts: MatchOptions) -> String {
         if i > 0 {
             key.push_str(SEP);
         }
-        push_frame_key(&mut key, key_parts!(f), opts);
+        push_frame_key(&mut key, FrameKeyParts::of(f), inlined_parts(f), opts);
     }
     key
 }
@@ -423,11 +408,18 @@ pub(crate) struct FrameKeys {
 
 impl FrameKeys {
     pub(crate) fn new(frames: &FrameTable, opts: MatchOptions) -> FrameKeys {
-        let rows = frames.rows();
-        let mut text = String::with_capacity(rows.len() * 32);
-        let mut ends = Vec::with_capacity(rows.len());
-        for f in rows {
-            push_frame_key(&mut text, key_parts!(f), opts);
+        let mut text = String::new();
+        let mut ends = Vec::new();
+        for f in frames.rows() {
+            let parts = FrameKeyParts {
+                function: f.function(),
+                file: f.file(),
+                line: f.line(),
+                path: f.path(),
+                file_offset: f.file_offset(),
+            };
+            let inlined = f.inlined().map(|i| (i.function, i.file, i.line));
+            push_frame_key(&mut text, parts, inlined, opts);
             ends.push(text.len());
         }
         FrameKeys { text, ends }
@@ -439,21 +431,21 @@ impl FrameKeys {
     }
 }
 
-/// [`stack_key`] of the stack a report would build from the trace's
-/// records: `rec` is the stack `stack_id` names in the stacks table (if
-/// any), `frames` the trace's frames table and `keys` its rows' keys. The
-/// key is the one of the stack with its frames resolved, without
-/// resolving them.
+/// Writes to `key` the [`stack_key`] of the stack a report would build
+/// from the trace's records: `rec` is the stack `stack_id` names in the
+/// stacks table (if any), `frames` the trace's frames table and `keys` its
+/// rows' keys. The key is the one of the stack with its frames resolved,
+/// without resolving them.
 pub(crate) fn record_key(
+    key: &mut String,
     stack_id: u64,
     rec: Option<&StackRecord>,
     frames: &FrameTable,
     keys: &FrameKeys,
-) -> String {
-    let mut key = String::new();
+) {
     let (kernel, truncated) = rec.map_or((false, false), |r| (r.kernel, r.truncated));
     let addrs: &[u64] = rec.map_or(&[], |r| &r.frames);
-    push_stack_head(&mut key, kernel, truncated, addrs.is_empty(), stack_id);
+    push_stack_head(key, kernel, truncated, addrs.is_empty(), stack_id);
     // Kernel frames are symbolized once for all processes, under pid 0.
     let pid = rec.map_or(0, |r| if r.kernel { 0 } else { r.pid });
     for (i, addr) in addrs.iter().enumerate() {
@@ -466,7 +458,6 @@ pub(crate) fn record_key(
             None => key.push_str("[unknown]"),
         }
     }
-    key
 }
 
 /// What leads a stack's key: whether it is a kernel stack and truncated,
@@ -504,12 +495,12 @@ fn push_stack_head(key: &mut String, kernel: bool, truncated: bool, empty: bool,
 ///   different directories on different hosts.
 pub fn frame_key(f: &Frame, opts: MatchOptions) -> String {
     let mut k = String::new();
-    push_frame_key(&mut k, key_parts!(f), opts);
+    push_frame_key(&mut k, FrameKeyParts::of(f), inlined_parts(f), opts);
     k
 }
 
-/// The fields of a frame its key is made of, borrowed from a report's
-/// frame or a trace's frame record.
+/// The fields of a frame its key is made of but its inlined functions,
+/// borrowed from a report's frame or a row of a trace's frames table.
 #[derive(Default, Clone, Copy)]
 struct FrameKeyParts<'a> {
     function: Option<&'a str>,
@@ -517,11 +508,36 @@ struct FrameKeyParts<'a> {
     line: Option<u32>,
     path: Option<&'a str>,
     file_offset: Option<u64>,
-    inlined: &'a [crate::model::Inlined],
+}
+
+impl<'a> FrameKeyParts<'a> {
+    fn of(f: &'a Frame) -> FrameKeyParts<'a> {
+        FrameKeyParts {
+            function: f.function.as_deref(),
+            file: f.file.as_deref(),
+            line: f.line,
+            path: f.path.as_deref(),
+            file_offset: f.file_offset,
+        }
+    }
+}
+
+/// A function inlined at a frame, as its key has it: function, file, line.
+type InlinedPart<'a> = (&'a str, Option<&'a str>, Option<u32>);
+
+fn inlined_parts(f: &Frame) -> impl Iterator<Item = InlinedPart<'_>> {
+    f.inlined
+        .iter()
+        .map(|i| (i.function.as_str(), i.file.as_deref(), i.line))
 }
 
 /// Appends the [`frame_key`] of `f` to `k`.
-fn push_frame_key(k: &mut String, f: FrameKeyParts<'_>, opts: MatchOptions) {
+fn push_frame_key<'a>(
+    k: &mut String,
+    f: FrameKeyParts<'_>,
+    inlined: impl Iterator<Item = InlinedPart<'a>>,
+    opts: MatchOptions,
+) {
     match f.function {
         Some(func) => {
             push_location(k, func, f.file, f.line, opts);
@@ -536,9 +552,9 @@ fn push_frame_key(k: &mut String, f: FrameKeyParts<'_>, opts: MatchOptions) {
             (None, _) => k.push_str("[unknown]"),
         },
     }
-    for inl in f.inlined {
+    for (function, file, line) in inlined {
         k.push_str(" <- ");
-        push_location(k, &inl.function, inl.file.as_deref(), inl.line, opts);
+        push_location(k, function, file, line, opts);
     }
 }
 

@@ -48,9 +48,13 @@ impl TracePart {
         opts: MatchOptions,
     ) -> TracePart {
         let keys = FrameKeys::new(&tables.frames, opts);
+        // Each key is written to one buffer, then copied at its length.
+        let mut buf = String::new();
         let key = |st: &StackReport| {
+            buf.clear();
             let rec = tables.stacks.get(&st.stack_id);
-            record_key(st.stack_id, rec, &tables.frames, &keys)
+            record_key(&mut buf, st.stack_id, rec, &tables.frames, &keys);
+            buf.as_str().to_owned()
         };
         let mut part = TracePart::keyed(index, totals, report, None, key);
         part.tables = Some(tables);
@@ -62,7 +66,7 @@ impl TracePart {
         mut totals: TraceTotals,
         report: Report,
         tables: Option<Tables>,
-        key: impl Fn(&StackReport) -> String,
+        mut key: impl FnMut(&StackReport) -> String,
     ) -> TracePart {
         let Report {
             summary,
