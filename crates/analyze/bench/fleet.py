@@ -14,7 +14,7 @@ that the 3 leaky hosts are found.
 
     cargo build --release --no-default-features
     cargo build --release -p memleak-analyze --example gen_trace
-    python3 crates/analyze/bench/fleet.py [--hosts 200] [--events 300000]
+    python3 crates/analyze/bench/fleet.py [--hosts 200] [--events 300000] [--engines memleak,duckdb]
 
 The engines: `memleak analyze ROOT --group-by host`, and the statement
 `memleak sql --group-by host ROOT` prints, run on DuckDB (python module)
@@ -181,7 +181,7 @@ def run_spark(a, root):
                    "Spark local[2] (memleak sql)")
 
 
-ENGINES = [run_memleak, run_duckdb, run_spark]
+ENGINES = {"memleak": run_memleak, "duckdb": run_duckdb, "spark": run_spark}
 
 
 def check_same(results):
@@ -225,7 +225,13 @@ def main():
     ap.add_argument("--gen", default=os.path.join(ROOT, "target/release/examples/gen_trace"))
     ap.add_argument("--spark-python", default="/opt/memleak-spark/bin/python",
                     help="a python with pyspark (scripts/setup.sh installs it there)")
+    ap.add_argument("--engines", default=",".join(ENGINES),
+                    help="which engines to run, comma-separated (memleak first: the reference); "
+                         "--engines memleak,duckdb skips Spark")
     a = ap.parse_args()
+    engines = a.engines.split(",")
+    if engines[0] != "memleak" or any(e not in ENGINES for e in engines):
+        sys.exit(f"--engines: memleak first, then any of {', '.join(ENGINES)}")
     if len(leaky(a.hosts)) < 3:
         sys.exit("--hosts: at least 8")
     root = os.path.join(a.dir, f"fleet-{a.hosts}x{a.events}")
@@ -234,7 +240,7 @@ def main():
     generate(a, root)
     print(f"dataset {root}: {a.hosts} hosts, generated in {time.perf_counter() - t:.1f}s",
           file=sys.stderr)
-    results = [r for r in (engine(a, root) for engine in ENGINES) if r is not None]
+    results = [r for r in (ENGINES[e](a, root) for e in engines) if r is not None]
     same = check_same(results)
     found = check_leaky(results[0], a.hosts)
     events = results[0].report["summary"]["events"]

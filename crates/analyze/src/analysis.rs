@@ -3,12 +3,14 @@
 //! resolved frames, age histograms, verdicts and growth. The output
 //! formats (`report/`) render it.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::path::Path;
 
-use memleak_trace::{EventColumns, FrameRecord, StackRecord, Trace};
+use memleak_trace::{EventColumns, StackRecord, Trace};
 
 use crate::filter::{Filter, ResolvedFilter};
+use crate::frame_table::FrameTable;
+use crate::hash::IntMap;
 use crate::histogram::AgeHistogram;
 use crate::model::{
     AtPeak, LeakSummary, PidPeak, Report, SortKey, Spent, Summary, SuppressedTotals,
@@ -68,6 +70,39 @@ pub fn analyze_trace(
     opts: &AnalyzeOptions,
     progress: Option<&(dyn Fn(u64) + Sync)>,
 ) -> memleak_trace::Result<Report> {
+    Ok(analyze_trace_with(trace, opts, progress, true)?.0)
+}
+
+/// A trace's stacks table by stack id, and its frames table by pid and
+/// address.
+pub(crate) struct Tables {
+    pub(crate) stacks: IntMap<u64, StackRecord>,
+    pub(crate) frames: FrameTable,
+}
+
+/// Like [`analyze_trace`], but the report's stacks are left without their
+/// frames, and unsorted, and the tables they are resolved from are
+/// returned with it: a
+/// caller that keys the stacks by their records
+/// ([`record_key`](crate::diff::record_key)) resolves only the stacks it
+/// keeps ([`resolve_frames`](crate::stacks::resolve_frames)).
+pub(crate) fn analyze_trace_unresolved(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+) -> memleak_trace::Result<(Report, Tables)> {
+    let (report, tables) = analyze_trace_with(trace, opts, progress, false)?;
+    Ok((report, tables.expect("the tables of an unresolved report")))
+}
+
+/// The analysis; with `resolve`, the stacks' frames are resolved and the
+/// tables are kept by the report ([`Spent`]), else they are returned.
+fn analyze_trace_with(
+    trace: &Trace,
+    opts: &AnalyzeOptions,
+    progress: Option<&(dyn Fn(u64) + Sync)>,
+    resolve: bool,
+) -> memleak_trace::Result<(Report, Option<Tables>)> {
     let clock = std::time::Instant::now();
     let meta = trace.meta();
     let start_ts = start_ts(trace)?;
@@ -105,16 +140,12 @@ pub fn analyze_trace(
     let (replayed, tables) = rayon::join(
         || replay(trace, &ropts),
         || -> memleak_trace::Result<_> {
-            let stacks: HashMap<u64, StackRecord> = trace
+            let stacks: IntMap<u64, StackRecord> = trace
                 .stacks()?
                 .into_iter()
                 .map(|s| (s.stack_id, s))
                 .collect();
-            let frames: HashMap<(u32, u64), FrameRecord> = trace
-                .frames()?
-                .into_iter()
-                .map(|f| ((f.pid, f.addr), f))
-                .collect();
+            let frames = FrameTable::new(trace.frame_columns()?);
             let suppressed = crate::suppress::match_stacks(&opts.suppressions, &stacks, &frames);
             // Every scan is at or before the end; only --at can precede one.
             let scans = Scans::load(trace, at_ts.unwrap_or(u64::MAX))?;
@@ -164,7 +195,7 @@ pub fn analyze_trace(
     };
     let (mut stacks, by_class, leak_totals, suppressed_totals, outstanding_sizes) = build_stacks(
         &stacks_by_id,
-        &frames,
+        resolve.then_some(&frames),
         &replayed,
         &filter,
         (&opts.filter.pids, &inherited_for),
@@ -189,10 +220,13 @@ pub fn analyze_trace(
     // the order the stacks are in.
     let group_by_verdict =
         join.scan.is_some() && (opts.group_by_verdict || opts.sort == SortKey::Verdict);
-    if group_by_verdict {
-        sort_stacks_by_verdict(&mut stacks, opts.sort);
-    } else {
-        sort_stacks(&mut stacks, opts.sort);
+    // Stacks left unresolved go to a merger, which sorts what it merges.
+    if resolve {
+        if group_by_verdict {
+            sort_stacks_by_verdict(&mut stacks, opts.sort);
+        } else {
+            sort_stacks(&mut stacks, opts.sort);
+        }
     }
     if std::env::var_os("MEMLEAK_ANALYZE_TIMING").is_some() {
         let end = clock.elapsed();
@@ -300,19 +334,28 @@ pub fn analyze_trace(
         scan_note,
         suppressed,
     };
-    Ok(Report {
+    let (spent, tables) = if resolve {
+        let spent: std::sync::Arc<dyn std::any::Any + Send + Sync> =
+            std::sync::Arc::new((replayed, stacks_by_id, frames, scan_index));
+        (spent, None)
+    } else {
+        let tables = Tables {
+            stacks: stacks_by_id,
+            frames,
+        };
+        let spent: std::sync::Arc<dyn std::any::Any + Send + Sync> =
+            std::sync::Arc::new((replayed, scan_index));
+        (spent, Some(tables))
+    };
+    let report = Report {
         summary,
         stacks,
         top: opts.top,
         timeline: Some(timeline),
         fleet: None,
-        spent: Spent(Some(std::sync::Arc::new((
-            replayed,
-            stacks_by_id,
-            frames,
-            scan_index,
-        )))),
-    })
+        spent: Spent(Some(spent)),
+    };
+    Ok((report, tables))
 }
 
 /// The selected processes whose copies of their parent's blocks (made at

@@ -30,6 +30,7 @@ pub mod behaviour;
 pub mod diff;
 pub mod filter;
 pub mod fleet;
+mod frame_table;
 pub mod growth;
 mod hash;
 pub mod histogram;

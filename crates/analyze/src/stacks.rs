@@ -6,9 +6,10 @@
 
 use std::collections::{HashMap, HashSet};
 
-use memleak_trace::{FrameRecord, StackRecord};
+use memleak_trace::StackRecord;
 
 use crate::filter::ResolvedFilter;
+use crate::frame_table::FrameTable;
 use crate::hash::{int_map, IntMap};
 use crate::histogram::{AgeHistogram, SizeCount, SizeHistogram};
 use crate::model::{ClassTotals, Frame, OutstandingByClass, SortKey, StackReport};
@@ -67,9 +68,11 @@ pub(crate) type Built = (
 );
 
 #[allow(clippy::too_many_arguments)]
+/// Without `frames`, the stacks are left without their frames (a
+/// caller that keys stacks by their records resolves the few it shows).
 pub(crate) fn build_stacks(
-    stacks: &HashMap<u64, StackRecord>,
-    frames: &HashMap<(u32, u64), FrameRecord>,
+    stacks: &IntMap<u64, StackRecord>,
+    frames: Option<&FrameTable>,
     replayed: &Replay,
     filter: &ResolvedFilter,
     (pids, inherited_for): (&[u32], &HashSet<u32>),
@@ -251,7 +254,10 @@ pub(crate) fn build_stacks(
                 allocations: a.allocations,
                 temporary: a.temporary,
                 allocation_sizes,
-                frames: rec.map(|r| resolve_frames(r, frames)).unwrap_or_default(),
+                frames: rec
+                    .zip(frames)
+                    .map(|(r, frames)| resolve_frames(r, frames))
+                    .unwrap_or_default(),
                 ..Default::default()
             };
             if let Some(o) = o {
@@ -292,24 +298,27 @@ pub(crate) fn build_stacks(
     )
 }
 
-fn resolve_frames(rec: &StackRecord, frames: &HashMap<(u32, u64), FrameRecord>) -> Vec<Frame> {
+pub(crate) fn resolve_frames(rec: &StackRecord, frames: &FrameTable) -> Vec<Frame> {
     // Kernel frames are symbolized once for all processes, under pid 0.
     let pid = if rec.kernel { 0 } else { rec.pid };
     rec.frames
         .iter()
         .map(|&addr| match frames.get(&(pid, addr)) {
-            Some(f) => Frame {
-                addr,
-                function: f.function.clone(),
-                offset: f.func_offset,
-                file: f.file.clone(),
-                line: f.line,
-                column: f.column,
-                path: f.path.clone(),
-                file_offset: f.file_offset,
-                build_id: f.build_id.clone(),
-                inlined: f.inlined.clone(),
-            },
+            Some(f) => {
+                let f = f.to_record();
+                Frame {
+                    addr,
+                    function: f.function,
+                    offset: f.func_offset,
+                    file: f.file,
+                    line: f.line,
+                    column: f.column,
+                    path: f.path,
+                    file_offset: f.file_offset,
+                    build_id: f.build_id,
+                    inlined: f.inlined,
+                }
+            }
             None => Frame {
                 addr,
                 ..Default::default()

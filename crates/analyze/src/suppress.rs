@@ -18,7 +18,10 @@
 
 use std::collections::HashMap;
 
-use memleak_trace::{FrameRecord, ScanVerdict, StackRecord};
+use memleak_trace::{ScanVerdict, StackRecord};
+
+use crate::frame_table::FrameTable;
+use crate::hash::IntMap;
 
 use crate::verdicts::VerdictSet;
 
@@ -163,6 +166,7 @@ pub fn parse(text: &str, origin: &str) -> Result<Vec<Suppression>, String> {
 
 /// One frame as patterns see it: an inlined function or the function that
 /// contains the address.
+#[derive(Clone, Copy)]
 struct LogicalFrame<'a> {
     function: Option<&'a str>,
     object: Option<&'a str>,
@@ -170,39 +174,68 @@ struct LogicalFrame<'a> {
     line: Option<u32>,
 }
 
-fn logical_frames<'a>(
-    rec: &'a StackRecord,
-    frames: &'a HashMap<(u32, u64), FrameRecord>,
-) -> Vec<LogicalFrame<'a>> {
-    let pid = if rec.kernel { 0 } else { rec.pid };
-    let mut out = Vec::with_capacity(rec.frames.len());
-    for addr in &rec.frames {
-        match frames.get(&(pid, *addr)) {
-            Some(f) => {
-                for inl in &f.inlined {
-                    out.push(LogicalFrame {
-                        function: Some(&inl.function),
-                        object: f.path.as_deref(),
-                        file: inl.file.as_deref(),
-                        line: inl.line,
-                    });
-                }
-                out.push(LogicalFrame {
-                    function: f.function.as_deref(),
-                    object: f.path.as_deref(),
-                    file: f.file.as_deref(),
-                    line: f.line,
-                });
-            }
-            None => out.push(LogicalFrame {
-                function: None,
-                object: None,
-                file: None,
-                line: None,
-            }),
+/// A stack's logical frames, innermost first, resolved as patterns reach
+/// them: most stacks fail the first pattern on their first frame, and
+/// need no other.
+struct LogicalFrames<'a> {
+    out: Vec<LogicalFrame<'a>>,
+    /// The addresses not resolved yet, their pid and the frames table.
+    pending: Option<(&'a [u64], u32, &'a FrameTable)>,
+}
+
+impl<'a> LogicalFrames<'a> {
+    fn of(rec: &'a StackRecord, frames: &'a FrameTable) -> LogicalFrames<'a> {
+        let pid = if rec.kernel { 0 } else { rec.pid };
+        LogicalFrames {
+            out: Vec::new(),
+            pending: Some((&rec.frames, pid, frames)),
         }
     }
-    out
+
+    /// The logical frame at `i`, if the stack has that many.
+    fn get(&mut self, i: usize) -> Option<LogicalFrame<'a>> {
+        while self.out.len() <= i {
+            let Some((addrs, pid, table)) = self.pending else {
+                break;
+            };
+            let Some((addr, rest)) = addrs.split_first() else {
+                self.pending = None;
+                break;
+            };
+            self.pending = Some((rest, pid, table));
+            match table.get(&(pid, *addr)) {
+                Some(f) => {
+                    for inl in f.inlined() {
+                        self.out.push(LogicalFrame {
+                            function: Some(inl.function),
+                            object: f.path(),
+                            file: inl.file,
+                            line: inl.line,
+                        });
+                    }
+                    self.out.push(LogicalFrame {
+                        function: f.function(),
+                        object: f.path(),
+                        file: f.file(),
+                        line: f.line(),
+                    });
+                }
+                None => self.out.push(LogicalFrame {
+                    function: None,
+                    object: None,
+                    file: None,
+                    line: None,
+                }),
+            }
+        }
+        self.out.get(i).copied()
+    }
+
+    /// How many logical frames the stack has (resolving them all).
+    fn len(&mut self) -> usize {
+        self.get(usize::MAX);
+        self.out.len()
+    }
 }
 
 /// What an unknown name is matched as, as valgrind writes it.
@@ -222,14 +255,25 @@ fn frame_matches(p: &FramePattern, f: &LogicalFrame<'_>) -> bool {
 }
 
 /// Whether `pats` match a prefix of `frames`.
+#[cfg(test)]
 fn stack_matches(pats: &[FramePattern], frames: &[LogicalFrame<'_>]) -> bool {
+    let mut frames = LogicalFrames {
+        out: frames.to_vec(),
+        pending: None,
+    };
+    matches_from(pats, &mut frames, 0)
+}
+
+/// Whether `pats` match a prefix of the frames from the `at`-th on.
+fn matches_from(pats: &[FramePattern], frames: &mut LogicalFrames<'_>, at: usize) -> bool {
     match pats.split_first() {
         None => true,
         Some((FramePattern::Any, rest)) => {
-            (0..=frames.len()).any(|skip| stack_matches(rest, &frames[skip..]))
+            let n = frames.len();
+            (at..=n).any(|skip| matches_from(rest, frames, skip))
         }
-        Some((p, rest)) => match frames.split_first() {
-            Some((f, more)) => frame_matches(p, f) && stack_matches(rest, more),
+        Some((p, rest)) => match frames.get(at) {
+            Some(f) => frame_matches(p, &f) && matches_from(rest, frames, at + 1),
             None => false,
         },
     }
@@ -237,15 +281,24 @@ fn stack_matches(pats: &[FramePattern], frames: &[LogicalFrame<'_>]) -> bool {
 
 /// Shell-style glob: `*` any run of characters, `?` one character.
 pub fn glob(pattern: &str, text: &str) -> bool {
+    if pattern.is_ascii() && text.is_ascii() {
+        // Bytes are characters: no copy.
+        return glob_units(pattern.as_bytes(), text.as_bytes(), b'?', b'*');
+    }
     let (p, t): (Vec<char>, Vec<char>) = (pattern.chars().collect(), text.chars().collect());
+    glob_units(&p, &t, '?', '*')
+}
+
+/// [`glob`] over characters `p` and `t`, given what `?` and `*` are.
+fn glob_units<T: Copy + PartialEq>(p: &[T], t: &[T], one: T, any: T) -> bool {
     // Iterative with one backtrack point: linear in practice.
     let (mut pi, mut ti) = (0, 0);
     let mut star: Option<(usize, usize)> = None;
     while ti < t.len() {
-        if pi < p.len() && (p[pi] == '?' || p[pi] == t[ti]) {
+        if pi < p.len() && (p[pi] == one || p[pi] == t[ti]) {
             pi += 1;
             ti += 1;
-        } else if pi < p.len() && p[pi] == '*' {
+        } else if pi < p.len() && p[pi] == any {
             star = Some((pi, ti));
             pi += 1;
         } else if let Some((sp, st)) = star {
@@ -256,7 +309,7 @@ pub fn glob(pattern: &str, text: &str) -> bool {
             return false;
         }
     }
-    p[pi..].iter().all(|&c| c == '*')
+    p[pi..].iter().all(|&c| c == any)
 }
 
 /// The first suppression that matches each stack of the trace, by stack
@@ -264,8 +317,8 @@ pub fn glob(pattern: &str, text: &str) -> bool {
 /// suppressed.
 pub(crate) fn match_stacks(
     supps: &[Suppression],
-    stacks: &HashMap<u64, StackRecord>,
-    frames: &HashMap<(u32, u64), FrameRecord>,
+    stacks: &IntMap<u64, StackRecord>,
+    frames: &FrameTable,
 ) -> HashMap<u64, u32> {
     use rayon::prelude::*;
     if supps.is_empty() {
@@ -275,10 +328,10 @@ pub(crate) fn match_stacks(
         .par_iter()
         .filter(|(_, rec)| !rec.kernel)
         .filter_map(|(&id, rec)| {
-            let logical = logical_frames(rec, frames);
+            let mut logical = LogicalFrames::of(rec, frames);
             supps
                 .iter()
-                .position(|s| stack_matches(&s.frames, &logical))
+                .position(|s| matches_from(&s.frames, &mut logical, 0))
                 .map(|i| (id, i as u32))
         })
         .collect()

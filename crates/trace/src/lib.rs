@@ -40,6 +40,7 @@ mod directory;
 pub mod discover;
 pub mod error;
 pub mod events;
+pub mod frame_columns;
 pub mod fsio;
 pub mod lock;
 pub mod losses;
@@ -50,6 +51,7 @@ pub mod writer;
 
 pub use discover::{find_traces, is_trace, FoundTrace};
 pub use error::{describe_io, Error, Result};
+pub use frame_columns::{FrameColumns, FrameRow, InlinedRow};
 pub use lock::TraceLock;
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
 pub use meta::{

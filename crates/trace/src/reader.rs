@@ -21,10 +21,11 @@ use parquet::arrow::arrow_reader::{
 use parquet::arrow::ProjectionMask;
 
 use crate::error::{Error, Result};
+use crate::frame_columns::FrameColumns;
 use crate::meta::Meta;
 use crate::schema::{
-    column_since, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict,
-    StackRecord, Table, TABLE_KEY,
+    column_since, EventKind, FrameRecord, MapRecord, ScanRecord, ScanVerdict, StackRecord, Table,
+    TABLE_KEY,
 };
 
 /// A set of `events` columns to decode.
@@ -513,50 +514,22 @@ impl Trace {
 
     /// Reads the whole `frames` table.
     pub fn frames(&self) -> Result<Vec<FrameRecord>> {
-        let mut out = Vec::new();
+        Ok(self
+            .frame_columns()?
+            .rows()
+            .map(|r| r.to_record())
+            .collect())
+    }
+
+    /// Reads the whole `frames` table, column by column: what
+    /// [`Trace::frames`] reads, without a record per row.
+    pub fn frame_columns(&self) -> Result<FrameColumns> {
+        let mut batches = Vec::new();
         self.for_each_batch(Table::Frames, |b, _| {
-            let pid = b.column(0).as_primitive::<UInt32Type>();
-            let addr = b.column(1).as_primitive::<UInt64Type>();
-            let s = |i: usize| b.column(i).as_string::<i32>();
-            let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>();
-            let u32c = |i: usize| b.column(i).as_primitive::<UInt32Type>();
-            let inl = b.column(10).as_list::<i32>();
-            for i in 0..b.num_rows() {
-                let list = inl.value(i);
-                let st = list.as_struct();
-                let (f0, f1) = (
-                    st.column(0).as_string::<i32>(),
-                    st.column(1).as_string::<i32>(),
-                );
-                let (f2, f3) = (
-                    st.column(2).as_primitive::<UInt32Type>(),
-                    st.column(3).as_primitive::<UInt32Type>(),
-                );
-                let inlined = (0..st.len())
-                    .map(|j| InlinedFrame {
-                        function: f0.value(j).to_string(),
-                        file: opt_str(f1, j),
-                        line: opt_prim(f2, j),
-                        column: opt_prim(f3, j),
-                    })
-                    .collect();
-                out.push(FrameRecord {
-                    pid: pid.value(i),
-                    addr: addr.value(i),
-                    build_id: opt_str(s(2), i),
-                    path: opt_str(s(3), i),
-                    file_offset: opt_prim(u64c(4), i),
-                    function: opt_str(s(5), i),
-                    func_offset: opt_prim(u64c(6), i),
-                    file: opt_str(s(7), i),
-                    line: opt_prim(u32c(8), i),
-                    column: opt_prim(u32c(9), i),
-                    inlined,
-                });
-            }
+            batches.push(b.clone());
             Ok(())
         })?;
-        Ok(out)
+        Ok(FrameColumns::new(&batches))
     }
 
     /// Reads the whole `maps` table.
@@ -674,13 +647,6 @@ impl Trace {
 
 fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
     a.is_valid(i).then(|| a.value(i).to_string())
-}
-
-fn opt_prim<T: arrow_array::ArrowPrimitiveType>(
-    a: &arrow_array::PrimitiveArray<T>,
-    i: usize,
-) -> Option<T::Native> {
-    a.is_valid(i).then(|| a.value(i))
 }
 
 fn corrupt(path: &Path, e: impl std::fmt::Display) -> Error {

@@ -5,6 +5,9 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
+use memleak_trace::StackRecord;
+
+use crate::frame_table::FrameTable;
 use crate::model::{Frame, Report, StackReport};
 
 /// How stacks are matched.
@@ -380,28 +383,104 @@ pub(super) const SEP: &str = " | ";
 /// its id: ids mean nothing across traces.
 pub fn stack_key(s: &StackReport, opts: MatchOptions) -> String {
     let mut key = String::new();
-    if s.kernel {
+    push_stack_head(
+        &mut key,
+        s.kernel,
+        s.truncated,
+        s.frames.is_empty(),
+        s.stack_id,
+    );
+    for (i, f) in s.frames.iter().enumerate() {
+        if i > 0 {
+            key.push_str(SEP);
+        }
+        push_frame_key(&mut key, FrameKeyParts::of(f), inlined_parts(f), opts);
+    }
+    key
+}
+
+/// The [`frame_key`] of every row of a trace's frames table, made in one
+/// pass over the table: a stack's key is then its rows' keys joined, read
+/// from one compact text rather than from each record's strings.
+pub(crate) struct FrameKeys {
+    text: String,
+    /// Where each row's key ends in `text` (it starts where the row
+    /// before ends).
+    ends: Vec<usize>,
+}
+
+impl FrameKeys {
+    pub(crate) fn new(frames: &FrameTable, opts: MatchOptions) -> FrameKeys {
+        let mut text = String::new();
+        let mut ends = Vec::new();
+        for f in frames.rows() {
+            let parts = FrameKeyParts {
+                function: f.function(),
+                file: f.file(),
+                line: f.line(),
+                path: f.path(),
+                file_offset: f.file_offset(),
+            };
+            let inlined = f.inlined().map(|i| (i.function, i.file, i.line));
+            push_frame_key(&mut text, parts, inlined, opts);
+            ends.push(text.len());
+        }
+        FrameKeys { text, ends }
+    }
+
+    fn key(&self, row: usize) -> &str {
+        let start = if row == 0 { 0 } else { self.ends[row - 1] };
+        &self.text[start..self.ends[row]]
+    }
+}
+
+/// Writes to `key` the [`stack_key`] of the stack a report would build
+/// from the trace's records: `rec` is the stack `stack_id` names in the
+/// stacks table (if any), `frames` the trace's frames table and `keys` its
+/// rows' keys. The key is the one of the stack with its frames resolved,
+/// without resolving them.
+pub(crate) fn record_key(
+    key: &mut String,
+    stack_id: u64,
+    rec: Option<&StackRecord>,
+    frames: &FrameTable,
+    keys: &FrameKeys,
+) {
+    let (kernel, truncated) = rec.map_or((false, false), |r| (r.kernel, r.truncated));
+    let addrs: &[u64] = rec.map_or(&[], |r| &r.frames);
+    push_stack_head(key, kernel, truncated, addrs.is_empty(), stack_id);
+    // Kernel frames are symbolized once for all processes, under pid 0.
+    let pid = rec.map_or(0, |r| if r.kernel { 0 } else { r.pid });
+    for (i, addr) in addrs.iter().enumerate() {
+        if i > 0 {
+            key.push_str(SEP);
+        }
+        match frames.row(&(pid, *addr)) {
+            Some(row) => key.push_str(keys.key(row)),
+            // A frame the table lacks: no function, no object.
+            None => key.push_str("[unknown]"),
+        }
+    }
+}
+
+/// What leads a stack's key: whether it is a kernel stack and truncated,
+/// and for a stack without frames, why it has none.
+fn push_stack_head(key: &mut String, kernel: bool, truncated: bool, empty: bool, id: u64) {
+    if kernel {
         key.push_str("[kernel]");
         key.push_str(SEP);
     }
-    if s.truncated {
+    if truncated {
         key.push_str("[truncated]");
         key.push_str(SEP);
     }
-    if s.frames.is_empty() {
-        key.push_str(if s.stack_id == 0 {
+    if empty {
+        key.push_str(if id == 0 {
             "[no stack]"
         } else {
             "[missing stack]"
         });
     }
-    for (i, f) in s.frames.iter().enumerate() {
-        if i > 0 {
-            key.push_str(SEP);
-        }
-        key.push_str(&frame_key(f, opts));
-    }
-    key
 }
 
 /// The identity of a frame across traces:
@@ -419,11 +498,54 @@ pub fn stack_key(s: &StackReport, opts: MatchOptions) -> String {
 ///   different directories on different hosts.
 pub fn frame_key(f: &Frame, opts: MatchOptions) -> String {
     let mut k = String::new();
-    match &f.function {
-        Some(func) => {
-            push_location(&mut k, func, f.file.as_deref(), f.line, opts);
+    push_frame_key(&mut k, FrameKeyParts::of(f), inlined_parts(f), opts);
+    k
+}
+
+/// The fields of a frame its key is made of but its inlined functions,
+/// borrowed from a report's frame or a row of a trace's frames table.
+#[derive(Default, Clone, Copy)]
+struct FrameKeyParts<'a> {
+    function: Option<&'a str>,
+    file: Option<&'a str>,
+    line: Option<u32>,
+    path: Option<&'a str>,
+    file_offset: Option<u64>,
+}
+
+impl<'a> FrameKeyParts<'a> {
+    fn of(f: &'a Frame) -> FrameKeyParts<'a> {
+        FrameKeyParts {
+            function: f.function.as_deref(),
+            file: f.file.as_deref(),
+            line: f.line,
+            path: f.path.as_deref(),
+            file_offset: f.file_offset,
         }
-        None => match (&f.path, f.file_offset) {
+    }
+}
+
+/// A function inlined at a frame, as its key has it: function, file, line.
+type InlinedPart<'a> = (&'a str, Option<&'a str>, Option<u32>);
+
+fn inlined_parts(f: &Frame) -> impl Iterator<Item = InlinedPart<'_>> {
+    f.inlined
+        .iter()
+        .map(|i| (i.function.as_str(), i.file.as_deref(), i.line))
+}
+
+/// Appends the [`frame_key`] of `f` to `k`.
+fn push_frame_key<'a>(
+    k: &mut String,
+    f: FrameKeyParts<'_>,
+    inlined: impl Iterator<Item = InlinedPart<'a>>,
+    opts: MatchOptions,
+) {
+    match f.function {
+        Some(func) => {
+            push_location(k, func, f.file, f.line, opts);
+        }
+        None => match (f.path, f.file_offset) {
             (Some(p), Some(o)) => {
                 let _ = write!(k, "[{}+0x{o:x}]", basename(p));
             }
@@ -433,11 +555,10 @@ pub fn frame_key(f: &Frame, opts: MatchOptions) -> String {
             (None, _) => k.push_str("[unknown]"),
         },
     }
-    for inl in &f.inlined {
+    for (function, file, line) in inlined {
         k.push_str(" <- ");
-        push_location(&mut k, &inl.function, inl.file.as_deref(), inl.line, opts);
+        push_location(k, function, file, line, opts);
     }
-    k
 }
 
 fn push_location(
@@ -458,7 +579,7 @@ fn push_location(
 }
 
 fn basename(p: &str) -> &str {
-    p.rsplit('/').next().unwrap_or(p)
+    p.rfind('/').map_or(p, |i| &p[i + 1..])
 }
 
 /// Suffixes gcc and clang give the copies of a function they make:

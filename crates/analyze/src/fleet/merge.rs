@@ -4,9 +4,11 @@
 //! ([`TracePart`]), then added to the [`Merger`], which holds one entry per
 //! key whatever the number of traces.
 
+use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
 
-use crate::diff::{stack_key, MatchOptions};
+use crate::analysis::Tables;
+use crate::diff::{record_key, stack_key, FrameKeys, MatchOptions};
 use crate::growth::{Growth, Timeline};
 use crate::histogram::SizeCount;
 use crate::model::{LeakSummary, Report, StackReport, Summary, SuppressedTotals};
@@ -22,16 +24,49 @@ pub struct TracePart {
     summary: Summary,
     timeline: Option<Timeline>,
     stacks: Vec<(String, StackReport)>,
+    /// The tables the stacks' frames are resolved from, when the report
+    /// left them unresolved: only a stack that becomes its key's
+    /// representative needs its frames.
+    tables: Option<Tables>,
 }
 
 impl TracePart {
     /// Reduces `report`, of the trace at `index` in the report's order,
     /// whose identity is `totals` (its figures are filled in here).
-    pub fn new(
+    pub fn new(index: usize, totals: TraceTotals, report: Report, opts: MatchOptions) -> TracePart {
+        TracePart::keyed(index, totals, report, None, |st| stack_key(st, opts))
+    }
+
+    /// Like [`TracePart::new`] for a report whose stacks were left without
+    /// their frames, with the tables they resolve from
+    /// ([`analyze_trace_unresolved`](crate::analysis::analyze_trace_unresolved)).
+    pub(crate) fn unresolved(
+        index: usize,
+        totals: TraceTotals,
+        report: Report,
+        tables: Tables,
+        opts: MatchOptions,
+    ) -> TracePart {
+        let keys = FrameKeys::new(&tables.frames, opts);
+        // Each key is written to one buffer, then copied at its length.
+        let mut buf = String::new();
+        let key = |st: &StackReport| {
+            buf.clear();
+            let rec = tables.stacks.get(&st.stack_id);
+            record_key(&mut buf, st.stack_id, rec, &tables.frames, &keys);
+            buf.as_str().to_owned()
+        };
+        let mut part = TracePart::keyed(index, totals, report, None, key);
+        part.tables = Some(tables);
+        part
+    }
+
+    fn keyed(
         index: usize,
         mut totals: TraceTotals,
         report: Report,
-        opts: MatchOptions,
+        tables: Option<Tables>,
+        mut key: impl FnMut(&StackReport) -> String,
     ) -> TracePart {
         let Report {
             summary,
@@ -49,16 +84,14 @@ impl TracePart {
         totals.stacks = s.outstanding_stacks;
         totals.peak_bytes = s.peak_bytes;
         totals.scans = s.leak.as_ref().map_or(0, |l| l.scans.len() as u64);
-        let stacks = stacks
-            .into_iter()
-            .map(|st| (stack_key(&st, opts), st))
-            .collect();
+        let stacks = stacks.into_iter().map(|st| (key(&st), st)).collect();
         TracePart {
             index,
             totals,
             summary,
             timeline,
             stacks,
+            tables,
         }
     }
 }
@@ -108,12 +141,19 @@ impl Merger {
     /// Adds a trace's part. Parts may come in any order: the result is
     /// the same.
     pub fn add(&mut self, part: TracePart) {
+        drop(self.add_part(part));
+    }
+
+    /// [`Merger::add`], returning what is left of the part (its tables),
+    /// for the caller to free outside its lock.
+    pub(crate) fn add_part(&mut self, part: TracePart) -> Option<Tables> {
         let TracePart {
             index,
             totals,
             summary: s,
             timeline,
             stacks,
+            tables,
         } = part;
         self.add_summary(index, &s);
         if let Some(t) = timeline {
@@ -126,9 +166,10 @@ impl Merger {
             self.unscanned.1 += s.outstanding_allocations;
         }
         for (key, st) in stacks {
-            self.add_stack(index, key, st, has_verdicts);
+            self.add_stack(index, key, st, has_verdicts, tables.as_ref());
         }
         self.traces[index] = Some(totals);
+        tables
     }
 
     fn add_summary(&mut self, index: usize, s: &Summary) {
@@ -212,34 +253,57 @@ impl Merger {
         }
     }
 
-    fn add_stack(&mut self, index: usize, key: String, st: StackReport, has_verdicts: bool) {
+    fn add_stack(
+        &mut self,
+        index: usize,
+        key: String,
+        mut st: StackReport,
+        has_verdicts: bool,
+        tables: Option<&Tables>,
+    ) {
         let rep = (st.bytes, index);
         let better = |old: (u64, usize)| rep.0 > old.0 || (rep.0 == old.0 && rep.1 < old.1);
-        let samples = st.growth.as_ref().map(|g| g.samples.clone());
-        let m = self.keys.entry(key).or_insert_with(|| Merged {
-            stack: StackReport {
-                stack_id: st.stack_id,
-                pid: st.pid,
-                kernel: st.kernel,
-                truncated: st.truncated,
-                known: st.known,
-                frames: st.frames.clone(),
-                contents: st.contents.clone(),
-                ..Default::default()
-            },
-            rep,
-            samples: Vec::new(),
-            held: Vec::new(),
-            scanned: (0, 0),
-        });
-        if better(m.rep) {
-            m.rep = rep;
-            m.stack.stack_id = st.stack_id;
-            m.stack.pid = st.pid;
-            m.stack.known = st.known;
-            m.stack.frames = st.frames;
-            m.stack.contents = st.contents;
-        }
+        let samples = st.growth.take().map(|g| g.samples);
+        // The frames of the stack that represents its key: resolved from
+        // the tables when the report left them out.
+        let frames_of = |st: &mut StackReport| match tables {
+            Some(t) => t
+                .stacks
+                .get(&st.stack_id)
+                .map(|r| crate::stacks::resolve_frames(r, &t.frames))
+                .unwrap_or_default(),
+            None => std::mem::take(&mut st.frames),
+        };
+        let m = match self.keys.entry(key) {
+            Entry::Vacant(v) => v.insert(Merged {
+                stack: StackReport {
+                    stack_id: st.stack_id,
+                    pid: st.pid,
+                    kernel: st.kernel,
+                    truncated: st.truncated,
+                    known: st.known,
+                    frames: frames_of(&mut st),
+                    contents: std::mem::take(&mut st.contents),
+                    ..Default::default()
+                },
+                rep,
+                samples: Vec::new(),
+                held: Vec::new(),
+                scanned: (0, 0),
+            }),
+            Entry::Occupied(o) => {
+                let m = o.into_mut();
+                if better(m.rep) {
+                    m.rep = rep;
+                    m.stack.stack_id = st.stack_id;
+                    m.stack.pid = st.pid;
+                    m.stack.known = st.known;
+                    m.stack.frames = frames_of(&mut st);
+                    m.stack.contents = std::mem::take(&mut st.contents);
+                }
+                m
+            }
+        };
         let t = &mut m.stack;
         t.bytes += st.bytes;
         t.count += st.count;

@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use memleak_trace::{Meta, Trace};
 
-use crate::analysis::{analyze_trace, AnalyzeOptions};
+use crate::analysis::{analyze_trace_unresolved, AnalyzeOptions};
 use crate::diff::MatchOptions;
 use crate::model::Report;
 
@@ -96,10 +96,15 @@ where
         let totals = identify(source, trace.meta());
         // In the pool, as a single trace's analysis runs: its waits help
         // with the pool's work rather than spin.
-        let report = rayon::scope(|_| analyze_trace(&trace, &aopts, progress))?;
+        let (report, tables) =
+            rayon::scope(|_| analyze_trace_unresolved(&trace, &aopts, progress))?;
         drop(trace);
-        let part = TracePart::new(i, totals, report, opts.matching);
-        crate::pool::lock_pool(&merger).add(part);
+        // Stacks are keyed from the tables; only the stacks that come to
+        // represent their key are given frames, by the merger.
+        let part = TracePart::unresolved(i, totals, report, tables, opts.matching);
+        let tables = crate::pool::lock_pool(&merger).add_part(part);
+        // Freed outside the lock: tens of thousands of small strings.
+        drop(tables);
         Ok(())
     };
     std::thread::scope(|s| {
