@@ -17,7 +17,6 @@ Examples:
   memleak record -p 1234 -d 30s -o t.parquet          # attach to a running process for 30 s
   memleak record -p 1234 5                            # bcc's habit: top stacks every 5 s (Ctrl-C to stop)
   memleak record -p 1234 --capture inject -d 30s     # from inside it: a twentieth of the probes' cost
-  memleak record --sample 512k -- ./server            # cheap enough to leave on: a byte-weighted sample
   memleak analyze t.parquet                           # then: what is still allocated, by stack
 
 Coming from bcc memleak: -o is the trace here; bcc's -o (older than) is `analyze --older-than`,

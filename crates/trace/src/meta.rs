@@ -292,14 +292,6 @@ impl Sampling {
         let count = whole as u64 + u64::from(u < w - whole);
         (bytes, count)
     }
-
-    /// Whether events of `kind` were sampled (the heap's), or all
-    /// recorded (mappings, and kernel events, which --sample does not
-    /// reach).
-    pub fn samples(kind: crate::EventKind) -> bool {
-        use crate::EventKind as K;
-        !matches!(kind, K::Mmap | K::Munmap | K::Mremap) && !kind.is_kernel()
-    }
 }
 
 /// `unwind` in `meta.json`: the walks of user stacks by how they ended,
