@@ -78,8 +78,8 @@ pub struct RecordArgs {
     /// tcmalloc's and jemalloc's heap profilers do. An allocation not
     /// sampled costs the agent a subtraction and a branch; the reports
     /// scale what was recorded into estimates and say so. Needs the agent
-    /// (a command memleak starts: --capture preload or auto), and leaves
-    /// out the leak scan at exit. SIZE from 1k to 1G, e.g. `--sample 512k`.
+    /// (a command memleak starts: --capture preload or auto; -p with
+    /// --capture inject), and leaves out the leak scan at exit. SIZE from 1k to 1G, e.g. `--sample 512k`.
     #[arg(help_heading = "What to record", long, value_name = "SIZE", value_parser = parse_sample)]
     pub sample: Option<u64>,
     /// Allocator library to probe instead of the target's libc.
