@@ -2239,8 +2239,11 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 			if (base + ph->p_vaddr + ph->p_memsz > hi)
 				hi = base + ph->p_vaddr + ph->p_memsz;
 		} else if (ph->p_type == PT_GNU_RELRO) {
+			/* The pages ld.so made read-only: its end rounded down,
+			 * as ld.so rounds it (the page it ends in holds writable
+			 * data after it, and stays writable). */
 			relro_lo = (base + ph->p_vaddr) & ~4095ull;
-			relro_hi = (base + ph->p_vaddr + ph->p_memsz + 4095) & ~4095ull;
+			relro_hi = (base + ph->p_vaddr + ph->p_memsz) & ~4095ull;
 		}
 	}
 	if (!dyn)
