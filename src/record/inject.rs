@@ -62,18 +62,28 @@ pub fn attach(
 
 /// Puts the call sites of the agent in `pid` back. A failure is said,
 /// not fatal: the recording is kept, and the agent, told to stop, only
-/// passes the calls through.
-pub fn detach(pid: u32, verbose: bool) {
+/// passes the calls through. Returns a note for the trace when the
+/// recording of the process ended before the detach.
+pub fn detach(pid: u32, verbose: bool) -> Option<String> {
     let started = Instant::now();
     match inject::detach(pid, Agent::image()) {
-        Ok(n) if verbose => say!(
+        Ok(Some(n)) if verbose => say!(
             "memleak: agent detached from process {pid}: {n} call sites restored in {:.1} ms",
             started.elapsed().as_secs_f64() * 1e3
         ),
-        Ok(_) => {}
+        Ok(Some(_)) => {}
+        Ok(None) => {
+            let note = format!(
+                "process {pid} executed another program during the recording: the agent \
+                 went with the old one, and its allocations end at the exec"
+            );
+            say!("memleak: note: {note}");
+            return Some(note);
+        }
         Err(e) => say!(
             "memleak: warning: the agent could not be detached from process {pid} ({e}): \
              it stays, recording nothing"
         ),
     }
+    None
 }

@@ -729,7 +729,9 @@ fn record(
     // runs on at its old speed, and nothing more comes into the ring.
     if let (true, Target::Pids(pids)) = (injected, &target) {
         for &pid in pids.iter().filter(|&&p| process_alive(p)) {
-            super::inject::detach(pid, args.verbose);
+            if let Some(note) = super::inject::detach(pid, args.verbose) {
+                recorder.borrow_mut().meta_mut().notes.push(note);
+            }
         }
     }
     if let Some(a) = &agent {

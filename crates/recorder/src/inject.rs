@@ -879,11 +879,13 @@ pub fn attach<T>(
 }
 
 /// Puts the call sites of the agent in `pid` back: it records nothing
-/// more, and costs nothing more. The number of sites restored.
-pub fn detach(pid: u32, agent_so: &[u8]) -> Result<u64, InjectError> {
+/// more, and costs nothing more. The number of sites restored, or None
+/// when the agent is no longer in the process (it executed another
+/// program, which the agent does not follow).
+pub fn detach(pid: u32, agent_so: &[u8]) -> Result<Option<u64>, InjectError> {
     let process = Process::inspect(pid)?;
     let Some(base) = process.agent else {
-        return err(format!("process {pid} has no agent"));
+        return Ok(None);
     };
     let mut t = Stopped::at_safe_point(&process, Some(Duration::from_secs(1)))?;
     let detach = agent_function(agent_so, base, "memleak_detach")?;
@@ -895,5 +897,5 @@ pub fn detach(pid: u32, agent_so: &[u8]) -> Result<u64, InjectError> {
             io::Error::from_raw_os_error(-n as i32)
         ));
     }
-    Ok(n as u64)
+    Ok(Some(n as u64))
 }
