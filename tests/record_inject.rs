@@ -186,7 +186,8 @@ fn inject_records_exactly_the_leaks_made_after_the_attach() {
 /// Four threads allocating without pause, attached to: the leak made on
 /// each thread after the attach is exact (40 Nodes from leak_node), the
 /// only other outstanding blocks are at most one churned block per
-/// thread (allocated just before the detach, freed just after); while
+/// thread (allocated just before the detach, freed just after), and one
+/// per record lost when the recording stopped; while
 /// attached the program's own call site reaches the agent, after it libc
 /// again; and the threads make a million more allocations before the
 /// program exits 0.
@@ -247,7 +248,14 @@ fn inject_into_a_multithreaded_cxx_program() {
     let (bytes, count, names) = leak.expect("the leak_node stack");
     assert_eq!((bytes, count), (40 * 64, 40), "{names:?}");
     assert!(names.iter().any(|n| n.starts_with("worker")), "{names:?}");
-    assert!(churned <= 4, "{churned} churned blocks outstanding");
+    // A writer waiting for room in a full ring when the recording stops
+    // loses its record (counted): a lost free leaves one more block.
+    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    let lost: u64 = meta.counters.lost.values().sum();
+    assert!(
+        churned <= 4 + lost,
+        "{churned} churned blocks outstanding, {lost} records lost"
+    );
 }
 
 /// A running python3 leaking through ctypes (malloc looked up after the
