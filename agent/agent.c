@@ -176,24 +176,35 @@ static u64 ts_of_raw(const struct timespec *t)
 extern char **environ;
 static char agent_entry[128]; /* our LD_PRELOAD entry */
 
+/* The path ld.so loaded us by, or NULL; `link` gets what it links to
+ * (the name of the memfd behind it), or "". */
+static const char *self_link(char *link, size_t len)
+{
+	Dl_info info;
+	ssize_t n;
+
+	link[0] = 0;
+	if (!dladdr((void *)self_link, &info) || !info.dli_fname)
+		return NULL;
+	n = readlink(info.dli_fname, link, len - 1);
+	link[n > 0 ? n : 0] = 0;
+	return info.dli_fname;
+}
+
 /* Finds the path ld.so loaded us by, and the shared memory's spec
  * ("FD:PATH") from the name of the memfd behind it. */
 static int find_self(char *spec, size_t len)
 {
-	Dl_info info;
 	char link[256];
+	const char *path = self_link(link, sizeof(link));
 	const char *at, *slash;
-	ssize_t n;
 	long fd;
 
-	if (!dladdr((void *)find_self, &info) || !info.dli_fname ||
-	    strlen(info.dli_fname) >= sizeof(agent_entry))
+	if (!path || strlen(path) >= sizeof(agent_entry))
 		return 0;
-	strcpy(agent_entry, info.dli_fname);
-	n = readlink(agent_entry, link, sizeof(link) - 1);
-	if (n <= 0)
+	strcpy(agent_entry, path);
+	if (!link[0])
 		return 0;
-	link[n] = 0;
 	at = strstr(link, MLA_NAME);
 	slash = strrchr(agent_entry, '/');
 	if (!at || !slash)
@@ -2107,17 +2118,9 @@ DELETE(_ZdaPvSt11align_val_tRKSt9nothrow_t, MK_DELETE_ARRAY, (void *p, u64 b, u6
 
 static int loaded_for_inject(void)
 {
-	Dl_info info;
 	char link[256];
-	ssize_t n;
 
-	if (!dladdr((void *)loaded_for_inject, &info) || !info.dli_fname)
-		return 0;
-	n = readlink(info.dli_fname, link, sizeof(link) - 1);
-	if (n <= 0)
-		return 0;
-	link[n] = 0;
-	return strstr(link, INJECT_NAME) != NULL;
+	return self_link(link, sizeof(link)) && strstr(link, INJECT_NAME) != NULL;
 }
 
 /* The functions whose call sites are patched: the allocator entry
@@ -2183,11 +2186,12 @@ static void *inject_dlsym(void *h, const char *name)
 static void resolve_hooks(void)
 {
 	Dl_info info;
-	void *me_h;
+	void *me_h = NULL;
 
-	if (!my_base && dladdr((void *)resolve_hooks, &info))
+	if (dladdr((void *)resolve_hooks, &info)) {
 		my_base = (u64)info.dli_fbase;
-	me_h = dladdr((void *)resolve_hooks, &info) ? dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD) : NULL;
+		me_h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+	}
 	if (!real_dlsym)
 		real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
 	hook_named("dlsym")->mine = real_dlsym ? (void *)inject_dlsym : NULL;

@@ -74,9 +74,12 @@ impl Target {
         line["count ".len()..].parse().unwrap()
     }
 
-    /// Waits for the program's exit; its status code.
-    fn exit_code(mut self) -> Option<i32> {
-        self.child.wait().unwrap().code()
+    /// Sends `cmd`, after which the program says "done" and exits: with
+    /// status 0.
+    fn end_with(mut self, cmd: &str) {
+        self.send(cmd);
+        self.expect("done");
+        assert_eq!(self.child.wait().unwrap().code(), Some(0));
     }
 }
 
@@ -170,9 +173,7 @@ fn inject_records_exactly_the_leaks_made_after_the_attach() {
     target.ask("go", "leaked");
     let err = rec.finish();
     assert!(err.contains("call sites restored"), "{err}");
-    target.send("more");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("more");
 
     let report = check_trace(&fx, &trace, &["outstanding"]);
     assert_eq!(
@@ -214,9 +215,7 @@ fn inject_into_a_multithreaded_cxx_program() {
     while target.count() < from + 1_000_000 {
         std::thread::sleep(Duration::from_millis(10));
     }
-    target.send("quit");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("quit");
 
     let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
     let fn_names = |s: &memleak_analyze::model::StackReport| -> Vec<String> {
@@ -290,9 +289,7 @@ fn inject_into_a_running_python3() {
     let rec = Recording::start(target.pid(), &trace, &[]);
     target.ask("go", "leaked");
     rec.finish();
-    target.send("more");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("more");
 
     let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
     let found = report.stacks.iter().find(|s| {
@@ -401,9 +398,7 @@ fn attach_and_detach_200_times() {
         "allocations per second before the cycles {before}, after {after} ({:+.1} %)",
         (after as f64 / before as f64 - 1.0) * 100.0
     );
-    target.send("quit");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("quit");
 }
 
 /// What cannot be injected is refused with one line naming
@@ -506,9 +501,7 @@ fn inject_samples_with_sample() {
     }
     rec.finish();
     let made = target.count() - from;
-    target.send("quit");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("quit");
     let t = memleak_trace::Trace::open(&trace).unwrap();
     let meta = t.meta().clone();
     assert_eq!(meta.sampling.map(|s| s.mean_bytes), Some(512 << 10));
@@ -548,9 +541,7 @@ fn a_second_inject_recording_is_refused() {
     assert!(!dir.path().join("second").exists());
     target.ask("go", "leaked");
     rec.finish();
-    target.send("more");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("more");
     check_trace(&fx, &trace, &["outstanding"]);
 }
 
@@ -570,9 +561,7 @@ fn inject_patches_a_library_loaded_later() {
     let lib = fixtures_dir().join("libleaky.so");
     target.ask(&format!("dl {}", lib.display()), "dl done");
     rec.finish();
-    target.send("quit");
-    target.expect("done");
-    assert_eq!(target.exit_code(), Some(0));
+    target.end_with("quit");
     let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
     let leaky: Vec<(u64, u64)> = report
         .stacks

@@ -37,11 +37,10 @@ use std::fs;
 use std::io;
 use std::os::fd::{FromRawFd, OwnedFd};
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use crate::elf::ElfFile;
-use crate::procmaps::{read_maps, Mapping};
+use crate::procmaps::{read_maps, resolve_in_process, Mapping};
 use crate::unwind::{self as uw, ObjectMap, UnwindCache};
 
 /// The name of the agent's memfd in an injected process (agent.c,
@@ -176,12 +175,6 @@ fn in_ranges(ranges: &[(u64, u64)], a: u64) -> bool {
     ranges.iter().any(|&(lo, hi)| a >= lo && a < hi)
 }
 
-/// The file a mapping's path names, seen from here (the process may have
-/// another root).
-fn host_path(pid: u32, path: &str) -> PathBuf {
-    PathBuf::from(format!("/proc/{pid}/root{path}"))
-}
-
 /// An object's load address: where its first byte is mapped.
 fn base_of(maps: &[Mapping], path: &str) -> Option<u64> {
     maps.iter()
@@ -246,7 +239,7 @@ impl Process {
         };
         let libc_base = base_of(&maps, &libc_path)
             .ok_or_else(|| InjectError(format!("process {pid}: libc's first page")))?;
-        let libc = ElfFile::open(&host_path(pid, &libc_path))
+        let libc = ElfFile::open(&resolve_in_process(pid, &libc_path))
             .or_else(|e| err(format!("process {pid}: reading {libc_path}: {e}")))?;
         let func = |name: &str| -> Result<u64, InjectError> {
             libc.lookup_function(name)
@@ -268,7 +261,7 @@ impl Process {
             if p == libc_path || p == ld || !p.starts_with('/') || !seen.insert(p.to_string()) {
                 continue;
             }
-            let defines_malloc = ElfFile::open(&host_path(pid, p)).is_ok_and(|e| {
+            let defines_malloc = ElfFile::open(&resolve_in_process(pid, p)).is_ok_and(|e| {
                 e.function_symbols()
                     .any(|s| s.dynamic && s.name == "malloc")
             });
@@ -722,11 +715,8 @@ impl Drop for Stopped<'_> {
 
 /// The process's threads, those asleep first.
 fn threads(pid: u32) -> Vec<i32> {
-    let mut tids: Vec<(bool, i32)> = fs::read_dir(format!("/proc/{pid}/task"))
+    let mut tids: Vec<(bool, i32)> = crate::scan::stop::threads_of(pid)
         .into_iter()
-        .flatten()
-        .flatten()
-        .filter_map(|e| e.file_name().to_str()?.parse::<i32>().ok())
         .map(|tid| {
             let asleep = fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
                 .ok()
@@ -735,7 +725,7 @@ fn threads(pid: u32) -> Vec<i32> {
                     s[after + 1..].split_whitespace().next().map(|st| st == "S")
                 })
                 .unwrap_or(false);
-            (!asleep, tid)
+            (!asleep, tid as i32)
         })
         .collect();
     tids.sort_unstable();

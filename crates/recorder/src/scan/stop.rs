@@ -88,7 +88,8 @@ pub struct Stopped {
     resumed: bool,
 }
 
-fn threads_of(pid: u32) -> Vec<u32> {
+/// The threads of `pid`, by id.
+pub(crate) fn threads_of(pid: u32) -> Vec<u32> {
     let mut v: Vec<u32> = std::fs::read_dir(format!("/proc/{pid}/task"))
         .into_iter()
         .flatten()
