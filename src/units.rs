@@ -178,7 +178,10 @@ pub fn human_change(delta: i64) -> String {
 #[cfg_attr(not(feature = "bpf"), allow(dead_code))] // record only
 pub fn human_duration(d: Duration) -> String {
     let ns = d.as_nanos();
-    if ns < 1_000_000 {
+    if ns < 1_000 {
+        // The recorder's CPU per event: "0 us" said nothing.
+        format!("{ns} ns")
+    } else if ns < 1_000_000 {
         format!("{} us", ns / 1000)
     } else if ns < 1_000_000_000 {
         format!("{:.1} ms", ns as f64 / 1e6)
@@ -203,6 +206,7 @@ mod tests {
         assert_eq!(human_change(1536), "+1.5 KiB");
         assert_eq!(human_change(0), "0 B");
         assert_eq!(human_duration(Duration::from_micros(850)), "850 us");
+        assert_eq!(human_duration(Duration::from_nanos(97)), "97 ns");
         assert_eq!(human_duration(Duration::from_millis(1620)), "1.62 s");
         assert_eq!(human_duration(Duration::from_secs(185)), "3m05s");
     }

@@ -43,6 +43,18 @@ fn reported(stdout: &[u8]) -> Vec<(String, u64, u64)> {
 
 #[test]
 fn a_command_is_scanned_at_exit_with_a_verdict_per_block() {
+    scanned_at_exit(false);
+}
+
+/// The same, with the recorder's replay of the outstanding blocks sent
+/// no batch (as when it falls behind under load): the scan has it catch
+/// up from the trace's files, and the verdicts are the same.
+#[test]
+fn a_scan_whose_replay_fell_behind_catches_up_from_the_files() {
+    scanned_at_exit(true);
+}
+
+fn scanned_at_exit(behind: bool) {
     if !common::can_record() || !common::has_tool("cc") {
         return;
     }
@@ -51,8 +63,11 @@ fn a_command_is_scanned_at_exit_with_a_verdict_per_block() {
     let trace = dir.path().join("t.parquet");
     let out = {
         let _guard = recording_guard(false);
-        memleak()
-            .args(["record", "--scan-contents", "8", "-o"])
+        let mut cmd = memleak();
+        if behind {
+            cmd.env("MEMLEAK_TEST_FOLLOW_BEHIND", "1");
+        }
+        cmd.args(["record", "--scan-contents", "8", "-o"])
             .arg(&trace)
             .arg("--")
             .arg(&exe)

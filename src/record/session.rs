@@ -391,6 +391,21 @@ fn record(
         recorder.set_page_frames(base, size);
     }
     recorder.meta_mut().pids = pids.clone();
+    // The leak scans: at the command's exit, or of each process at the
+    // end with -p --scan. A sampled recording is not scanned: a pointer
+    // held in an unsampled block cannot be followed.
+    let scans = !args.no_scan && !args.count_only && args.sample.is_none();
+    let child_pid = match &target {
+        Target::Child(c) => c.pid,
+        _ => 0,
+    };
+    let scan_at_exit = child_pid != 0 && scans;
+    let scan_pids = matches!(target, Target::Pids(_)) && args.scan;
+    // What they scan for is followed from the start.
+    let follower = match scan_at_exit || scan_pids {
+        true => Some(scan::Follower::start(&mut recorder)?),
+        false => None,
+    };
     // Whoever analyzes the trace must know what was not recorded.
     recorder.meta_mut().notes = notes;
     for &pid in &pids {
@@ -478,10 +493,6 @@ fn record(
         Ok(())
     };
 
-    let child_pid = match &target {
-        Target::Child(c) => c.pid,
-        _ => 0,
-    };
     let mut on_fork = |pid: u32| -> Result<()> {
         // The new process is held stopped: its probes go in before its
         // first instruction.
@@ -536,9 +547,6 @@ fn record(
     };
 
     // The leak scan at the command's exit (on_stop has drained the ring).
-    // A sampled recording is not scanned: a pointer held in an unsampled
-    // block cannot be followed.
-    let scan_at_exit = child_pid != 0 && !args.no_scan && !args.count_only && args.sample.is_none();
     let scan_lines: RefCell<Vec<String>> = RefCell::new(Vec::new());
     let contents = args.scan_contents as usize;
     let mut on_exit = || -> Result<()> {
@@ -554,7 +562,7 @@ fn record(
             return scan::record_failure(&mut rec, child_pid, why);
         }
         let stopped = Stopped::traced(child_pid);
-        let line = match scan::scan_into(&mut rec, stopped, contents)? {
+        let line = match scan::scan_into(&mut rec, follower.as_ref(), stopped, contents)? {
             Ok(line) => line,
             Err(why) => format!("memleak: warning: scan of pid {child_pid} failed: {why}"),
         };
@@ -696,7 +704,7 @@ fn record(
     // -p --scan: stop each process, take the events it made up to then,
     // scan, let it go: an allocation between the last drain and the stop
     // is in the trace, and none can follow before the scan.
-    if let (Target::Pids(pids), true) = (&target, args.scan) {
+    if let (Target::Pids(pids), true) = (&target, scan_pids) {
         for &pid in pids {
             if !process_alive(pid) {
                 let why = format!("process {pid} exited before the scan");
@@ -713,10 +721,12 @@ fn record(
             }
             let mut rec = recorder.borrow_mut();
             let line = match stopped {
-                Ok(stopped) => match scan::scan_into(&mut rec, stopped, contents)? {
-                    Ok(line) => line,
-                    Err(why) => format!("memleak: warning: scan of pid {pid} failed: {why}"),
-                },
+                Ok(stopped) => {
+                    match scan::scan_into(&mut rec, follower.as_ref(), stopped, contents)? {
+                        Ok(line) => line,
+                        Err(why) => format!("memleak: warning: scan of pid {pid} failed: {why}"),
+                    }
+                }
                 Err(e) => {
                     scan::record_failure(&mut rec, pid, e.to_string())?;
                     format!("memleak: warning: scan of pid {pid} failed: {e}")

@@ -527,6 +527,22 @@ impl Recorder {
         self.writer.rotate()
     }
 
+    /// Hands every batch of events to `tap` too, as they are written
+    /// ([`TraceWriter::tap_events`]).
+    pub fn tap_events(&mut self, tap: memleak_trace::writer::EventsTap) {
+        self.writer.tap_events(tap);
+    }
+
+    /// Hands the events handled so far to the tap ([`tap_events`](Self::tap_events)).
+    pub fn flush_events(&mut self) -> memleak_trace::Result<()> {
+        self.writer.flush_events()
+    }
+
+    /// Events written so far: the row number the next one will have.
+    pub fn events_written(&self) -> u64 {
+        self.writer.events_written()
+    }
+
     /// The trace directory being written.
     pub fn trace_path(&self) -> &std::path::Path {
         self.writer.path()

@@ -50,6 +50,8 @@
 //! * `partition.rs`: the two replay engines and a partition's state, with
 //!   the per-process state in `process.rs`;
 //! * `peak.rs`: the live total and its peaks across partitions;
+//! * `live.rs`: a replay fed rows as they are recorded, for the
+//!   recorder's leak scan;
 //! * `types.rs`: the public options and results, re-exported here.
 
 use std::time::Instant;
@@ -63,6 +65,7 @@ mod allocated;
 mod counts;
 mod ctx;
 mod decoded;
+mod live;
 mod packed;
 mod partition;
 mod peak;
@@ -77,6 +80,7 @@ pub use allocated::AllocatedTotals;
 pub use counts::Anomalies;
 use ctx::Ctx;
 use decoded::{Decoded, Mode};
+pub use live::LiveReplay;
 use partition::Partition;
 use peak::LiveTotal;
 use pipeline::{decode_in_order, timed, Timing};

@@ -105,10 +105,10 @@ pub(super) fn count_allocations(
     let every = n == 0 || f.selects_every_allocation(b.ts[0], b.ts[n - 1]);
     let none = &mut Packed::default();
     match (f.has_pids(), every) {
-        (false, true) => count_rows::<false, false, false>(b, ctx, kinds, acc, temps, none),
-        (false, false) => count_rows::<false, true, false>(b, ctx, kinds, acc, temps, none),
-        (true, true) => count_rows::<true, false, false>(b, ctx, kinds, acc, temps, none),
-        (true, false) => count_rows::<true, true, false>(b, ctx, kinds, acc, temps, none),
+        (false, true) => count_rows::<false, false, false, true>(b, ctx, kinds, acc, temps, none),
+        (false, false) => count_rows::<false, true, false, true>(b, ctx, kinds, acc, temps, none),
+        (true, true) => count_rows::<true, false, false, true>(b, ctx, kinds, acc, temps, none),
+        (true, false) => count_rows::<true, true, false, true>(b, ctx, kinds, acc, temps, none),
     }
 }
 
@@ -128,10 +128,28 @@ pub(super) fn pack(
     // A realloc makes two operations.
     out.ops.reserve(2 * n);
     match (f.has_pids(), every) {
-        (false, true) => count_rows::<false, false, true>(b, ctx, kinds, acc, temps, out),
-        (false, false) => count_rows::<false, true, true>(b, ctx, kinds, acc, temps, out),
-        (true, true) => count_rows::<true, false, true>(b, ctx, kinds, acc, temps, out),
-        (true, false) => count_rows::<true, true, true>(b, ctx, kinds, acc, temps, out),
+        (false, true) => count_rows::<false, false, true, true>(b, ctx, kinds, acc, temps, out),
+        (false, false) => count_rows::<false, true, true, true>(b, ctx, kinds, acc, temps, out),
+        (true, true) => count_rows::<true, false, true, true>(b, ctx, kinds, acc, temps, out),
+        (true, false) => count_rows::<true, true, true, true>(b, ctx, kinds, acc, temps, out),
+    }
+}
+
+/// [`pack`] without the counting: the operations alone, for a replay
+/// that wants only the outstanding blocks
+/// ([`LiveReplay`](super::LiveReplay)).
+pub(super) fn pack_only(b: Slices<'_>, ctx: &Ctx<'_>, out: &mut Packed) {
+    let mut kinds = [0u64; 256];
+    let mut acc = Allocated::new(0);
+    let mut temps = TempScan::new(0, Default::default());
+    out.ops.reserve(2 * b.kind.len());
+    match ctx.filter.has_pids() {
+        false => {
+            count_rows::<false, false, true, false>(b, ctx, &mut kinds, &mut acc, &mut temps, out)
+        }
+        true => {
+            count_rows::<true, false, true, false>(b, ctx, &mut kinds, &mut acc, &mut temps, out)
+        }
     }
 }
 
@@ -141,9 +159,10 @@ pub(super) fn pack(
 /// `PACK` it also appends to `out` the operations a single-partition
 /// replay makes for the rows (see [`Packed`]): none for a row of a kind
 /// or process the filter drops, or an allocation or free of address 0.
-/// `out.ops` must have room for two operations a row.
+/// `out.ops` must have room for two operations a row. Without `COUNT`
+/// it packs only, and leaves `kinds`, `acc` and `temps` alone.
 #[inline(always)]
-fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
+fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool, const COUNT: bool>(
     b: Slices<'_>,
     ctx: &Ctx<'_>,
     kinds: &mut [u64; 256],
@@ -157,7 +176,7 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     let spare = &mut out.ops.spare_capacity_mut()[..if PACK { 2 * n } else { 0 }];
     let mut len = 0usize;
     for i in 0..n {
-        if let Some(&s) = b.stack_id.get(i + STACK_AHEAD) {
+        if let (true, Some(&s)) = (COUNT, b.stack_id.get(i + STACK_AHEAD)) {
             acc.totals.prefetch(s);
             temps.prefetch(b.addr[i + STACK_AHEAD]);
         }
@@ -165,7 +184,6 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
         // hardware to stream that column.
         crate::table::prefetch(b.old_addr.as_ptr().wrapping_add(i + OLD_AHEAD) as *const u8);
         let kind = b.kind[i] as usize;
-        kinds[kind] += 1;
         let class = ctx.alloc_class[kind];
         let (addr, size) = (b.addr[i], b.size[i]);
         let mut yes = (class != NOT_ALLOC) & (addr != 0) & ((class != MAP_ALLOC) | (size != 0));
@@ -173,50 +191,9 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
         // every row when packing, else for allocations alone.
         let sel = !(BY_PID && (PACK || yes)) || f.pid_selected(b.pid[i]);
         yes &= sel;
-        acc.allocations += yes as u64;
-        acc.bytes += size & 0u64.wrapping_sub(yes as u64);
-        let counted = if BY_SIZE_TIME {
-            yes & f.alloc_selected(size, b.ts[i])
-        } else {
-            yes
-        };
         let stack = b.stack_id[i];
-        acc.totals.add_if(stack, size, counted);
-        acc.sizes.add_if(size, counted);
-        let heap = ctx.heap[kind];
-        if let (Some(s), true) = (
-            ctx.sampling,
-            yes & (heap == HEAP_ALLOC || heap == HEAP_REALLOC),
-        ) {
-            // What a sampled allocation stands for beyond itself.
-            let (bytes, n) = s.scaled(size, addr, b.ts[i]);
-            let (extra, more) = (n - 1, bytes - size);
-            acc.allocations += extra;
-            acc.bytes += more;
-            if counted {
-                acc.totals.add_scaled(stack, size, extra, more);
-                acc.sizes.add_scaled(size, extra, more);
-            }
-        }
-        if heap != 0 {
-            let (tid, ts) = (b.tid[i], b.ts[i]);
-            if heap == HEAP_ALLOC {
-                if addr != 0 {
-                    temps.alloc(tid, addr, ts, stack, counted);
-                }
-            } else if heap == HEAP_FREE {
-                if addr != 0 {
-                    temps.free(tid, addr, ts, acc);
-                }
-            } else if heap == HEAP_REALLOC {
-                let old = b.old_addr[i];
-                if realloc_frees(old, addr, size) {
-                    temps.free(tid, old, ts, acc);
-                }
-                if addr != 0 {
-                    temps.alloc(tid, addr, ts, stack, counted);
-                }
-            }
+        if COUNT {
+            count_row::<BY_SIZE_TIME>(b, i, ctx, kinds, acc, temps, yes, stack);
         }
         if PACK {
             let c = ctx.code_of[kind];
@@ -270,5 +247,70 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool>(
     if PACK {
         // SAFETY: the first `len` spare slots were written above.
         unsafe { out.ops.set_len(base + len) };
+    }
+}
+
+/// The counting of row `i` by [`count_rows`]: its kind, the allocation
+/// (`yes`: an allocation the process filter selects) in `acc`, and the
+/// scan for temporary allocations.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+fn count_row<const BY_SIZE_TIME: bool>(
+    b: Slices<'_>,
+    i: usize,
+    ctx: &Ctx<'_>,
+    kinds: &mut [u64; 256],
+    acc: &mut Allocated,
+    temps: &mut TempScan,
+    yes: bool,
+    stack: u64,
+) {
+    let f = ctx.filter;
+    let kind = b.kind[i] as usize;
+    let (addr, size) = (b.addr[i], b.size[i]);
+    kinds[kind] += 1;
+    acc.allocations += yes as u64;
+    acc.bytes += size & 0u64.wrapping_sub(yes as u64);
+    let counted = if BY_SIZE_TIME {
+        yes & f.alloc_selected(size, b.ts[i])
+    } else {
+        yes
+    };
+    acc.totals.add_if(stack, size, counted);
+    acc.sizes.add_if(size, counted);
+    let heap = ctx.heap[kind];
+    if let (Some(s), true) = (
+        ctx.sampling,
+        yes & (heap == HEAP_ALLOC || heap == HEAP_REALLOC),
+    ) {
+        // What a sampled allocation stands for beyond itself.
+        let (bytes, n) = s.scaled(size, addr, b.ts[i]);
+        let (extra, more) = (n - 1, bytes - size);
+        acc.allocations += extra;
+        acc.bytes += more;
+        if counted {
+            acc.totals.add_scaled(stack, size, extra, more);
+            acc.sizes.add_scaled(size, extra, more);
+        }
+    }
+    if heap != 0 {
+        let (tid, ts) = (b.tid[i], b.ts[i]);
+        if heap == HEAP_ALLOC {
+            if addr != 0 {
+                temps.alloc(tid, addr, ts, stack, counted);
+            }
+        } else if heap == HEAP_FREE {
+            if addr != 0 {
+                temps.free(tid, addr, ts, acc);
+            }
+        } else if heap == HEAP_REALLOC {
+            let old = b.old_addr[i];
+            if realloc_frees(old, addr, size) {
+                temps.free(tid, old, ts, acc);
+            }
+            if addr != 0 {
+                temps.alloc(tid, addr, ts, stack, counted);
+            }
+        }
     }
 }

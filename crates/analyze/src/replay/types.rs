@@ -172,76 +172,7 @@ impl Replay {
         init: impl Fn() -> T + Sync,
         fold: impl Fn(&mut T, &OutstandingBlock) + Sync,
     ) -> Vec<T> {
-        let pid_of = |st: &PidState| {
-            if st.pid >= PAGE_PID {
-                None
-            } else {
-                Some(st.pid)
-            }
-        };
-        // The blocks a process holds, and those it no longer holds.
-        fn table(st: &PidState, gone: bool) -> Option<&BlockTable> {
-            match gone {
-                false => Some(&st.blocks),
-                true => st.gone.as_ref().map(|g| &g.blocks),
-            }
-        }
-        // (partition, state, whether its `gone` table, piece);
-        // `usize::MAX` for the mappings.
-        let mut work = Vec::new();
-        for (i, p) in self.partitions.iter().enumerate() {
-            work.push((i, usize::MAX, false, 0));
-            for (s, st) in p.pids.iter().enumerate() {
-                for gone in [false, true] {
-                    if let Some(t) = table(st, gone) {
-                        for piece in 0..t.pieces(FOLD_SLOTS) {
-                            work.push((i, s, gone, piece));
-                        }
-                    }
-                }
-            }
-        }
-        work.par_iter()
-            .map(|&(i, s, gone, piece)| {
-                let mut acc = init();
-                let p = &self.partitions[i];
-                if s != usize::MAX {
-                    let st = &p.pids[s];
-                    let pid = pid_of(st);
-                    let t = table(st, gone).expect("listed above");
-                    for (addr, b) in t.piece(piece, FOLD_SLOTS) {
-                        let o = OutstandingBlock {
-                            pid,
-                            addr,
-                            size: b.size,
-                            ts: b.ts,
-                            stack: b.stack,
-                            mapping: None,
-                            inherited: b.ts < st.born_ts,
-                        };
-                        fold(&mut acc, &o);
-                    }
-                    return acc;
-                }
-                for st in &p.pids {
-                    let pid = pid_of(st);
-                    let gone = st.gone.as_ref().map(|g| g.ranges.iter());
-                    for (start, r) in st.ranges.iter().chain(gone.into_iter().flatten()) {
-                        let o = OutstandingBlock {
-                            pid,
-                            addr: start,
-                            size: r.end - start,
-                            ts: r.ts,
-                            stack: r.stack,
-                            mapping: Some(r.origin),
-                            inherited: r.ts < st.born_ts,
-                        };
-                        fold(&mut acc, &o);
-                    }
-                }
-                acc
-            })
-            .collect()
+        fold_partitions(&self.partitions, init, fold)
     }
 
     /// The sizes of the allocations the filter selects.
@@ -269,3 +200,82 @@ impl Replay {
 /// Slots of a block table folded by one task of
 /// [`Replay::fold_outstanding`] (2 MiB).
 const FOLD_SLOTS: usize = 1 << 16;
+
+/// [`Replay::fold_outstanding`] over the partitions of a replay, finished
+/// or still going ([`LiveReplay`](super::LiveReplay)).
+pub(super) fn fold_partitions<T: Send>(
+    partitions: &[Partition],
+    init: impl Fn() -> T + Sync,
+    fold: impl Fn(&mut T, &OutstandingBlock) + Sync,
+) -> Vec<T> {
+    let pid_of = |st: &PidState| {
+        if st.pid >= PAGE_PID {
+            None
+        } else {
+            Some(st.pid)
+        }
+    };
+    // The blocks a process holds, and those it no longer holds.
+    fn table(st: &PidState, gone: bool) -> Option<&BlockTable> {
+        match gone {
+            false => Some(&st.blocks),
+            true => st.gone.as_ref().map(|g| &g.blocks),
+        }
+    }
+    // (partition, state, whether its `gone` table, piece);
+    // `usize::MAX` for the mappings.
+    let mut work = Vec::new();
+    for (i, p) in partitions.iter().enumerate() {
+        work.push((i, usize::MAX, false, 0));
+        for (s, st) in p.pids.iter().enumerate() {
+            for gone in [false, true] {
+                if let Some(t) = table(st, gone) {
+                    for piece in 0..t.pieces(FOLD_SLOTS) {
+                        work.push((i, s, gone, piece));
+                    }
+                }
+            }
+        }
+    }
+    work.par_iter()
+        .map(|&(i, s, gone, piece)| {
+            let mut acc = init();
+            let p = &partitions[i];
+            if s != usize::MAX {
+                let st = &p.pids[s];
+                let pid = pid_of(st);
+                let t = table(st, gone).expect("listed above");
+                for (addr, b) in t.piece(piece, FOLD_SLOTS) {
+                    let o = OutstandingBlock {
+                        pid,
+                        addr,
+                        size: b.size,
+                        ts: b.ts,
+                        stack: b.stack,
+                        mapping: None,
+                        inherited: b.ts < st.born_ts,
+                    };
+                    fold(&mut acc, &o);
+                }
+                return acc;
+            }
+            for st in &p.pids {
+                let pid = pid_of(st);
+                let gone = st.gone.as_ref().map(|g| g.ranges.iter());
+                for (start, r) in st.ranges.iter().chain(gone.into_iter().flatten()) {
+                    let o = OutstandingBlock {
+                        pid,
+                        addr: start,
+                        size: r.end - start,
+                        ts: r.ts,
+                        stack: r.stack,
+                        mapping: Some(r.origin),
+                        inherited: r.ts < st.born_ts,
+                    };
+                    fold(&mut acc, &o);
+                }
+            }
+            acc
+        })
+        .collect()
+}

@@ -39,16 +39,16 @@ pub const UNKNOWN_KIND: u8 = 255;
 /// The columns of one row group that replay reads. Nulls are 0.
 #[derive(Default)]
 pub struct Columns {
-    rows: usize,
-    ts: Vec<u64>,
-    pid: Vec<u32>,
-    tid: Vec<u32>,
-    kind: Vec<u8>,
-    addr: Vec<u64>,
-    size: Vec<u64>,
-    old_addr: Vec<u64>,
-    stack_id: Vec<u64>,
-    old_size: Vec<u64>,
+    pub(crate) rows: usize,
+    pub(crate) ts: Vec<u64>,
+    pub(crate) pid: Vec<u32>,
+    pub(crate) tid: Vec<u32>,
+    pub(crate) kind: Vec<u8>,
+    pub(crate) addr: Vec<u64>,
+    pub(crate) size: Vec<u64>,
+    pub(crate) old_addr: Vec<u64>,
+    pub(crate) stack_id: Vec<u64>,
+    pub(crate) old_size: Vec<u64>,
 }
 
 /// Borrowed slices of [`Columns`].

@@ -12,7 +12,13 @@ use arrow_array::{
 };
 
 use super::rows::Rows;
+use crate::events::Columns;
 use crate::schema::{Event, EventKind, Table};
+
+/// Where [`TraceWriter::tap_events`](super::TraceWriter::tap_events)
+/// sends each batch: its rows as [`Columns`], which the tap may swap for
+/// other (spare) columns to keep them.
+pub type EventsTap = Box<dyn FnMut(&mut Columns) + Send>;
 
 /// A nullable u64 column, kept sparse while rows arrive: only the
 /// present values, with their row numbers. `old_addr` and `old_size` are
@@ -79,6 +85,8 @@ pub(super) struct EventRows {
     seq: Vec<u64>,
     /// The `seq` of the next event: rows written so far, in every segment.
     next_seq: u64,
+    /// The tap, and the columns it is handed each batch in.
+    tap: Option<(EventsTap, Columns)>,
 }
 
 impl EventRows {
@@ -96,7 +104,41 @@ impl EventRows {
             stack_id: OptU64::new(),
             seq: Vec::with_capacity(capacity),
             next_seq: 0,
+            tap: None,
         }
+    }
+
+    pub(super) fn set_tap(&mut self, tap: EventsTap) {
+        self.tap = Some((tap, Columns::default()));
+    }
+
+    /// Copies the buffered rows into `out`, dense: a null is 0, and the
+    /// kind is its code.
+    fn copy_to(&self, out: &mut Columns) {
+        let rows = self.ts.len();
+        fn dense(to: &mut Vec<u64>, from: &OptU64, rows: usize) {
+            to.clear();
+            to.resize(rows, 0);
+            for &(row, v) in &from.present {
+                to[row as usize] = v;
+            }
+        }
+        fn copy<T: Copy>(to: &mut Vec<T>, from: &[T]) {
+            to.clear();
+            to.extend_from_slice(from);
+        }
+        out.rows = rows;
+        copy(&mut out.ts, &self.ts);
+        copy(&mut out.pid, &self.pid);
+        copy(&mut out.tid, &self.tid);
+        out.kind.clear();
+        out.kind
+            .extend(self.kind.iter().map(|&k| EventKind::ALL[k as usize] as u8));
+        copy(&mut out.addr, &self.addr);
+        copy(&mut out.size, &self.size);
+        dense(&mut out.old_addr, &self.old_addr, rows);
+        dense(&mut out.stack_id, &self.stack_id, rows);
+        dense(&mut out.old_size, &self.old_size, rows);
     }
 
     #[inline]
@@ -141,6 +183,11 @@ impl Rows for EventRows {
 
     fn take_batch(&mut self) -> RecordBatch {
         use std::mem::take;
+        if let Some((mut tap, mut cols)) = self.tap.take() {
+            self.copy_to(&mut cols);
+            tap(&mut cols);
+            self.tap = Some((tap, cols));
+        }
         let rows = self.ts.len();
         let kinds = DictionaryArray::<Int8Type>::try_new(
             Int8Array::from(take(&mut self.kind)),

@@ -43,6 +43,7 @@ use rows::{FrameRows, MapRows, Rows, ScanRows, StackRows};
 use segments::{in_progress, merge_segments, segment_name, TableSegments};
 
 pub use crate::directory::remove_trace;
+pub use event_rows::EventsTap;
 pub use options::WriterOptions;
 
 /// Writes a trace directory.
@@ -183,6 +184,24 @@ impl TraceWriter {
         self.kind_counts[ev.kind as u8 as usize] += 1;
         self.events_written += 1;
         if self.events.rows.len() >= self.events_drain_at {
+            self.drain_events()?;
+        }
+        Ok(())
+    }
+
+    /// Hands every batch of events to `tap` as well, when it goes to the
+    /// Parquet writer, in the order the rows are written: a reader in the
+    /// same process (the recorder's leak scan) then follows the events
+    /// without reading the files back. [`flush_events`](Self::flush_events)
+    /// hands over the rows buffered so far.
+    pub fn tap_events(&mut self, tap: EventsTap) {
+        self.events.rows.set_tap(tap);
+    }
+
+    /// Hands the buffered events to the segment being written (and to the
+    /// tap), without a checkpoint.
+    pub fn flush_events(&mut self) -> Result<()> {
+        if self.events.rows.len() > 0 {
             self.drain_events()?;
         }
         Ok(())
