@@ -236,6 +236,24 @@ impl Rows for EventRows {
         reuse(&mut self.stack_id.values, stack_id, cap);
         reuse(&mut self.seq, seq, cap);
     }
+
+    fn reserve(&mut self) {
+        self.reserve_all();
+    }
+}
+
+impl EventRows {
+    /// Room for a batch in vectors emptied by `take_batch`.
+    fn reserve_all(&mut self) {
+        let cap = self.capacity;
+        reuse(&mut self.ts, None::<PrimitiveArray<UInt64Type>>, cap);
+        reuse(&mut self.pid, None::<PrimitiveArray<UInt32Type>>, cap);
+        reuse(&mut self.tid, None::<PrimitiveArray<UInt32Type>>, cap);
+        reuse(&mut self.kind, None::<PrimitiveArray<Int8Type>>, cap);
+        reuse(&mut self.addr, None::<PrimitiveArray<UInt64Type>>, cap);
+        reuse(&mut self.size, None::<PrimitiveArray<UInt64Type>>, cap);
+        reuse(&mut self.seq, None::<PrimitiveArray<UInt64Type>>, cap);
+    }
 }
 
 /// Makes `v` (empty after `take_batch`) the vector behind `array` if

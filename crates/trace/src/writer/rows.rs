@@ -21,6 +21,9 @@ pub(super) trait Rows {
     /// it, so the next batch reuses warm pages instead of faulting in
     /// fresh ones.
     fn recycle(&mut self, _batch: RecordBatch) {}
+    /// The batch went to a writer that keeps it for a while (the events
+    /// encoder's thread): the buffer makes room for the next one anew.
+    fn reserve(&mut self) {}
 }
 
 pub(super) struct StackRows {

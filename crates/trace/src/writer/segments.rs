@@ -6,12 +6,16 @@
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
+use std::thread::JoinHandle;
 
 use arrow_array::RecordBatch;
 use bytes::Bytes;
 use parquet::arrow::ArrowWriter;
 use parquet::column::writer::ColumnCloseResult;
+use parquet::errors::ParquetError;
 use parquet::file::metadata::{ParquetMetaData, ParquetMetaDataReader};
 use parquet::file::properties::WriterProperties;
 use parquet::file::writer::SerializedFileWriter;
@@ -27,8 +31,9 @@ use crate::schema::Table;
 enum SegmentFile {
     /// Every table but `events`.
     Arrow(Box<ArrowWriter<SegmentSink>>),
-    /// `events`, whose `kind` column is encoded by memleak.
-    Events(Box<EventsFile>),
+    /// `events`, whose columns are encoded by memleak, on a thread of its
+    /// own.
+    Events(EventsEncoder),
 }
 
 impl SegmentFile {
@@ -38,7 +43,9 @@ impl SegmentFile {
         props: WriterProperties,
     ) -> parquet::errors::Result<Self> {
         Ok(match table {
-            Table::Events => SegmentFile::Events(Box::new(EventsFile::try_new(file, props)?)),
+            Table::Events => {
+                SegmentFile::Events(EventsEncoder::spawn(EventsFile::try_new(file, props)?)?)
+            }
             _ => SegmentFile::Arrow(Box::new(ArrowWriter::try_new(
                 file,
                 table.schema(),
@@ -47,9 +54,11 @@ impl SegmentFile {
         })
     }
 
-    fn write(&mut self, batch: &RecordBatch) -> parquet::errors::Result<()> {
+    /// Writes `batch`; returns a batch the writer is done with, for its
+    /// memory to be reused, if there is one.
+    fn write(&mut self, batch: RecordBatch) -> parquet::errors::Result<Option<RecordBatch>> {
         match self {
-            SegmentFile::Arrow(w) => w.write(batch),
+            SegmentFile::Arrow(w) => w.write(&batch).map(|()| Some(batch)),
             SegmentFile::Events(w) => w.write(batch),
         }
     }
@@ -58,8 +67,89 @@ impl SegmentFile {
     fn into_inner(self) -> parquet::errors::Result<SegmentSink> {
         match self {
             SegmentFile::Arrow(w) => w.into_inner(),
-            SegmentFile::Events(w) => w.into_inner(),
+            SegmentFile::Events(w) => w.finish(),
         }
+    }
+}
+
+/// The events segment's encoder, on a thread of its own: the recorder's
+/// thread hands it each batch and goes back to draining events. Encoding
+/// was a quarter of that thread's time, which bounded how many events a
+/// second it could take from a program (recorders of other tools, such
+/// as heaptrack's, write from another process too). One batch waits at
+/// most while another is encoded; encoded batches come back for their
+/// memory to be reused. An error stops the encoding; the next write, or
+/// the segment's close, returns it.
+struct EventsEncoder {
+    batches: Option<SyncSender<RecordBatch>>,
+    spent: Receiver<RecordBatch>,
+    failed: Arc<AtomicBool>,
+    thread: Option<JoinHandle<parquet::errors::Result<SegmentSink>>>,
+}
+
+impl EventsEncoder {
+    fn spawn(file: EventsFile) -> parquet::errors::Result<Self> {
+        let (batches, queued) = sync_channel::<RecordBatch>(1);
+        let (done, spent) = channel();
+        let failed = Arc::new(AtomicBool::new(false));
+        let flag = failed.clone();
+        let thread = std::thread::Builder::new()
+            .name("memleak-encode".into())
+            .spawn(move || {
+                let mut file = file;
+                for batch in queued {
+                    if let Err(e) = file.write(&batch) {
+                        flag.store(true, Ordering::Release);
+                        return Err(e);
+                    }
+                    let _ = done.send(batch);
+                }
+                file.into_inner()
+            })
+            .map_err(|e| ParquetError::External(Box::new(e)))?;
+        Ok(EventsEncoder {
+            batches: Some(batches),
+            spent,
+            failed,
+            thread: Some(thread),
+        })
+    }
+
+    fn write(&mut self, batch: RecordBatch) -> parquet::errors::Result<Option<RecordBatch>> {
+        let sent = match (&self.batches, self.failed.load(Ordering::Acquire)) {
+            (Some(tx), false) => tx.send(batch).is_ok(),
+            _ => false,
+        };
+        if !sent {
+            // It failed: its error, now.
+            return Err(self
+                .join()
+                .err()
+                .unwrap_or_else(|| ParquetError::General("the events encoder stopped".into())));
+        }
+        Ok(self.spent.try_recv().ok())
+    }
+
+    fn finish(mut self) -> parquet::errors::Result<SegmentSink> {
+        self.join()
+    }
+
+    /// Ends the thread (once) and returns what it returned.
+    fn join(&mut self) -> parquet::errors::Result<SegmentSink> {
+        self.batches = None;
+        match self.thread.take().map(JoinHandle::join) {
+            Some(Ok(r)) => r,
+            Some(Err(_)) => Err(ParquetError::General("the events encoder panicked".into())),
+            None => Err(ParquetError::General("the events encoder stopped".into())),
+        }
+    }
+}
+
+impl Drop for EventsEncoder {
+    fn drop(&mut self) {
+        // A writer dropped without closing its segment (an error): the
+        // thread ends with the channel, and is waited for.
+        let _ = self.join();
     }
 }
 
@@ -133,10 +223,13 @@ impl<R: Rows> TableSegments<R> {
         let batch = self.rows.take_batch();
         self.rows_in_segment += batch.num_rows();
         let (writer, path) = self.open.as_mut().expect("opened above");
-        writer
-            .write(&batch)
+        let spent = writer
+            .write(batch)
             .map_err(|e| Error::parquet_write(path, e))?;
-        self.rows.recycle(batch);
+        match spent {
+            Some(batch) => self.rows.recycle(batch),
+            None => self.rows.reserve(),
+        }
         Ok(())
     }
 
