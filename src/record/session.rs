@@ -23,7 +23,8 @@ use super::live_report::LiveReport;
 use super::probes::{self, ProbeConfig, Probes};
 use super::scan;
 use super::signals::{
-    self, catch_stop_signals, catch_suspend_signals, Stopping, Suspending, DEFAULT_KILL_AFTER,
+    self, catch_child_events, catch_stop_signals, catch_suspend_signals, sleep_unless_child_event,
+    Stopping, Suspending, DEFAULT_KILL_AFTER,
 };
 use super::status::Status;
 use super::summary;
@@ -467,14 +468,30 @@ fn record(
     // Drains the probe's ring (waiting up to `timeout` for it), then the
     // agent's; `last`: the command is gone, a record it left half-written
     // is skipped.
+    // A command's threads wait for us at each of their ptrace stops.
+    let child_events = matches!(target, Target::Child(_));
+    if child_events {
+        catch_child_events();
+    }
     let drain = |timeout: Duration, last: bool| -> Result<()> {
         let Some(a) = &agent else {
-            return probes::drain(&rb, timeout);
+            return match child_events {
+                true => sleep_unless_child_event(timeout, |t| probes::drain(&rb, t)),
+                false => probes::drain(&rb, timeout),
+            };
         };
         // The agents wake us when the ring fills; the probe's ring has
         // lifecycle events only, which can wait for the poll.
         if !timeout.is_zero() {
-            a.borrow().shared.wait(timeout);
+            let wait = |t: Duration| {
+                if !t.is_zero() {
+                    a.borrow().shared.wait(t);
+                }
+            };
+            match child_events {
+                true => sleep_unless_child_event(timeout, wait),
+                false => wait(timeout),
+            }
         }
         probes::drain(&rb, Duration::ZERO)?;
         let mut rec = recorder.borrow_mut();

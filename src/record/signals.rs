@@ -47,6 +47,55 @@ pub(super) fn catch_stop_signals() {
     catch(&[libc::SIGINT, libc::SIGTERM], on_signal);
 }
 
+/// A SIGCHLD came (a traced thread stopped or exited) since the recorder
+/// last slept.
+static CHILD_EVENT: AtomicBool = AtomicBool::new(false);
+
+extern "C" fn on_child(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_void) {
+    CHILD_EVENT.store(true, Ordering::SeqCst);
+}
+
+/// Makes a traced thread's stop or exit end the recorder's sleep between
+/// drains ([`sleep_unless_child_event`]). The thread stays stopped until
+/// the recorder handles the stop: a new thread, a thread's exit, the exit
+/// of the command waited up to a poll interval (10 ms) each, which made a
+/// program that starts and ends 4 threads take 40 to 70 ms longer.
+/// SIGCHLD is caught, and blocked in this thread (and the threads it
+/// starts after) except while it sleeps. Call it after the command is
+/// started: the command must not inherit the blocked signal.
+pub(super) fn catch_child_events() {
+    catch(&[libc::SIGCHLD], on_child);
+    child_signal(libc::SIG_BLOCK);
+}
+
+fn child_signal(how: libc::c_int) {
+    // SAFETY: a signal set on the stack, filled before use.
+    unsafe {
+        let mut set: libc::sigset_t = std::mem::zeroed();
+        libc::sigemptyset(&mut set);
+        libc::sigaddset(&mut set, libc::SIGCHLD);
+        libc::pthread_sigmask(how, &set, std::ptr::null_mut());
+    }
+}
+
+/// Runs `sleep` with SIGCHLD unblocked, so that a traced thread's stop
+/// interrupts it (EINTR: futex and epoll waits end on a caught signal
+/// whatever SA_RESTART says), or with `Duration::ZERO` if one came since
+/// the last sleep.
+pub(super) fn sleep_unless_child_event<T>(
+    timeout: Duration,
+    sleep: impl FnOnce(Duration) -> T,
+) -> T {
+    child_signal(libc::SIG_UNBLOCK);
+    let timeout = match CHILD_EVENT.swap(false, Ordering::SeqCst) {
+        true => Duration::ZERO,
+        false => timeout,
+    };
+    let r = sleep(timeout);
+    child_signal(libc::SIG_BLOCK);
+    r
+}
+
 /// A stop signal (SIGTSTP, SIGTTIN, SIGTTOU) memleak received while it
 /// records a command, not yet acted on; 0 if none.
 static SUSPEND: AtomicI32 = AtomicI32::new(0);
