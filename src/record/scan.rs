@@ -66,10 +66,9 @@ fn blocks_of(
 /// the outstanding blocks of every process (about 40 bytes each) for the
 /// recording's length.
 ///
-/// The replay runs on CPU time nothing else wants (SCHED_IDLE): the
-/// recorder's own thread and the traced program come first. At normal
-/// priority it took their time, and a recording took as long as with the
-/// replay at the end. The recorder never waits for it: when
+/// The replay runs at a low priority ([`FOLLOWER_NICE`]): the recorder's
+/// own thread and the traced program come first. The recorder never
+/// waits for it: when
 /// [`BACKLOG`] batches wait, it stops sending them, and the next scan
 /// has the replay catch up from the trace's files, at normal priority, as
 /// the scan used to do from the start.
@@ -108,7 +107,7 @@ impl Follower {
             .spawn(move || {
                 // SAFETY: gettid has no preconditions.
                 its_tid.store(unsafe { libc::gettid() }, Relaxed);
-                set_idle(0, true);
+                set_nice(0, FOLLOWER_NICE);
                 let filter = Filter::default().resolve(0);
                 let mut live = LiveReplay::new(&filter);
                 for m in rx {
@@ -181,7 +180,7 @@ impl Follower {
         // priority from the start (and 0 would name this thread).
         let tid = self.tid.load(Relaxed);
         if tid != 0 {
-            set_idle(tid, false);
+            set_nice(tid, 0);
         }
         let (reply, answer) = channel();
         let asked = self.tx.send(Msg::Blocks {
@@ -195,7 +194,7 @@ impl Follower {
             Err(_) => None,
         };
         if tid != 0 {
-            set_idle(tid, true);
+            set_nice(tid, FOLLOWER_NICE);
         }
         let blocks = blocks.ok_or_else(|| anyhow::anyhow!("the replay thread is gone"))?;
         // Caught up: batches go to it again. Else it catches up at the
@@ -207,19 +206,19 @@ impl Follower {
     }
 }
 
-/// Puts thread `tid` (0: the calling one) on SCHED_IDLE, or back to
-/// normal.
-/// A failure leaves it as it was: only the speed differs.
-fn set_idle(tid: i32, idle: bool) {
-    let param = libc::sched_param { sched_priority: 0 };
-    let policy = if idle {
-        libc::SCHED_IDLE
-    } else {
-        libc::SCHED_OTHER
-    };
-    // SAFETY: a system call with a valid parameter; a stale tid fails
-    // with ESRCH.
-    unsafe { libc::sched_setscheduler(tid, policy, &param) };
+/// The replay thread's nice value while it follows. At 10 it gets about
+/// a tenth of a CPU that the program and the recorder keep busy, more
+/// than the replay needs (about 15 ns an event against the recorder's
+/// 100). On SCHED_IDLE it got nothing while a program's threads kept both
+/// CPUs busy, and the scan at exit waited 15-60 ms for it to catch up.
+const FOLLOWER_NICE: i32 = 10;
+
+/// Sets the nice value of thread `tid` (0: the calling one). A failure
+/// (raising a thread's priority takes CAP_SYS_NICE) leaves it as it was:
+/// only the speed differs.
+fn set_nice(tid: i32, nice: i32) {
+    // SAFETY: a system call on a thread id; a stale one fails with ESRCH.
+    unsafe { libc::setpriority(libc::PRIO_PROCESS, tid as libc::id_t, nice) };
 }
 
 fn trace_verdict(v: Verdict) -> ScanVerdict {
