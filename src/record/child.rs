@@ -50,6 +50,19 @@ impl Drop for Child {
     fn drop(&mut self) {
         if !self.exited && !self.detached {
             self.signal(libc::SIGKILL);
+            // SIGKILL does not end a ptrace stop at exit (PTRACE_EVENT_EXIT):
+            // a command held there for the scan when the recording failed
+            // stayed there, and memleak waited for it for ever. Let go of
+            // its threads; those in such a stop then finish exiting.
+            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid));
+            for tid in tasks
+                .into_iter()
+                .flatten()
+                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+            {
+                // SAFETY: detaching a thread we may trace; ESRCH otherwise.
+                unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+            }
             // SAFETY: our own child.
             unsafe {
                 let mut status = 0;
@@ -674,5 +687,47 @@ impl Child {
     /// again nor waited for when this is dropped.
     pub fn abandon(&mut self) {
         self.detached = true;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A recording that fails while the command is held at its exit stop
+    /// (the scan's moment) drops the command: SIGKILL alone leaves it in
+    /// that stop, and the drop waited for it for ever.
+    #[test]
+    fn a_command_held_at_its_exit_stop_is_let_go_when_dropped() {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let mut c = Child::spawn(&["/bin/true".to_string()], false, None, &[]).unwrap();
+            c.release(false, &mut || Ok(())).unwrap();
+            let pid = c.pid;
+            let failed = loop {
+                let r = c.poll(
+                    &mut || Ok(()),
+                    &mut || anyhow::bail!("the scan failed"),
+                    &mut |_| Ok(()),
+                    &mut |_| Ok(()),
+                );
+                if let Err(e) = r {
+                    break e;
+                }
+                std::thread::sleep(Duration::from_millis(1));
+            };
+            assert_eq!(failed.to_string(), "the scan failed");
+            let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
+            assert!(state.contains(") t "), "held at its exit stop: {state}");
+            drop(c);
+            done.send(pid).unwrap();
+        });
+        let pid = finished
+            .recv_timeout(Duration::from_secs(20))
+            .expect("dropping the command returned");
+        assert!(
+            !std::path::Path::new(&format!("/proc/{pid}")).exists(),
+            "the command was reaped"
+        );
     }
 }
