@@ -222,14 +222,32 @@ impl MapsCache {
 }
 
 /// The path through which our process can open a file of `pid`'s mount
-/// namespace, falling back to the plain path.
+/// namespace, falling back to the plain path. The plain path when the
+/// process sees the files we see (same mount namespace, same root): a
+/// path through `/proc/PID/root` dies with the process, and a frame of a
+/// short-lived process (a forked child) symbolized a moment after it
+/// exited lost its source lines.
 pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
+    if sees_our_files(pid) {
+        return PathBuf::from(path);
+    }
     let via_root = PathBuf::from(format!("/proc/{pid}/root{path}"));
     if via_root.exists() {
         via_root
     } else {
         PathBuf::from(path)
     }
+}
+
+/// Whether `pid` has our mount namespace and our root directory.
+fn sees_our_files(pid: u32) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
+    let (ns, root) = (
+        id(&format!("/proc/{pid}/ns/mnt")),
+        id(&format!("/proc/{pid}/root")),
+    );
+    ns.is_some() && root.is_some() && ns == id("/proc/self/ns/mnt") && root == id("/")
 }
 
 /// Reads the GNU build id of an ELF file, as lowercase hex.
