@@ -33,6 +33,7 @@ use super::unwinder::Unwinder;
 use crate::exit_status::Exit;
 use crate::units::{format_duration, format_size};
 use memleak_recorder::scan::Stopped;
+use memleak_recorder::symbolize::FrameSymbolizer;
 
 /// The advice after a recording whose ring buffer filled: record again
 /// with one 4 times as large (at most the largest), as `--ring-size`
@@ -248,11 +249,18 @@ fn record(
     // Unwind tables, for user-space targets: the objects' rows are built
     // while the BPF program loads.
     let has_user_targets = !args.pid.is_empty() || !argv.is_empty();
-    let unwinder = (cfg.unwind.uses_rows() && has_user_targets && !args.count_only).then(|| {
+    let prefetch = match has_user_targets && !args.count_only {
+        true => prefetch_paths(&args.pid, &argv),
+        false => Vec::new(),
+    };
+    let unwinder = (cfg.unwind.uses_rows() && !prefetch.is_empty()).then(|| {
         let u = Unwinder::start();
-        u.prefetch(prefetch_paths(&args.pid, &argv));
+        u.prefetch(prefetch.clone());
         u
     });
+    // And their symbols (libc's DWARF alone takes 35 ms to parse).
+    let symbolizer = FrameSymbolizer::default();
+    symbolizer.prewarm(prefetch);
     let agent_cfg = memleak_recorder::agent::Config {
         ring_bytes: u64::from(args.ring_size),
         min_size: args.min_size,
@@ -387,6 +395,7 @@ fn record(
 
     let status_line = !args.quiet && std::io::stderr().is_terminal();
     let mut recorder = Recorder::new(writer, status_line || args.interval().is_some());
+    recorder.set_symbolizer(symbolizer);
     recorder.set_sampling(args.sample.map(|mean_bytes| Sampling { mean_bytes }));
     if let Some((base, size)) = page_frames {
         recorder.set_page_frames(base, size);

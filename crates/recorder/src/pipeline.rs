@@ -543,6 +543,12 @@ impl Recorder {
         self.writer.events_written()
     }
 
+    /// Symbolizes with `symbolizer` (one [`FrameSymbolizer::prewarm`]ed
+    /// while the recording was set up).
+    pub fn set_symbolizer(&mut self, symbolizer: FrameSymbolizer) {
+        self.symbolizer = symbolizer;
+    }
+
     /// The trace directory being written.
     pub fn trace_path(&self) -> &std::path::Path {
         self.writer.path()

@@ -18,6 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::mpsc::{channel, Sender};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
@@ -42,14 +43,81 @@ pub struct PendingFrame {
     pub function: Option<FunctionSym>,
 }
 
-/// Turns pending frames into `frames` rows, in batches per object.
+/// Turns pending frames into `frames` rows, in batches per object, on a
+/// thread of its own. The first lookup in an object parses its DWARF,
+/// all of it: for Debian's libc (libc6-dbg, compressed sections) 35 ms,
+/// during which the recorder's thread, which asks, handled nothing and
+/// the command waited at its next ptrace stop. [`prewarm`](Self::prewarm)
+/// has the thread parse the objects a recording will need while the BPF
+/// program loads. (blazesym's symbolizer cannot move between threads:
+/// it stays on this one.)
 pub struct FrameSymbolizer {
-    symbolizer: Symbolizer,
+    requests: Sender<Request>,
+}
+
+enum Request {
+    Prewarm(Vec<PathBuf>),
+    Symbolize(Vec<PendingFrame>, Sender<Vec<FrameRecord>>),
 }
 
 impl Default for FrameSymbolizer {
     fn default() -> Self {
-        FrameSymbolizer {
+        let (requests, todo) = channel::<Request>();
+        let spawned = std::thread::Builder::new()
+            .name("memleak-symbols".into())
+            .spawn(move || {
+                let blaze = Blaze::default();
+                for r in todo {
+                    match r {
+                        Request::Prewarm(paths) => blaze.prewarm(&paths),
+                        Request::Symbolize(frames, reply) => {
+                            let _ = reply.send(blaze.symbolize(frames));
+                        }
+                    }
+                }
+            });
+        if spawned.is_err() {
+            // No thread: every batch comes back unsymbolized.
+            let (dead, _) = channel();
+            return FrameSymbolizer { requests: dead };
+        }
+        FrameSymbolizer { requests }
+    }
+}
+
+impl FrameSymbolizer {
+    /// Has the objects at `paths` parsed ahead of their first frames
+    /// (blazesym caches them by device and inode, whatever path names
+    /// them later).
+    pub fn prewarm(&self, paths: Vec<PathBuf>) {
+        let _ = self.requests.send(Request::Prewarm(paths));
+    }
+
+    /// Symbolizes a batch. Frames that cannot be symbolized keep their
+    /// normalized form, so the report can still name the object and
+    /// offset; so do all of them if the thread is gone.
+    pub fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
+        let (reply, answer) = channel();
+        let fallback: Vec<FrameRecord> = frames.iter().map(unsymbolized).collect();
+        if self
+            .requests
+            .send(Request::Symbolize(frames, reply))
+            .is_err()
+        {
+            return fallback;
+        }
+        answer.recv().unwrap_or(fallback)
+    }
+}
+
+/// blazesym's symbolizer, on the symbolization thread.
+struct Blaze {
+    symbolizer: Symbolizer,
+}
+
+impl Default for Blaze {
+    fn default() -> Self {
+        Blaze {
             symbolizer: Symbolizer::builder()
                 .enable_code_info(true)
                 .enable_inlined_fns(true)
@@ -59,10 +127,19 @@ impl Default for FrameSymbolizer {
     }
 }
 
-impl FrameSymbolizer {
+impl Blaze {
+    /// Parses `paths` (ELF and DWARF, a separate debug file's too) now,
+    /// as a first lookup in each would.
+    fn prewarm(&self, paths: &[PathBuf]) {
+        for path in paths {
+            let src = Source::Elf(Elf::new(path.clone()));
+            let _ = self.symbolizer.symbolize(&src, Input::FileOffset(&[0]));
+        }
+    }
+
     /// Symbolizes a batch. Frames that cannot be symbolized keep their
     /// normalized form, so the report can still name the object and offset.
-    pub fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
+    fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
         let mut out = Vec::with_capacity(frames.len());
         // Group user frames by object so each ELF is parsed once per batch.
         let mut by_object: HashMap<PathBuf, Vec<PendingFrame>> = HashMap::new();
@@ -84,6 +161,7 @@ impl FrameSymbolizer {
             }
         }
         for (path, group) in by_object {
+            let path = readable(path, &group[0]);
             let src = Source::Elf(Elf::new(path));
             let offsets: Vec<u64> = group
                 .iter()
@@ -128,6 +206,22 @@ impl FrameSymbolizer {
         }
         out
     }
+}
+
+/// `path`, or, when it is gone (a path through `/proc/PID/root` of a
+/// process that exited since: a forked child of a command in its own
+/// mount namespace), the object's plain path if that file has the same
+/// build id: the same object, copy or not.
+fn readable(path: PathBuf, f: &PendingFrame) -> PathBuf {
+    if path.exists() {
+        return path;
+    }
+    let plain = f.normalized.as_ref().and_then(|n| {
+        let id = n.build_id.as_deref()?;
+        let plain = PathBuf::from(n.path.as_deref()?);
+        (crate::procmaps::read_build_id(&plain).as_deref() == Some(id)).then_some(plain)
+    });
+    plain.unwrap_or(path)
 }
 
 fn unsymbolized(f: &PendingFrame) -> FrameRecord {
