@@ -18,7 +18,7 @@ use super::partition::Partition;
 use super::process::ProcessIndex;
 use super::samples::Sampler;
 use super::types::fold_partitions;
-use super::{OutstandingBlock, DEFAULT_TEMPORARY_NS};
+use super::types::{OutstandingBlock, DEFAULT_TEMPORARY_NS};
 use crate::filter::ResolvedFilter;
 
 /// A single-partition replay that rows are pushed into as they come.

@@ -202,7 +202,7 @@ impl Replay {
 const FOLD_SLOTS: usize = 1 << 16;
 
 /// [`Replay::fold_outstanding`] over the partitions of a replay, finished
-/// or still going ([`LiveReplay`](super::LiveReplay)).
+/// or still going (`LiveReplay`).
 pub(super) fn fold_partitions<T: Send>(
     partitions: &[Partition],
     init: impl Fn() -> T + Sync,

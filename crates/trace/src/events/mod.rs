@@ -39,8 +39,10 @@
 //! ```
 
 mod codec;
+pub(crate) mod columns;
 mod decode;
 pub(crate) mod encode;
 mod pages;
 
-pub use decode::{Columns, Decoder, Slices, UNKNOWN_KIND};
+pub use columns::{Columns, Slices, UNKNOWN_KIND};
+pub use decode::Decoder;

@@ -12,7 +12,7 @@ use arrow_array::{
 };
 
 use super::rows::Rows;
-use crate::events::Columns;
+use crate::events::columns::Columns;
 use crate::schema::{Event, EventKind, Table};
 
 /// Where [`TraceWriter::tap_events`](super::TraceWriter::tap_events)
