@@ -30,29 +30,18 @@ pub fn outstanding_blocks(path: &Path, pid: u32, exec_ts: Option<u64>) -> Result
         ..ReplayOptions::default()
     };
     let replayed = replay(&trace, &opts)?;
-    Ok(blocks_of(
-        |f| replayed.fold_outstanding(Vec::new, f),
-        pid,
-        exec_ts,
-    ))
+    let parts = replayed.fold_outstanding(Vec::new, |v, o| v.extend(scanned(o, pid, exec_ts)));
+    Ok(parts.into_iter().flatten().collect())
 }
 
-/// The blocks of `pid` (since `exec_ts`) among those `fold` folds.
-fn blocks_of(
-    fold: impl FnOnce(&(dyn Fn(&mut Vec<Block>, &OutstandingBlock) + Sync)) -> Vec<Vec<Block>>,
-    pid: u32,
-    exec_ts: Option<u64>,
-) -> Vec<Block> {
-    let parts = fold(&|v: &mut Vec<Block>, o: &OutstandingBlock| {
-        if o.pid == Some(pid) && exec_ts.is_none_or(|e| o.ts >= e) {
-            v.push(Block {
-                addr: o.addr,
-                size: o.size,
-                is_mapping: o.mapping.is_some(),
-            });
-        }
-    });
-    parts.into_iter().flatten().collect()
+/// `o` as a block of the scan of `pid`: none if it is another process's,
+/// or its image's before its exec at `exec_ts`.
+fn scanned(o: &OutstandingBlock, pid: u32, exec_ts: Option<u64>) -> Option<Block> {
+    (o.pid == Some(pid) && exec_ts.is_none_or(|e| o.ts >= e)).then_some(Block {
+        addr: o.addr,
+        size: o.size,
+        is_mapping: o.mapping.is_some(),
+    })
 }
 
 /// The outstanding blocks, followed while the recording goes: a replay
@@ -68,10 +57,9 @@ fn blocks_of(
 ///
 /// The replay runs at a low priority ([`FOLLOWER_NICE`]): the recorder's
 /// own thread and the traced program come first. The recorder never
-/// waits for it: when
-/// [`BACKLOG`] batches wait, it stops sending them, and the next scan
-/// has the replay catch up from the trace's files, at normal priority, as
-/// the scan used to do from the start.
+/// waits for it: when [`BACKLOG`] batches wait, it stops sending them,
+/// and the next scan has the replay catch up from the trace's files, at
+/// normal priority, as the scan used to do from the start.
 pub struct Follower {
     tx: SyncSender<Msg>,
     /// Batches are not sent: the replay will catch up from the files.
@@ -129,7 +117,10 @@ impl Follower {
                                 None => Ok(()),
                             };
                             let blocks = caught.map(|()| {
-                                blocks_of(|f| live.fold_outstanding(Vec::new, f), pid, exec_ts)
+                                let parts = live.fold_outstanding(Vec::new, |v, o| {
+                                    v.extend(scanned(o, pid, exec_ts))
+                                });
+                                parts.into_iter().flatten().collect()
                             });
                             let _ = reply.send(blocks);
                         }

@@ -474,34 +474,24 @@ fn record(
         }
     })?;
     let agent = agent.map(RefCell::new);
+    // A command's threads wait for us at each of their ptrace stops.
+    if matches!(target, Target::Child(_)) {
+        catch_child_events();
+    }
     // Drains the probe's ring (waiting up to `timeout` for it), then the
     // agent's; `last`: the command is gone, a record it left half-written
     // is skipped.
-    // A command's threads wait for us at each of their ptrace stops.
-    let child_events = matches!(target, Target::Child(_));
-    if child_events {
-        catch_child_events();
-    }
     let drain = |timeout: Duration, last: bool| -> Result<()> {
         let Some(a) = &agent else {
-            return match child_events {
-                true => sleep_unless_child_event(timeout, |t| probes::drain(&rb, t)),
-                false => probes::drain(&rb, timeout),
-            };
+            return sleep_unless_child_event(timeout, |t| probes::drain(&rb, t));
         };
         // The agents wake us when the ring fills; the probe's ring has
         // lifecycle events only, which can wait for the poll.
-        if !timeout.is_zero() {
-            let wait = |t: Duration| {
-                if !t.is_zero() {
-                    a.borrow().shared.wait(t);
-                }
-            };
-            match child_events {
-                true => sleep_unless_child_event(timeout, wait),
-                false => wait(timeout),
+        sleep_unless_child_event(timeout, |t| {
+            if !t.is_zero() {
+                a.borrow().shared.wait(t);
             }
-        }
+        });
         probes::drain(&rb, Duration::ZERO)?;
         let mut rec = recorder.borrow_mut();
         a.borrow_mut()

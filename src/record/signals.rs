@@ -66,7 +66,11 @@ extern "C" fn on_child(_: libc::c_int, _: *mut libc::siginfo_t, _: *mut libc::c_
 pub(super) fn catch_child_events() {
     catch(&[libc::SIGCHLD], on_child);
     child_signal(libc::SIG_BLOCK);
+    CATCHING_CHILD_EVENTS.store(true, Ordering::SeqCst);
 }
+
+/// Whether [`catch_child_events`] was called.
+static CATCHING_CHILD_EVENTS: AtomicBool = AtomicBool::new(false);
 
 fn child_signal(how: libc::c_int) {
     // SAFETY: a signal set on the stack, filled before use.
@@ -81,11 +85,15 @@ fn child_signal(how: libc::c_int) {
 /// Runs `sleep` with SIGCHLD unblocked, so that a traced thread's stop
 /// interrupts it (EINTR: futex and epoll waits end on a caught signal
 /// whatever SA_RESTART says), or with `Duration::ZERO` if one came since
-/// the last sleep.
+/// the last sleep. Without [`catch_child_events`], or not to sleep at
+/// all, just `sleep(timeout)`.
 pub(super) fn sleep_unless_child_event<T>(
     timeout: Duration,
     sleep: impl FnOnce(Duration) -> T,
 ) -> T {
+    if timeout.is_zero() || !CATCHING_CHILD_EVENTS.load(Ordering::SeqCst) {
+        return sleep(timeout);
+    }
     child_signal(libc::SIG_UNBLOCK);
     let timeout = match CHILD_EVENT.swap(false, Ordering::SeqCst) {
         true => Duration::ZERO,

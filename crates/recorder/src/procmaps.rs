@@ -242,12 +242,18 @@ pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
 /// Whether `pid` has our mount namespace and our root directory.
 fn sees_our_files(pid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;
-    let id = |p: &str| std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()));
-    let (ns, root) = (
+    type Id = Option<(u64, u64)>;
+    fn id(p: &str) -> Id {
+        std::fs::metadata(p).ok().map(|m| (m.dev(), m.ino()))
+    }
+    // Ours do not change: read once.
+    static OURS: std::sync::OnceLock<(Id, Id)> = std::sync::OnceLock::new();
+    let ours = *OURS.get_or_init(|| (id("/proc/self/ns/mnt"), id("/")));
+    let theirs = (
         id(&format!("/proc/{pid}/ns/mnt")),
         id(&format!("/proc/{pid}/root")),
     );
-    ns.is_some() && root.is_some() && ns == id("/proc/self/ns/mnt") && root == id("/")
+    theirs.0.is_some() && theirs.1.is_some() && theirs == ours
 }
 
 /// Reads the GNU build id of an ELF file, as lowercase hex.

@@ -18,7 +18,7 @@
 
 use std::collections::HashMap;
 use std::path::PathBuf;
-use std::sync::mpsc::{channel, Sender};
+use std::sync::mpsc::{channel, SendError, Sender};
 
 use blazesym::symbolize::source::{Elf, Kernel, Source};
 use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
@@ -71,7 +71,16 @@ impl Default for FrameSymbolizer {
                     match r {
                         Request::Prewarm(paths) => blaze.prewarm(&paths),
                         Request::Symbolize(frames, reply) => {
-                            let _ = reply.send(blaze.symbolize(frames));
+                            // A panic in blazesym leaves the batch
+                            // unsymbolized, not the recorder without frames.
+                            let symbolized =
+                                std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+                                    blaze.symbolize(&frames)
+                                }));
+                            let _ = reply.send(
+                                symbolized
+                                    .unwrap_or_else(|_| frames.iter().map(unsymbolized).collect()),
+                            );
                         }
                     }
                 }
@@ -98,15 +107,14 @@ impl FrameSymbolizer {
     /// offset; so do all of them if the thread is gone.
     pub fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
         let (reply, answer) = channel();
-        let fallback: Vec<FrameRecord> = frames.iter().map(unsymbolized).collect();
-        if self
-            .requests
-            .send(Request::Symbolize(frames, reply))
-            .is_err()
+        if let Err(SendError(Request::Symbolize(frames, _))) =
+            self.requests.send(Request::Symbolize(frames, reply))
         {
-            return fallback;
+            return frames.iter().map(unsymbolized).collect();
         }
-        answer.recv().unwrap_or(fallback)
+        answer
+            .recv()
+            .expect("the symbolization thread answers every batch")
     }
 }
 
@@ -139,10 +147,10 @@ impl Blaze {
 
     /// Symbolizes a batch. Frames that cannot be symbolized keep their
     /// normalized form, so the report can still name the object and offset.
-    fn symbolize(&self, frames: Vec<PendingFrame>) -> Vec<FrameRecord> {
+    fn symbolize(&self, frames: &[PendingFrame]) -> Vec<FrameRecord> {
         let mut out = Vec::with_capacity(frames.len());
         // Group user frames by object so each ELF is parsed once per batch.
-        let mut by_object: HashMap<PathBuf, Vec<PendingFrame>> = HashMap::new();
+        let mut by_object: HashMap<PathBuf, Vec<&PendingFrame>> = HashMap::new();
         let mut kernel = Vec::new();
         for f in frames {
             if f.pid == 0 {
@@ -150,18 +158,18 @@ impl Blaze {
             } else if f.function.as_ref().is_none_or(|func| func.trampoline) {
                 // Named by the function symbol or not at all (see
                 // `named_user_frame`): nothing to ask blazesym.
-                out.push(named_user_frame(&f, None));
+                out.push(named_user_frame(f, None));
             } else if let (Some(path), Some(_)) = (
                 f.open_path.clone(),
                 f.normalized.as_ref().and_then(|n| n.file_offset),
             ) {
                 by_object.entry(path).or_default().push(f);
             } else {
-                out.push(unsymbolized(&f));
+                out.push(unsymbolized(f));
             }
         }
         for (path, group) in by_object {
-            let path = readable(path, &group[0]);
+            let path = readable(path, group[0]);
             let src = Source::Elf(Elf::new(path));
             let offsets: Vec<u64> = group
                 .iter()

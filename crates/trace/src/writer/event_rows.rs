@@ -238,13 +238,6 @@ impl Rows for EventRows {
     }
 
     fn reserve(&mut self) {
-        self.reserve_all();
-    }
-}
-
-impl EventRows {
-    /// Room for a batch in vectors emptied by `take_batch`.
-    fn reserve_all(&mut self) {
         let cap = self.capacity;
         reuse(&mut self.ts, None::<PrimitiveArray<UInt64Type>>, cap);
         reuse(&mut self.pid, None::<PrimitiveArray<UInt32Type>>, cap);

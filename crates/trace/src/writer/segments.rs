@@ -6,7 +6,6 @@
 use std::fs;
 use std::os::unix::fs::DirBuilderExt;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{channel, sync_channel, Receiver, SyncSender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -83,7 +82,6 @@ impl SegmentFile {
 struct EventsEncoder {
     batches: Option<SyncSender<RecordBatch>>,
     spent: Receiver<RecordBatch>,
-    failed: Arc<AtomicBool>,
     thread: Option<JoinHandle<parquet::errors::Result<SegmentSink>>>,
 }
 
@@ -91,17 +89,13 @@ impl EventsEncoder {
     fn spawn(file: EventsFile) -> parquet::errors::Result<Self> {
         let (batches, queued) = sync_channel::<RecordBatch>(1);
         let (done, spent) = channel();
-        let failed = Arc::new(AtomicBool::new(false));
-        let flag = failed.clone();
         let thread = std::thread::Builder::new()
             .name("memleak-encode".into())
             .spawn(move || {
                 let mut file = file;
                 for batch in queued {
-                    if let Err(e) = file.write(&batch) {
-                        flag.store(true, Ordering::Release);
-                        return Err(e);
-                    }
+                    // Returning drops `queued`: the next send fails.
+                    file.write(&batch)?;
                     let _ = done.send(batch);
                 }
                 file.into_inner()
@@ -110,16 +104,15 @@ impl EventsEncoder {
         Ok(EventsEncoder {
             batches: Some(batches),
             spent,
-            failed,
             thread: Some(thread),
         })
     }
 
     fn write(&mut self, batch: RecordBatch) -> parquet::errors::Result<Option<RecordBatch>> {
-        let sent = match (&self.batches, self.failed.load(Ordering::Acquire)) {
-            (Some(tx), false) => tx.send(batch).is_ok(),
-            _ => false,
-        };
+        let sent = self
+            .batches
+            .as_ref()
+            .is_some_and(|tx| tx.send(batch).is_ok());
         if !sent {
             // It failed: its error, now.
             return Err(self
