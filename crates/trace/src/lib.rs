@@ -42,6 +42,7 @@ pub mod error;
 pub mod events;
 pub mod frame_columns;
 pub mod fsio;
+mod guarded;
 pub mod lock;
 pub mod losses;
 pub mod meta;

@@ -22,6 +22,7 @@ use parquet::arrow::ProjectionMask;
 
 use crate::error::{Error, Result};
 use crate::frame_columns::FrameColumns;
+use crate::guarded;
 use crate::meta::Meta;
 use crate::schema::{
     column_since, EventKind, FrameRecord, MapRecord, ScanRecord, ScanVerdict, StackRecord, Table,
@@ -471,7 +472,7 @@ impl Trace {
         let reader = batch_reader(seg, cols.names(), Some(unit.row_group), unit.rows as usize)?;
         let mut out = EventBatch::default();
         for batch in reader {
-            let batch = batch.map_err(|e| corrupt(&seg.path, e))?;
+            let batch = batch?;
             append_events(&mut out, &batch, &seg.path)?;
         }
         Ok(out)
@@ -627,7 +628,7 @@ impl Trace {
         let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
         for seg in &self.segments[table.name()] {
             for batch in batch_reader(seg, names.iter().copied(), None, 8192)? {
-                let batch = batch.map_err(|e| corrupt(&seg.path, e))?;
+                let batch = batch?;
                 // Reorder to schema order: a newer minor may add columns anywhere.
                 let cols = names
                     .iter()
@@ -779,8 +780,8 @@ fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
 fn load_footer(path: &Path) -> std::result::Result<ArrowReaderMetadata, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
     let len = file.metadata().map_err(|e| e.to_string())?.len();
-    let meta =
-        ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()).map_err(|e| e.to_string())?;
+    let meta = guarded::decode(|| ArrowReaderMetadata::load(&file, ArrowReaderOptions::new()))?
+        .map_err(|e| e.to_string())?;
     check_layout(meta.metadata(), len)?;
     Ok(meta)
 }
@@ -818,7 +819,7 @@ fn batch_reader<'a>(
     names: impl IntoIterator<Item = &'a str>,
     row_group: Option<usize>,
     batch_size: usize,
-) -> Result<ParquetRecordBatchReader> {
+) -> Result<Batches> {
     let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
     let mask = ProjectionMask::columns(seg.meta.parquet_schema(), names);
     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())
@@ -827,7 +828,37 @@ fn batch_reader<'a>(
     if let Some(rg) = row_group {
         builder = builder.with_row_groups(vec![rg]);
     }
-    builder.build().map_err(|e| corrupt(&seg.path, e))
+    let inner = guarded::decode(|| builder.build())
+        .and_then(|r| r.map_err(|e| e.to_string()))
+        .map_err(|e| corrupt(&seg.path, e))?;
+    Ok(Batches {
+        inner: Some(inner),
+        path: seg.path.clone(),
+    })
+}
+
+/// The batches of one segment, decoded under [`guarded::decode`]: a
+/// damaged page is an error naming the file, never a panic. Nothing
+/// follows the first error.
+struct Batches {
+    inner: Option<ParquetRecordBatchReader>,
+    path: PathBuf,
+}
+
+impl Iterator for Batches {
+    type Item = Result<RecordBatch>;
+
+    fn next(&mut self) -> Option<Result<RecordBatch>> {
+        let inner = self.inner.as_mut()?;
+        let r = match guarded::decode(|| inner.next()) {
+            Ok(None) => None,
+            Ok(Some(Ok(b))) => return Some(Ok(b)),
+            Ok(Some(Err(e))) => Some(Err(corrupt(&self.path, e))),
+            Err(e) => Some(Err(corrupt(&self.path, e))),
+        };
+        self.inner = None;
+        r
+    }
 }
 
 fn kinds_of(col: &dyn Array, path: &Path) -> Result<Vec<Option<EventKind>>> {

@@ -487,3 +487,44 @@ fn scan_segment_with_an_unknown_verdict_is_corrupt() {
     assert!(msg.contains("part-00009.parquet: corrupt"), "{msg}");
     assert!(msg.contains("unknown scan verdict \"leaked\""), "{msg}");
 }
+
+/// A data page that names a dictionary its column chunk does not have:
+/// Parquet's decoder panics on it (`cargo fuzz run trace_reader` found
+/// this), and the reader must report the file as corrupt instead.
+#[test]
+fn data_page_without_its_dictionary_is_corrupt_not_a_panic() {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+
+    let dir = tempfile::tempdir().unwrap();
+    let root = full_trace(dir.path(), "t.parquet");
+    // Format 1.0 has no checksums, which would catch the damage first.
+    as_format_1_0(&root);
+    let seg = segments(&root, "stacks")[0].clone();
+    let mut bytes = std::fs::read(&seg).unwrap();
+    let reader = SerializedFileReader::new(std::fs::File::open(&seg).unwrap()).unwrap();
+    let dict_pages: Vec<usize> = reader.metadata().row_groups()[0]
+        .columns()
+        .iter()
+        .filter_map(|c| c.dictionary_page_offset())
+        .map(|o| o as usize)
+        .collect();
+    assert!(
+        !dict_pages.is_empty(),
+        "the stacks table has a dictionary page"
+    );
+    for at in dict_pages {
+        // The page header starts with its type (thrift compact: field 1,
+        // i32, zigzag): DICTIONARY_PAGE (2) becomes INDEX_PAGE (1), which
+        // the decoder skips, so the data page finds no dictionary.
+        assert_eq!(&bytes[at..at + 2], &[0x15, 0x04], "page header at {at}");
+        bytes[at + 1] = 0x02;
+    }
+    std::fs::write(&seg, &bytes).unwrap();
+    let trace = Trace::open(&root).expect("the footer is intact");
+    let msg = trace.stacks().expect_err("stacks must fail").to_string();
+    assert!(!msg.contains('\n'), "message is not one line: {msg:?}");
+    assert!(
+        msg.starts_with(&seg.display().to_string()) && msg.contains("corrupt ("),
+        "{msg}"
+    );
+}

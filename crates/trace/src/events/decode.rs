@@ -31,6 +31,7 @@ use parquet::arrow::ProjectionMask;
 
 use super::columns::{Columns, Slices, UNKNOWN_KIND};
 use super::pages;
+use crate::guarded;
 use crate::reader::RowGroupUnit;
 use crate::{EventBatch, EventColumns, EventKind, Trace};
 
@@ -496,14 +497,10 @@ fn read_fast(seg: &Segment, unit: &RowGroupUnit) -> Option<Columns> {
         .ok()?;
     // One batch per row group was asked for; anything else takes the
     // reference path.
-    let mut batches: Vec<RecordBatch> = Vec::new();
-    for b in reader {
-        batches.push(b.ok()?);
-    }
-    if batches.len() != 1 {
-        return None;
-    }
-    let batch = batches.pop()?;
+    let batches: Vec<RecordBatch> = guarded::decode(|| reader.collect::<Result<_, _>>())
+        .ok()?
+        .ok()?;
+    let [batch] = <[RecordBatch; 1]>::try_from(batches).ok()?;
     let u64col = |name: &str| -> Option<Vec<u64>> {
         let a = batch
             .column_by_name(name)?
