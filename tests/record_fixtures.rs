@@ -464,7 +464,11 @@ fn exec_of_a_static_program_under_the_agent() {
         &["--capture", "preload"],
     );
     check_trace(&fx, &trace, &["outstanding"]);
-    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    assert_noted_without_agent(&memleak_trace::Trace::open(&trace).unwrap().meta().clone());
+}
+
+/// The trace says that a process ran without the agent.
+fn assert_noted_without_agent(meta: &memleak_trace::Meta) {
     assert!(
         meta.notes
             .iter()
@@ -472,6 +476,28 @@ fn exec_of_a_static_program_under_the_agent() {
         "{:?}",
         meta.notes
     );
+}
+
+/// A dynamic program executed behind the agent's back (a raw execve
+/// system call) is recorded by the probes, loaded only then, and its
+/// stacks, which have no frame pointers, are unwound with the rows of
+/// objects the recording had placed before the probes existed (libc's,
+/// for the program that executed it): complete and exact.
+#[test]
+fn exec_without_the_agent_unwinds_with_the_rows_placed_before() {
+    if !common::can_record() {
+        return;
+    }
+    let fx = Fixture::load("nofp");
+    let (_dir, trace) = common::fixtures::record_command_with(
+        &[
+            fx.binary().with_file_name("raw_exec").as_os_str(),
+            fx.binary().as_os_str(),
+        ],
+        &[],
+        &["--capture", "preload"],
+    );
+    assert_noted_without_agent(&check_nofp_unwound(&fx, &trace));
 }
 
 /// A frame prints as `function+0xOFFSET`, where OFFSET is the return
@@ -629,7 +655,13 @@ fn nofp_unwound() {
     }
     let fx = Fixture::load("nofp");
     let (_dir, trace) = fx.record(&[]);
-    let report = memleak_analyze::report::analyze(&trace, &Default::default()).unwrap();
+    check_nofp_unwound(&fx, &trace);
+}
+
+/// The nofp fixture's stacks are complete and exact (see `nofp_unwound`);
+/// returns the trace's meta.
+fn check_nofp_unwound(fx: &Fixture, trace: &std::path::Path) -> memleak_trace::Meta {
+    let report = memleak_analyze::report::analyze(trace, &Default::default()).unwrap();
     let (mut user, runtime) = fx.actual_groups(&report);
     assert!(runtime.is_empty(), "{runtime:?}");
     for g in &mut user {
@@ -638,9 +670,15 @@ fn nofp_unwound() {
     }
     assert_eq!(user, fx.expected_groups(&["outstanding"]));
     assert!(report.stacks.iter().all(|s| !s.truncated));
-    let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+    let meta = memleak_trace::Trace::open(trace).unwrap().meta().clone();
     assert_eq!(meta.cut_stacks, Some(0));
-    assert_eq!(meta.unwind.map(|u| u.complete), Some(5));
+    assert_eq!(
+        meta.unwind.as_ref().map(|u| u.complete),
+        Some(5),
+        "{:?}",
+        meta.unwind
+    );
+    meta
 }
 
 /// Another recording running at the same time, of another process, puts

@@ -207,15 +207,40 @@ pub fn runs_without_agent(pid: u32) -> bool {
     use memleak_recorder::providers::{search_order, SearchOrder};
     match search_order(pid) {
         Ok(SearchOrder::Static(_)) => true,
-        Ok(SearchOrder::Dynamic(_)) => {
-            memleak_recorder::procmaps::read_maps(pid).is_ok_and(|maps| {
-                !maps
-                    .iter()
-                    .any(|m| m.path.as_deref().is_some_and(|p| p.contains(AGENT_NAME)))
-            })
-        }
+        Ok(SearchOrder::Dynamic(_)) => !agent_mapped(pid),
         _ => false,
     }
+}
+
+/// Whether `pid`, a dynamically linked program just executed (ld.so has
+/// not loaded its objects yet), will run without the agent: LD_PRELOAD in
+/// the environment it was given does not name the agent's `entry` (a raw
+/// execve system call, which the agent does not see, dropped it), or it
+/// runs in secure-execution mode (setuid), where ld.so ignores it.
+pub fn agent_left_out(pid: u32, entry: &str) -> bool {
+    use memleak_recorder::providers::{search_order, secure_exec, SearchOrder};
+    if !matches!(search_order(pid), Ok(SearchOrder::NotReady)) || agent_mapped(pid) {
+        return false;
+    }
+    if secure_exec(pid) {
+        return true;
+    }
+    // The environment as executed (the agent edits it in place once it
+    // runs; it is not mapped yet).
+    let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else {
+        return false;
+    };
+    !env.split(|&b| b == 0)
+        .filter_map(|v| v.strip_prefix(b"LD_PRELOAD="))
+        .flat_map(|v| v.split(|&b| b == b':' || b == b' '))
+        .any(|e| e == entry.as_bytes())
+}
+
+fn agent_mapped(pid: u32) -> bool {
+    memleak_recorder::procmaps::read_maps(pid).is_ok_and(|maps| {
+        maps.iter()
+            .any(|m| m.path.as_deref().is_some_and(|p| p.contains(AGENT_NAME)))
+    })
 }
 
 /// The name of the agent's memfd, as the maps show it.
@@ -271,11 +296,9 @@ impl Agent {
     /// (before the user's: a preloaded allocator is then what the agent's
     /// calls reach). The agent takes itself out again at start.
     pub fn env(&self) -> Vec<(String, String)> {
-        let me = std::process::id();
-        let Some(so) = &self.so else {
+        let Some(mut preload) = self.preload_entry() else {
             return Vec::new();
         };
-        let mut preload = format!("/proc/{me}/fd/{}", so.as_raw_fd());
         if let Some(user) = std::env::var_os("LD_PRELOAD") {
             let user = user.to_string_lossy();
             if !user.trim().is_empty() {
@@ -283,5 +306,15 @@ impl Agent {
             }
         }
         vec![("LD_PRELOAD".to_string(), preload)]
+    }
+
+    /// The agent's entry in LD_PRELOAD; None once injected.
+    pub fn preload_entry(&self) -> Option<String> {
+        let so = self.so.as_ref()?;
+        Some(format!(
+            "/proc/{}/fd/{}",
+            std::process::id(),
+            so.as_raw_fd()
+        ))
     }
 }

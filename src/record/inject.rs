@@ -30,16 +30,19 @@ pub fn attach(
     let started = Instant::now();
     let process = Process::inspect(pid).map_err(refused)?;
     let again = process.has_agent();
-    let sink = match unwinder {
-        Some(_) => Some(probes.unwind_maps()?),
+    let maps = match unwinder {
+        Some(_) => probes.unwind_maps()?,
         None => None,
     };
     let (shared, done) = inject::attach(&process, Agent::image(), |fd| {
         let mut shared = Shared::create_on(fd, cfg)?;
         shared.ready()?;
         shared.add_pid(pid);
-        if let (Some(u), Some(maps)) = (unwinder, sink) {
-            u.set_sink(Box::new(BothTables(shared.sink(), maps)));
+        if let Some(u) = unwinder {
+            match maps {
+                Some(maps) => u.set_sink(Box::new(BothTables(shared.sink(), maps))),
+                None => u.set_sink(Box::new(shared.sink())),
+            }
             u.track(pid);
         }
         Ok(shared)

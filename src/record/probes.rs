@@ -8,7 +8,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use anyhow::{bail, Context, Result};
-use libbpf_rs::skel::{OpenSkel, SkelBuilder};
+use libbpf_rs::skel::{OpenSkel, Skel, SkelBuilder};
 use libbpf_rs::{
     Link, MapCore, MapFlags, OpenObject, RingBuffer, RingBufferBuilder, TracepointCategory,
     UprobeMultiOpts,
@@ -52,6 +52,9 @@ pub struct ProbeConfig {
     pub kernel: bool,
     /// How user stacks are walked (`--unwind`).
     pub unwind: WalkMode,
+    /// The agent records the allocator calls: the uprobe programs and the
+    /// row array are loaded only for a process that runs without it.
+    pub agent: bool,
 }
 
 /// The slab and page tracepoints, attached BTF-typed (see memleak.bpf.c),
@@ -178,11 +181,167 @@ impl Recursion {
 /// The loaded program and its attachments.
 pub struct Probes<'obj> {
     skel: MemleakSkel<'obj>,
+    /// With the agent, a second instance of the program with the uprobe
+    /// programs and the row array, sharing every other map with `skel`:
+    /// loaded when a process first runs without the agent, which most
+    /// recordings never see. Verifying those programs takes ~24 ms and
+    /// the row array is 32 MiB to allocate, map and free: together about
+    /// 12 ns per event of the recorder's CPU with four threads of
+    /// `bench/alloc_pairs.c` (4 M events).
+    uprobes: std::cell::OnceCell<MemleakSkel<'obj>>,
+    /// The storage of `uprobes` until it is loaded.
+    uprobes_storage: std::cell::RefCell<Option<&'obj mut MaybeUninit<OpenObject>>>,
+    cfg: ProbeConfig,
     links: std::cell::RefCell<Vec<Link>>,
     /// The `_dl_debug_state` stops, apart: they must go before a child is
     /// detached, or it would stop for real at its next dlopen.
     dl_links: std::cell::RefCell<Vec<Link>>,
     count_only: bool,
+}
+
+/// Which programs and maps an instance of the program has.
+enum Part<'a, 'obj> {
+    /// A recording with the probes: everything it uses.
+    Everything,
+    /// A recording with the agent: no uprobe program, a one-row array.
+    WithoutUprobes,
+    /// The uprobe programs and the row array; every other map is the
+    /// given instance's, so that both see the same state and ring.
+    UprobesOnly(&'a MemleakSkel<'obj>),
+}
+
+/// The uprobe programs (for the allocators, and ld.so's stops).
+const UPROBE_PROGRAMS: [&str; 7] = [
+    "alloc_session",
+    "malloc_session",
+    "free_entry",
+    "munmap_entry",
+    "count_session",
+    "count_entry",
+    "dl_state",
+];
+
+fn open<'obj>(
+    object: &'obj mut MaybeUninit<OpenObject>,
+    cfg: &ProbeConfig,
+    part: Part<'_, '_>,
+) -> Result<skel::OpenMemleakSkel<'obj>> {
+    let open = MemleakSkelBuilder::default()
+        .open(object)
+        .map_err(explain_bpf_error)
+        .context("opening the BPF object")?;
+    let mut open = open;
+    let ro = open.maps.rodata_data.as_deref_mut().expect("rodata exists");
+    ro.min_size = cfg.min_size;
+    ro.max_size = cfg.max_size;
+    ro.stack_bytes = cfg.stack_depth.clamp(1, MAX_FRAMES) * 8;
+    ro.wakeup_bytes = u64::from(cfg.ring_bytes / 4);
+    ro.kernel_tgid = cfg.kernel_tgid;
+    ro.self_tgid = std::process::id();
+    ro.kernel_stacks = cfg.kernel_stacks;
+    ro.ck_tag = u64::from(cookie_tag()) << 56;
+    ro.unwind_mode = cfg.unwind.code();
+    // Kernel programs are verified only when used: loading costs time.
+    let p = &mut open.progs;
+    let slab = slab_programs!(p, mut);
+    for (i, copies) in slab.into_iter().enumerate() {
+        // Only --kernel reads the BTF.
+        let wanted = cfg.kernel && slab_entry(i).0;
+        for prog in copies {
+            prog.set_autoload(wanted);
+        }
+    }
+    for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
+        prog.set_autoload(cfg.kernel);
+    }
+    let calibrate = cfg.kernel && has_kmem_tracepoint("mm_page_alloc");
+    p.calib_page.set_autoload(calibrate);
+    p.calib_pfn.set_autoload(calibrate);
+    // Programs of the other mode are not verified either.
+    for prog in [
+        &mut p.alloc_session,
+        &mut p.malloc_session,
+        &mut p.free_entry,
+        &mut p.munmap_entry,
+    ] {
+        prog.set_autoload(!cfg.count_only);
+    }
+    for prog in [&mut p.count_session, &mut p.count_entry] {
+        prog.set_autoload(cfg.count_only);
+    }
+    // Maps only --kernel uses are shrunk to one entry otherwise: the
+    // kernel objects' LRU map and the slab programs' per-CPU tokens are
+    // preallocated, megabytes whose allocation shows in start-up.
+    if !cfg.kernel {
+        for map in [&mut open.maps.kobjs, &mut open.maps.tokens] {
+            map.set_max_entries(1).context("sizing a kernel-mode map")?;
+        }
+    }
+    // The unwind tables only when stacks are walked with rows (the
+    // row array is 32 MiB).
+    if !cfg.unwind.uses_rows() || cfg.count_only {
+        for map in [&mut open.maps.unwind_rows, &mut open.maps.unwind_procs] {
+            map.set_max_entries(1).context("sizing an unwind map")?;
+        }
+    }
+    let ring = ring_size(cfg.ring_bytes);
+    open.maps
+        .events
+        .set_max_entries(ring)
+        .context("sizing the ring buffer")?;
+    // For development: the verifier's statistics (time, instructions
+    // processed) of the two programs that walk stacks.
+    if std::env::var_os("MEMLEAK_VERIFIER_STATS").is_some() {
+        libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg| {
+            if msg.contains("verification time") || msg.contains("processed") {
+                eprint!("{msg}");
+            }
+        })));
+        open.progs.malloc_session.set_log_level(4);
+        open.progs.alloc_session.set_log_level(4);
+    }
+    match part {
+        Part::Everything => {}
+        Part::WithoutUprobes => {
+            for mut prog in open.open_object_mut().progs_mut() {
+                if UPROBE_PROGRAMS
+                    .iter()
+                    .any(|&n| prog.name() == std::ffi::OsStr::new(n))
+                {
+                    prog.set_autoload(false);
+                }
+            }
+            open.maps
+                .unwind_rows
+                .set_max_entries(1)
+                .context("sizing an unwind map")?;
+        }
+        Part::UprobesOnly(first) => {
+            use std::os::fd::AsFd;
+            for mut prog in open.open_object_mut().progs_mut() {
+                if !UPROBE_PROGRAMS
+                    .iter()
+                    .any(|&n| prog.name() == std::ffi::OsStr::new(n))
+                {
+                    prog.set_autoload(false);
+                }
+            }
+            for mut map in open.open_object_mut().maps_mut() {
+                let name = map.name().to_owned();
+                if name == "unwind_rows" {
+                    continue;
+                }
+                let shared = first
+                    .object()
+                    .maps()
+                    .find(|m| m.name() == name)
+                    .with_context(|| format!("the first instance has no map {name:?}"))?;
+                map.reuse_fd(shared.as_fd())
+                    .with_context(|| format!("sharing the map {name:?}"))?;
+            }
+        }
+    }
+    Ok(open)
 }
 
 /// Detaching a uprobe link (or a perf-event tracepoint's: the lifecycle
@@ -207,7 +366,13 @@ impl Drop for Probes<'_> {
 }
 
 impl<'obj> Probes<'obj> {
-    pub fn load(object: &'obj mut MaybeUninit<OpenObject>, cfg: &ProbeConfig) -> Result<Self> {
+    /// Loads the program. With the agent (`cfg.agent`) the uprobe
+    /// programs wait in `late` until [`load_uprobes`](Self::load_uprobes).
+    pub fn load(
+        object: &'obj mut MaybeUninit<OpenObject>,
+        late: &'obj mut MaybeUninit<OpenObject>,
+        cfg: &ProbeConfig,
+    ) -> Result<Self> {
         // BPF memory is charged to the memory cgroup on current kernels; an
         // RLIMIT_MEMLOCK that cannot be raised is harmless, so ignore it.
         let unlimited = libc::rlimit {
@@ -216,91 +381,49 @@ impl<'obj> Probes<'obj> {
         };
         // SAFETY: plain syscall with a valid pointer.
         let _ = unsafe { libc::setrlimit(libc::RLIMIT_MEMLOCK, &unlimited) };
-
-        let open = MemleakSkelBuilder::default()
-            .open(object)
-            .map_err(explain_bpf_error)
-            .context("opening the BPF object")?;
-        let mut open = open;
-        let ro = open.maps.rodata_data.as_deref_mut().expect("rodata exists");
-        ro.min_size = cfg.min_size;
-        ro.max_size = cfg.max_size;
-        ro.stack_bytes = cfg.stack_depth.clamp(1, MAX_FRAMES) * 8;
-        ro.wakeup_bytes = u64::from(cfg.ring_bytes / 4);
-        ro.kernel_tgid = cfg.kernel_tgid;
-        ro.self_tgid = std::process::id();
-        ro.kernel_stacks = cfg.kernel_stacks;
-        ro.ck_tag = u64::from(cookie_tag()) << 56;
-        ro.unwind_mode = cfg.unwind.code();
-        // Kernel programs are verified only when used: loading costs time.
-        let p = &mut open.progs;
-        let slab = slab_programs!(p, mut);
-        for (i, copies) in slab.into_iter().enumerate() {
-            // Only --kernel reads the BTF.
-            let wanted = cfg.kernel && slab_entry(i).0;
-            for prog in copies {
-                prog.set_autoload(wanted);
-            }
-        }
-        for prog in [&mut p.on_percpu_alloc, &mut p.on_percpu_free] {
-            prog.set_autoload(cfg.kernel);
-        }
-        let calibrate = cfg.kernel && has_kmem_tracepoint("mm_page_alloc");
-        p.calib_page.set_autoload(calibrate);
-        p.calib_pfn.set_autoload(calibrate);
-        // Programs of the other mode are not verified either.
-        for prog in [
-            &mut p.alloc_session,
-            &mut p.malloc_session,
-            &mut p.free_entry,
-            &mut p.munmap_entry,
-        ] {
-            prog.set_autoload(!cfg.count_only);
-        }
-        for prog in [&mut p.count_session, &mut p.count_entry] {
-            prog.set_autoload(cfg.count_only);
-        }
-        // Maps only --kernel uses are shrunk to one entry otherwise: the
-        // kernel objects' LRU map and the slab programs' per-CPU tokens are
-        // preallocated, megabytes whose allocation shows in start-up.
-        if !cfg.kernel {
-            for map in [&mut open.maps.kobjs, &mut open.maps.tokens] {
-                map.set_max_entries(1).context("sizing a kernel-mode map")?;
-            }
-        }
-        // The unwind tables only when stacks are walked with rows (the
-        // row array is 32 MiB).
-        if !cfg.unwind.uses_rows() || cfg.count_only {
-            for map in [&mut open.maps.unwind_rows, &mut open.maps.unwind_procs] {
-                map.set_max_entries(1).context("sizing an unwind map")?;
-            }
-        }
-        let ring = ring_size(cfg.ring_bytes);
-        open.maps
-            .events
-            .set_max_entries(ring)
-            .context("sizing the ring buffer")?;
-        // For development: the verifier's statistics (time, instructions
-        // processed) of the two programs that walk stacks.
-        if std::env::var_os("MEMLEAK_VERIFIER_STATS").is_some() {
-            libbpf_rs::set_print(Some((libbpf_rs::PrintLevel::Debug, |_, msg| {
-                if msg.contains("verification time") || msg.contains("processed") {
-                    eprint!("{msg}");
-                }
-            })));
-            open.progs.malloc_session.set_log_level(4);
-            open.progs.alloc_session.set_log_level(4);
-        }
-        let skel = open
+        let part = match cfg.agent {
+            true => Part::WithoutUprobes,
+            false => Part::Everything,
+        };
+        let skel = open(object, cfg, part)?
             .load()
             .map_err(explain_bpf_error)
             .context("loading the BPF program")?;
         Ok(Probes {
             skel,
+            uprobes: Default::default(),
+            uprobes_storage: std::cell::RefCell::new(cfg.agent.then_some(late)),
+            cfg: cfg.clone(),
             links: Default::default(),
             dl_links: Default::default(),
             count_only: cfg.count_only,
         })
+    }
+
+    /// Loads the uprobe programs if they wait (see `Probes::uprobes`).
+    /// Returns whether this call loaded them: the row array is new, and
+    /// the unwind tables must be written to it (`unwind_maps`).
+    pub fn load_uprobes(&self) -> Result<bool> {
+        let Some(storage) = self.uprobes_storage.borrow_mut().take() else {
+            return Ok(false);
+        };
+        let skel = open(storage, &self.cfg, Part::UprobesOnly(&self.skel))?
+            .load()
+            .map_err(explain_bpf_error)
+            .context("loading the BPF program's uprobes")?;
+        let _ = self.uprobes.set(skel);
+        Ok(true)
+    }
+
+    /// The instance with the uprobe programs, loaded if need be.
+    fn with_uprobes(&self) -> Result<&MemleakSkel<'obj>> {
+        if !self.cfg.agent {
+            return Ok(&self.skel);
+        }
+        self.load_uprobes()?;
+        self.uprobes
+            .get()
+            .context("the BPF program's uprobes failed to load before")
     }
 
     /// Attaches the allocator probes of one library for `pid` (-1: every
@@ -310,7 +433,7 @@ impl<'obj> Probes<'obj> {
         // more serves the other allocators (the attach cookie says which),
         // and free and munmap have an entry program each.
         let malloc = EventKind::Malloc as u8;
-        let progs = &self.skel.progs;
+        let progs = &self.with_uprobes()?.progs;
         let groups = [
             (ProbeMode::Session, Some(malloc), &progs.malloc_session),
             (ProbeMode::Session, None, &progs.alloc_session),
@@ -370,7 +493,7 @@ impl<'obj> Probes<'obj> {
             ..Default::default()
         };
         let link = self
-            .skel
+            .with_uprobes()?
             .progs
             .dl_state
             .attach_uprobe_with_opts(pid, ld_so, 0, opts)
@@ -556,9 +679,17 @@ impl<'obj> Probes<'obj> {
         }
     }
 
-    /// A writer of the unwind tables, for another thread.
-    pub fn unwind_maps(&self) -> Result<UnwindMaps> {
-        UnwindMaps::new(&self.skel.maps.unwind_rows, &self.skel.maps.unwind_procs)
+    /// A writer of the unwind tables, for another thread; None while the
+    /// uprobe programs, the tables' only reader, wait to be loaded.
+    pub fn unwind_maps(&self) -> Result<Option<UnwindMaps>> {
+        let skel = match self.cfg.agent {
+            true => match self.uprobes.get() {
+                Some(s) => s,
+                None => return Ok(None),
+            },
+            false => &self.skel,
+        };
+        UnwindMaps::new(&skel.maps.unwind_rows, &skel.maps.unwind_procs).map(Some)
     }
 
     /// User stack walks by how they ended, summed over CPUs, indexed by

@@ -10,7 +10,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Result};
+use anyhow::{bail, Context, Result};
 use memleak_recorder::providers::Allocators;
 use memleak_recorder::targets;
 use memleak_recorder::{Recorder, TableUpdate};
@@ -245,6 +245,7 @@ fn record(
         count_only: args.count_only,
         kernel: args.kernel || args.kernel_pid.is_some(),
         unwind: args.unwind.mode(),
+        agent: chosen.agent(),
     };
     // Unwind tables, for user-space targets: the objects' rows are built
     // while the BPF program loads.
@@ -278,7 +279,8 @@ fn record(
     let preload = chosen.agent();
     let injected = *chosen == Chosen::Inject;
     let mut object_storage = MaybeUninit::uninit();
-    let mut probes = Probes::load(&mut object_storage, &cfg)?;
+    let mut uprobes_storage = MaybeUninit::uninit();
+    let mut probes = Probes::load(&mut object_storage, &mut uprobes_storage, &cfg)?;
     probes.attach_lifecycle()?;
     if let (true, Some(&pid)) = (injected, args.pid.first()) {
         // Ctrl-C from here on ends the recording the usual way, which
@@ -292,12 +294,12 @@ fn record(
             args.verbose,
         )?);
     } else if let Some(u) = &unwinder {
-        match &agent {
-            Some(a) => u.set_sink(Box::new(capture::BothTables(
-                a.shared.sink(),
-                probes.unwind_maps()?,
-            ))),
-            None => u.set_sink(Box::new(probes.unwind_maps()?)),
+        match (&agent, probes.unwind_maps()?) {
+            (Some(a), Some(maps)) => {
+                u.set_sink(Box::new(capture::BothTables(a.shared.sink(), maps)))
+            }
+            (Some(a), None) => u.set_sink(Box::new(a.shared.sink())),
+            (None, maps) => u.set_sink(Box::new(maps.context("the probe's unwind maps")?)),
         }
     }
 
@@ -473,6 +475,9 @@ fn record(
             }
         }
     })?;
+    // The agent's entry in LD_PRELOAD, which it puts back at every exec
+    // it sees.
+    let agent_entry = agent.as_ref().and_then(Agent::preload_entry);
     let agent = agent.map(RefCell::new);
     // A command's threads wait for us at each of their ptrace stops.
     if matches!(target, Target::Child(_)) {
@@ -533,6 +538,20 @@ fn record(
         Ok(())
     };
     let without_agent: RefCell<std::collections::HashSet<u32>> = RefCell::default();
+    let dl_stopped: RefCell<std::collections::HashSet<u32>> = RefCell::default();
+    // The first process without the agent loads the uprobe programs and
+    // their row array, to which the tables written so far are copied.
+    let load_uprobes = || -> Result<()> {
+        if probes.load_uprobes()? {
+            if let (Some(u), Some(a), Some(maps)) = (&unwinder, &agent, probes.unwind_maps()?) {
+                u.set_sink(Box::new(capture::BothTables(
+                    a.borrow().shared.sink(),
+                    maps,
+                )));
+            }
+        }
+        Ok(())
+    };
     let mut on_stop = || -> Result<()> {
         // The child is stopped at exit, or in ld.so before it unmaps a
         // library, with its address space intact: drain what it did and
@@ -545,8 +564,8 @@ fn record(
         if !preload {
             add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
         } else if capture::runs_without_agent(child_pid) {
-            // `env LD_PRELOAD=... prog`, or a program that cleared its
-            // environment before exec: the probes take over.
+            // A static or setuid program, or one executed behind the
+            // agent's back (a raw execve): the probes take over.
             if without_agent.borrow_mut().insert(child_pid) {
                 let note = format!(
                     "process {child_pid} runs without memleak's agent since an exec \
@@ -555,7 +574,19 @@ fn record(
                 say!("memleak: note: {note}");
                 notes.push(note);
             }
+            load_uprobes()?;
             add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+        } else if let (Some(entry), Some(ld)) = (&agent_entry, &ld_so) {
+            // Just executed, and ld.so will not load the agent: its
+            // allocators are probed at ld.so's stop, once it has loaded
+            // the program's objects.
+            if !dl_stopped.borrow().contains(&child_pid)
+                && capture::agent_left_out(child_pid, entry)
+            {
+                load_uprobes()?;
+                probes.attach_dl_stops(child_pid as i32, ld)?;
+                dl_stopped.borrow_mut().insert(child_pid);
+            }
         }
         rec.snapshot_maps(child_pid)?;
         rec.flush_frames()?;
@@ -888,13 +919,16 @@ fn lost(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
     lost
 }
 
-/// Stack walks by how they ended: the probe's counters, or the agent's
-/// records.
+/// Stack walks by how they ended: the probe's counters, plus the agent's
+/// records (the probe walks the stacks of processes without the agent).
 fn unwind_ends(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
-    match agent {
-        Some(a) => a.borrow().shared.unwind_ends().to_vec(),
-        None => probes.unwind_ends(),
+    let mut ends = probes.unwind_ends();
+    if let Some(a) = agent {
+        for (n, a) in ends.iter_mut().zip(a.borrow().shared.unwind_ends()) {
+            *n += a;
+        }
     }
+    ends
 }
 
 /// The libraries a command gets private copies of (super::private_libs):

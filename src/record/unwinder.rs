@@ -32,7 +32,8 @@ enum Request {
     /// Build the rows of objects about to be mapped (before the probes
     /// exist, while the BPF program loads).
     Prefetch(Vec<PathBuf>),
-    /// The probe's maps: from now on tables are written.
+    /// Where tables are written from now on; what was written to the
+    /// previous sink is written to this one first.
     Sink(Sink),
     /// Rebuild a process's table; answer when done if asked to.
     Track(u32, Option<SyncSender<()>>),
@@ -84,7 +85,7 @@ impl Unwinder {
         self.send(Request::Prefetch(paths));
     }
 
-    /// Hands over the probe's maps.
+    /// Hands over where tables are written (see [`Request::Sink`]).
     pub fn set_sink(&self, sink: Sink) {
         self.send(Request::Sink(sink));
     }
@@ -159,7 +160,14 @@ impl State {
     fn handle(&mut self, req: Request) {
         match req {
             Request::Prefetch(paths) => self.tables.prefetch(&paths),
-            Request::Sink(s) => self.sink = Some(s),
+            Request::Sink(mut s) => {
+                // A sink that replaces another starts with what it had.
+                if let Err(e) = self.tables.rewrite(&mut *s) {
+                    self.error
+                        .get_or_insert_with(|| format!("unwind tables: {e}"));
+                }
+                self.sink = Some(s);
+            }
             Request::Track(pid, done) => {
                 self.track(pid);
                 if let Some(done) = done {

@@ -127,6 +127,13 @@ fn auxv(pid: u32, key: u64) -> Result<u64, String> {
         .ok_or_else(|| format!("/proc/{pid}/auxv has no entry {key}"))
 }
 
+/// Whether `pid` runs in secure-execution mode (`AT_SECURE`: setuid or
+/// setgid, or file capabilities), where ld.so ignores LD_PRELOAD paths.
+pub fn secure_exec(pid: u32) -> bool {
+    const AT_SECURE: u64 = 23;
+    auxv(pid, AT_SECURE).is_ok_and(|v| v != 0)
+}
+
 /// An openable path for a file the process maps at `start..end` under
 /// `name`: through its root, else (a deleted or unreachable file) through
 /// `/proc/PID/map_files`, which root can open.

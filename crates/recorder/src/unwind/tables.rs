@@ -173,7 +173,9 @@ pub struct TablesStats {
 #[derive(Default)]
 pub struct UnwindTables {
     cache: UnwindCache,
-    placed: HashMap<Key, Placed>,
+    /// Where each object's rows are, and the object (its rows are
+    /// written again to a new sink).
+    placed: HashMap<Key, (Placed, Arc<UnwindObject>)>,
     next_row: u32,
     procs: HashMap<u32, Box<ProcTable>>,
     /// The last table generation given out.
@@ -262,6 +264,21 @@ impl UnwindTables {
         Ok(())
     }
 
+    /// Writes everything written so far to another sink: every placed
+    /// object's rows, then every process's table. For a sink that starts
+    /// late (the probe's maps, once a process runs without the agent).
+    pub fn rewrite(&self, sink: &mut dyn UnwindSink) -> io::Result<()> {
+        for (placed, obj) in self.placed.values() {
+            if let Placed::Rows { first, n } = *placed {
+                sink.write_rows(first, &obj.rows[..n as usize])?;
+            }
+        }
+        for (&pid, table) in &self.procs {
+            sink.set_process(pid, table)?;
+        }
+        Ok(())
+    }
+
     /// The table `pid` has now, if any.
     pub fn table(&self, pid: u32) -> Option<&ProcTable> {
         self.procs.get(&pid).map(|t| &**t)
@@ -345,8 +362,8 @@ impl UnwindTables {
     }
 
     /// The object's rows in the row array, loading them the first time.
-    fn place(&mut self, obj: &UnwindObject, sink: &mut dyn UnwindSink) -> io::Result<Placed> {
-        if let Some(p) = self.placed.get(&obj.key) {
+    fn place(&mut self, obj: &Arc<UnwindObject>, sink: &mut dyn UnwindSink) -> io::Result<Placed> {
+        if let Some((p, _)) = self.placed.get(&obj.key) {
             return Ok(*p);
         }
         let n = obj.rows.len().min(MAX_ROWS);
@@ -362,7 +379,7 @@ impl UnwindTables {
             self.stats.rows += n as u64;
             Placed::Rows { first, n: n as u32 }
         };
-        self.placed.insert(obj.key.clone(), placed);
+        self.placed.insert(obj.key.clone(), (placed, obj.clone()));
         Ok(placed)
     }
 }
@@ -455,6 +472,14 @@ mod tests {
         assert_eq!(tables.stats().rows, loaded);
         tables.forget(1_000_000, &mut sink).unwrap();
         assert!(!sink.procs.contains_key(&1_000_000));
+        // A sink that starts late gets the same rows and tables.
+        let mut late = Memory {
+            capacity: 1 << 22,
+            ..Default::default()
+        };
+        tables.rewrite(&mut late).unwrap();
+        assert_eq!(late.rows, sink.rows);
+        assert_eq!(late.procs, sink.procs);
     }
 
     #[test]
