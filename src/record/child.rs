@@ -50,23 +50,33 @@ impl Drop for Child {
     fn drop(&mut self) {
         if !self.exited && !self.detached {
             self.signal(libc::SIGKILL);
-            // SIGKILL does not end a ptrace stop at exit (PTRACE_EVENT_EXIT):
-            // a command held there for the scan when the recording failed
-            // stayed there, and memleak waited for it for ever. Let go of
-            // its threads; those in such a stop then finish exiting.
-            let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid));
-            for tid in tasks
-                .into_iter()
-                .flatten()
-                .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
-            {
-                // SAFETY: detaching a thread we may trace; ESRCH otherwise.
-                unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
-            }
-            // SAFETY: our own child.
-            unsafe {
+            // SIGKILL does not end a ptrace stop at exit (PTRACE_EVENT_EXIT),
+            // and each thread gets there when it wakes to die, after the
+            // kill: a command whose threads we let go of too early stayed
+            // there, and memleak waited for it for ever. Let go of every
+            // thread until the process is reaped.
+            loop {
+                let tasks = std::fs::read_dir(format!("/proc/{}/task", self.pid));
+                for tid in tasks
+                    .into_iter()
+                    .flatten()
+                    .filter_map(|e| e.ok()?.file_name().to_str()?.parse::<i32>().ok())
+                {
+                    // SAFETY: detaching a thread we may trace; ESRCH
+                    // while it is not stopped or not ours.
+                    unsafe { libc::ptrace(libc::PTRACE_DETACH, tid, 0, 0) };
+                }
                 let mut status = 0;
-                libc::waitpid(self.pid as i32, &mut status, libc::__WALL);
+                // SAFETY: our own child.
+                let r = unsafe {
+                    libc::waitpid(self.pid as i32, &mut status, libc::__WALL | libc::WNOHANG)
+                };
+                // Reaped, or not ours to wait for; a stop is let go of
+                // above.
+                if r < 0 || (r > 0 && !libc::WIFSTOPPED(status)) {
+                    break;
+                }
+                std::thread::sleep(Duration::from_millis(1));
             }
         }
     }
@@ -699,8 +709,7 @@ mod tests {
     /// that stop, and the drop waited for it for ever.
     #[test]
     fn a_command_held_at_its_exit_stop_is_let_go_when_dropped() {
-        let (done, finished) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
+        dropped_and_reaped(|| {
             let mut c = Child::spawn(&["/bin/true".to_string()], false, None, &[]).unwrap();
             c.release(false, &mut || Ok(())).unwrap();
             let pid = c.pid;
@@ -719,6 +728,59 @@ mod tests {
             assert_eq!(failed.to_string(), "the scan failed");
             let state = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap();
             assert!(state.contains(") t "), "held at its exit stop: {state}");
+            c
+        });
+    }
+
+    /// A recording that fails while a multi-threaded command runs (a full
+    /// disk) drops it: its threads reach their exit stops after the
+    /// SIGKILL, and the drop waited for them for ever when it had tried
+    /// to let go of them only once, right after the kill.
+    #[test]
+    fn a_running_multi_threaded_command_is_reaped_when_dropped() {
+        if std::process::Command::new("python3")
+            .arg("-V")
+            .output()
+            .is_err()
+        {
+            assert!(
+                std::env::var_os("MEMLEAK_REQUIRE_ALL").is_none(),
+                "python3 is required (MEMLEAK_REQUIRE_ALL)"
+            );
+            eprintln!("skipped: python3 is not installed");
+            return;
+        }
+        dropped_and_reaped(|| {
+            let script = "import threading, time\n\
+                          for _ in range(4): threading.Thread(target=time.sleep, args=(30,)).start()\n\
+                          print('started', flush=True)\n\
+                          time.sleep(30)";
+            let argv = ["python3", "-c", script].map(String::from);
+            let mut c = Child::spawn(&argv, false, None, &[]).unwrap();
+            c.release(false, &mut || Ok(())).unwrap();
+            let pid = c.pid;
+            let threads =
+                || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
+            let deadline = std::time::Instant::now() + Duration::from_secs(20);
+            while threads() < 5 && std::time::Instant::now() < deadline {
+                c.poll(&mut || Ok(()), &mut || Ok(()), &mut |_| Ok(()), &mut |_| {
+                    Ok(())
+                })
+                .unwrap();
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            assert_eq!(threads(), 5, "the command started its threads");
+            c
+        });
+    }
+
+    /// Drops the command `start` returns, on a thread of its own: the drop
+    /// returns within 20 s and the command is reaped.
+    fn dropped_and_reaped(start: impl FnOnce() -> Child + Send + 'static) {
+        let (done, finished) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let c = start();
+            let pid = c.pid;
             drop(c);
             done.send(pid).unwrap();
         });
