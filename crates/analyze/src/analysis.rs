@@ -84,7 +84,7 @@ pub(crate) struct Tables {
 /// frames, and unsorted, and the tables they are resolved from are
 /// returned with it: a
 /// caller that keys the stacks by their records
-/// ([`record_key`](crate::diff::record_key)) resolves only the stacks it
+/// (the fleet's `stack_key_ids`) resolves only the stacks it
 /// keeps ([`resolve_frames`](crate::stacks::resolve_frames)).
 pub(crate) fn analyze_trace_unresolved(
     trace: &Trace,

@@ -5,8 +5,6 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use memleak_trace::StackRecord;
-
 use crate::frame_table::FrameTable;
 use crate::model::{Frame, Report, StackReport};
 
@@ -371,7 +369,7 @@ fn sort(stacks: &mut [DiffStack]) {
 }
 
 /// Separates the frames of a key.
-pub(super) const SEP: &str = " | ";
+pub(crate) const SEP: &str = " | ";
 
 /// The identity of a stack across traces: its frames, innermost first,
 /// each as [`frame_key`] makes it, and whether it is a kernel stack and
@@ -428,38 +426,15 @@ impl FrameKeys {
         FrameKeys { text, ends }
     }
 
-    fn key(&self, row: usize) -> &str {
+    /// The key of row `row`.
+    pub(crate) fn key(&self, row: usize) -> &str {
         let start = if row == 0 { 0 } else { self.ends[row - 1] };
         &self.text[start..self.ends[row]]
     }
-}
 
-/// Writes to `key` the [`stack_key`] of the stack a report would build
-/// from the trace's records: `rec` is the stack `stack_id` names in the
-/// stacks table (if any), `frames` the trace's frames table and `keys` its
-/// rows' keys. The key is the one of the stack with its frames resolved,
-/// without resolving them.
-pub(crate) fn record_key(
-    key: &mut String,
-    stack_id: u64,
-    rec: Option<&StackRecord>,
-    frames: &FrameTable,
-    keys: &FrameKeys,
-) {
-    let (kernel, truncated) = rec.map_or((false, false), |r| (r.kernel, r.truncated));
-    let addrs: &[u64] = rec.map_or(&[], |r| &r.frames);
-    push_stack_head(key, kernel, truncated, addrs.is_empty(), stack_id);
-    // Kernel frames are symbolized once for all processes, under pid 0.
-    let pid = rec.map_or(0, |r| if r.kernel { 0 } else { r.pid });
-    for (i, addr) in addrs.iter().enumerate() {
-        if i > 0 {
-            key.push_str(SEP);
-        }
-        match frames.row(&(pid, *addr)) {
-            Some(row) => key.push_str(keys.key(row)),
-            // A frame the table lacks: no function, no object.
-            None => key.push_str("[unknown]"),
-        }
+    /// The number of rows.
+    pub(crate) fn len(&self) -> usize {
+        self.ends.len()
     }
 }
 

@@ -24,7 +24,7 @@ pub use compare::{
     diff, diff_keyed, frame_key, moved_lines_hint, normalize_function, stack_key, Change, Diff,
     DiffStack, DiffSummary, Keyed, MatchOptions, Side, SideSummary,
 };
-pub(crate) use compare::{record_key, FrameKeys};
+pub(crate) use compare::{FrameKeys, SEP};
 pub use folded::{render_folded, DiffWeight};
 pub use json::render_json;
 pub use svg::render_svg;

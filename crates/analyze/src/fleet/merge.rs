@@ -1,19 +1,24 @@
 //! Merging the reports of many traces into one: each trace's [`Report`]
 //! is reduced to its stacks keyed by symbolized frames (the diff's
-//! [`stack_key`], so that hosts and builds compare) and its totals
-//! ([`TracePart`]), then added to the [`Merger`], which holds one entry per
-//! key whatever the number of traces.
+//! [`stack_key`](crate::diff::stack_key), as numbers: [`super::keys`], so
+//! that hosts and builds compare) and its totals ([`TracePart`]), then
+//! added to the [`Merger`], which holds one entry per key whatever the
+//! number of traces.
 
 use std::collections::hash_map::Entry;
 use std::collections::{BTreeMap, HashMap};
+use std::hash::BuildHasherDefault;
+use std::sync::Mutex;
 
 use crate::analysis::Tables;
-use crate::diff::{record_key, stack_key, FrameKeys, MatchOptions};
+use crate::diff::{FrameKeys, MatchOptions};
 use crate::growth::{Growth, Timeline};
+use crate::hash::IntHasher;
 use crate::histogram::SizeCount;
 use crate::model::{LeakSummary, Report, StackReport, Summary, SuppressedTotals};
 use crate::verdicts::VerdictTotals;
 
+use super::keys::{stack_key_ids, KeyIds, StackKey};
 use super::types::{Fleet, GroupBy, GroupTotals, StackOrigin, TraceTotals};
 
 /// One trace's report, reduced to what the merged report needs: its
@@ -23,51 +28,31 @@ pub struct TracePart {
     totals: TraceTotals,
     summary: Summary,
     timeline: Option<Timeline>,
-    stacks: Vec<(String, StackReport)>,
-    /// The tables the stacks' frames are resolved from, when the report
-    /// left them unresolved: only a stack that becomes its key's
+    stacks: Vec<(StackKey, StackReport)>,
+    /// The tables the stacks' frames are resolved from: the report left
+    /// them unresolved, and only a stack that becomes its key's
     /// representative needs its frames.
-    tables: Option<Tables>,
+    tables: Tables,
 }
 
 impl TracePart {
     /// Reduces `report`, of the trace at `index` in the report's order,
-    /// whose identity is `totals` (its figures are filled in here).
-    pub fn new(index: usize, totals: TraceTotals, report: Report, opts: MatchOptions) -> TracePart {
-        TracePart::keyed(index, totals, report, None, |st| stack_key(st, opts))
-    }
-
-    /// Like [`TracePart::new`] for a report whose stacks were left without
-    /// their frames, with the tables they resolve from
-    /// ([`analyze_trace_unresolved`](crate::analysis::analyze_trace_unresolved)).
+    /// whose identity is `totals` (its figures are filled in here). Its
+    /// stacks were left without their frames, which `tables` resolve
+    /// ([`analyze_trace_unresolved`](crate::analysis::analyze_trace_unresolved));
+    /// they are keyed with the numbers of `ids`.
     pub(crate) fn unresolved(
-        index: usize,
-        totals: TraceTotals,
-        report: Report,
-        tables: Tables,
-        opts: MatchOptions,
-    ) -> TracePart {
-        let keys = FrameKeys::new(&tables.frames, opts);
-        // Each key is written to one buffer, then copied at its length.
-        let mut buf = String::new();
-        let key = |st: &StackReport| {
-            buf.clear();
-            let rec = tables.stacks.get(&st.stack_id);
-            record_key(&mut buf, st.stack_id, rec, &tables.frames, &keys);
-            buf.as_str().to_owned()
-        };
-        let mut part = TracePart::keyed(index, totals, report, None, key);
-        part.tables = Some(tables);
-        part
-    }
-
-    fn keyed(
         index: usize,
         mut totals: TraceTotals,
         report: Report,
-        tables: Option<Tables>,
-        mut key: impl FnMut(&StackReport) -> String,
+        tables: Tables,
+        opts: MatchOptions,
+        ids: &Mutex<KeyIds>,
     ) -> TracePart {
+        // The rows' texts are made outside the lock, numbered under it.
+        let keys = FrameKeys::new(&tables.frames, opts);
+        let rows = crate::pool::lock_pool(ids).rows(&keys);
+        drop(keys);
         let Report {
             summary,
             stacks,
@@ -84,7 +69,13 @@ impl TracePart {
         totals.stacks = s.outstanding_stacks;
         totals.peak_bytes = s.peak_bytes;
         totals.scans = s.leak.as_ref().map_or(0, |l| l.scans.len() as u64);
-        let stacks = stacks.into_iter().map(|st| (key(&st), st)).collect();
+        let stacks = stacks
+            .into_iter()
+            .map(|st| {
+                let rec = tables.stacks.get(&st.stack_id);
+                (stack_key_ids(st.stack_id, rec, &tables.frames, &rows), st)
+            })
+            .collect();
         TracePart {
             index,
             totals,
@@ -113,7 +104,7 @@ struct Merged {
 #[derive(Default)]
 pub struct Merger {
     traces: Vec<Option<TraceTotals>>,
-    keys: HashMap<String, Merged>,
+    keys: HashMap<StackKey, Merged, BuildHasherDefault<IntHasher>>,
     summary: Summary,
     first: Option<usize>,
     window_ns: u64,
@@ -138,15 +129,10 @@ impl Merger {
         }
     }
 
-    /// Adds a trace's part. Parts may come in any order: the result is
-    /// the same.
-    pub fn add(&mut self, part: TracePart) {
-        drop(self.add_part(part));
-    }
-
-    /// [`Merger::add`], returning what is left of the part (its tables),
-    /// for the caller to free outside its lock.
-    pub(crate) fn add_part(&mut self, part: TracePart) -> Option<Tables> {
+    /// Adds a trace's part, and returns what is left of it (its tables),
+    /// for the caller to free outside its lock. Parts may come in any
+    /// order: the result is the same.
+    pub(crate) fn add_part(&mut self, part: TracePart) -> Tables {
         let TracePart {
             index,
             totals,
@@ -166,7 +152,7 @@ impl Merger {
             self.unscanned.1 += s.outstanding_allocations;
         }
         for (key, st) in stacks {
-            self.add_stack(index, key, st, has_verdicts, tables.as_ref());
+            self.add_stack(index, key, st, has_verdicts, &tables);
         }
         self.traces[index] = Some(totals);
         tables
@@ -256,23 +242,22 @@ impl Merger {
     fn add_stack(
         &mut self,
         index: usize,
-        key: String,
+        key: StackKey,
         mut st: StackReport,
         has_verdicts: bool,
-        tables: Option<&Tables>,
+        tables: &Tables,
     ) {
         let rep = (st.bytes, index);
         let better = |old: (u64, usize)| rep.0 > old.0 || (rep.0 == old.0 && rep.1 < old.1);
         let samples = st.growth.take().map(|g| g.samples);
-        // The frames of the stack that represents its key: resolved from
-        // the tables when the report left them out.
-        let frames_of = |st: &mut StackReport| match tables {
-            Some(t) => t
+        // The frames of the stack that represents its key, resolved from
+        // the tables (the report left them out).
+        let frames_of = |st: &mut StackReport| {
+            tables
                 .stacks
                 .get(&st.stack_id)
-                .map(|r| crate::stacks::resolve_frames(r, &t.frames))
-                .unwrap_or_default(),
-            None => std::mem::take(&mut st.frames),
+                .map(|r| crate::stacks::resolve_frames(r, &tables.frames))
+                .unwrap_or_default()
         };
         let m = match self.keys.entry(key) {
             Entry::Vacant(v) => v.insert(Merged {
@@ -338,8 +323,8 @@ impl Merger {
     }
 
     /// The merged report, its trace breakdown grouped `by`; `label` names
-    /// the traces in its summary.
-    pub fn finish(self, label: String, by: GroupBy, top: usize) -> Report {
+    /// the traces in its summary, `ids` numbered the parts' keys.
+    pub(crate) fn finish(self, ids: &KeyIds, label: String, by: GroupBy, top: usize) -> Report {
         let Merger {
             traces,
             keys,
@@ -375,7 +360,8 @@ impl Merger {
         let window_ns = window_ns.max(1);
         // Sorted by key first: equal stacks keep an order that does not
         // depend on the order the traces finished in.
-        let mut keyed: Vec<(String, Merged)> = keys.into_iter().collect();
+        let mut keyed: Vec<(String, Merged)> =
+            keys.into_iter().map(|(k, m)| (ids.text(&k), m)).collect();
         keyed.sort_unstable_by(|a, b| a.0.cmp(&b.0));
         let mut stacks = Vec::with_capacity(keyed.len());
         for (key, m) in keyed {

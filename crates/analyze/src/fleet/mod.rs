@@ -4,10 +4,12 @@
 //! breakdown of what each trace (host, command) holds.
 //!
 //! `run.rs` analyzes the traces a few at a time on the worker pool;
-//! `merge.rs` reduces each report to its keyed stacks and merges them;
+//! `merge.rs` reduces each report to its keyed stacks and merges them,
+//! with keys as numbers (`keys.rs`);
 //! `types.rs` holds what the merged [`Report`](crate::Report) adds, which
 //! the report's formats read.
 
+mod keys;
 pub mod merge;
 pub mod run;
 pub mod types;

@@ -11,6 +11,7 @@ use crate::analysis::{analyze_trace_unresolved, AnalyzeOptions};
 use crate::diff::MatchOptions;
 use crate::model::Report;
 
+use super::keys::KeyIds;
 use super::merge::{Merger, TracePart};
 use super::types::{GroupBy, TraceTotals};
 
@@ -87,6 +88,7 @@ where
         aopts.partitions = (threads / (2 * concurrent)).max(1);
     }
     let merger = Mutex::new(Merger::new(sources.len()));
+    let ids = Mutex::new(KeyIds::default());
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<(usize, E)>> = Mutex::new(None);
@@ -101,7 +103,7 @@ where
         drop(trace);
         // Stacks are keyed from the tables; only the stacks that come to
         // represent their key are given frames, by the merger.
-        let part = TracePart::unresolved(i, totals, report, tables, opts.matching);
+        let part = TracePart::unresolved(i, totals, report, tables, opts.matching, &ids);
         let tables = crate::pool::lock_pool(&merger).add_part(part);
         // Freed outside the lock: tens of thousands of small strings.
         drop(tables);
@@ -134,7 +136,8 @@ where
         return Err(e);
     }
     let merger = merger.into_inner().unwrap_or_else(|e| e.into_inner());
-    Ok(merger.finish(opts.label.clone(), opts.group_by, opts.analyze.top))
+    let ids = ids.into_inner().unwrap_or_else(|e| e.into_inner());
+    Ok(merger.finish(&ids, opts.label.clone(), opts.group_by, opts.analyze.top))
 }
 
 /// A trace's host, id and command, from its path and meta.json.
