@@ -326,6 +326,10 @@ fn open<'obj>(
                     prog.set_autoload(false);
                 }
             }
+            // Every map but the row array is the first instance's, the
+            // read-only data too: frozen there with the same settings, it
+            // is what the verifier reads (the values set above are not
+            // written).
             for mut map in open.open_object_mut().maps_mut() {
                 let name = map.name().to_owned();
                 if name == "unwind_rows" {
