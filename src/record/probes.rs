@@ -196,7 +196,6 @@ pub struct Probes<'obj> {
     /// The `_dl_debug_state` stops, apart: they must go before a child is
     /// detached, or it would stop for real at its next dlopen.
     dl_links: std::cell::RefCell<Vec<Link>>,
-    count_only: bool,
 }
 
 /// Which programs and maps an instance of the program has.
@@ -210,16 +209,23 @@ enum Part<'a, 'obj> {
     UprobesOnly(&'a MemleakSkel<'obj>),
 }
 
-/// The uprobe programs (for the allocators, and ld.so's stops).
-const UPROBE_PROGRAMS: [&str; 7] = [
-    "alloc_session",
-    "malloc_session",
-    "free_entry",
-    "munmap_entry",
-    "count_session",
-    "count_entry",
-    "dl_state",
-];
+/// Sets which uprobe programs (the allocators', and ld.so's stops) are
+/// loaded: none without `on`, else the recording ones or, with
+/// `count_only`, the counting ones (the other mode's are not verified).
+fn choose_uprobes(p: &mut skel::OpenMemleakProgs<'_>, on: bool, count_only: bool) {
+    for prog in [
+        &mut p.alloc_session,
+        &mut p.malloc_session,
+        &mut p.free_entry,
+        &mut p.munmap_entry,
+    ] {
+        prog.set_autoload(on && !count_only);
+    }
+    for prog in [&mut p.count_session, &mut p.count_entry] {
+        prog.set_autoload(on && count_only);
+    }
+    p.dl_state.set_autoload(on);
+}
 
 fn open<'obj>(
     object: &'obj mut MaybeUninit<OpenObject>,
@@ -257,18 +263,7 @@ fn open<'obj>(
     let calibrate = cfg.kernel && has_kmem_tracepoint("mm_page_alloc");
     p.calib_page.set_autoload(calibrate);
     p.calib_pfn.set_autoload(calibrate);
-    // Programs of the other mode are not verified either.
-    for prog in [
-        &mut p.alloc_session,
-        &mut p.malloc_session,
-        &mut p.free_entry,
-        &mut p.munmap_entry,
-    ] {
-        prog.set_autoload(!cfg.count_only);
-    }
-    for prog in [&mut p.count_session, &mut p.count_entry] {
-        prog.set_autoload(cfg.count_only);
-    }
+    choose_uprobes(p, !matches!(part, Part::WithoutUprobes), cfg.count_only);
     // Maps only --kernel uses are shrunk to one entry otherwise: the
     // kernel objects' LRU map and the slab programs' per-CPU tokens are
     // preallocated, megabytes whose allocation shows in start-up.
@@ -303,14 +298,6 @@ fn open<'obj>(
     match part {
         Part::Everything => {}
         Part::WithoutUprobes => {
-            for mut prog in open.open_object_mut().progs_mut() {
-                if UPROBE_PROGRAMS
-                    .iter()
-                    .any(|&n| prog.name() == std::ffi::OsStr::new(n))
-                {
-                    prog.set_autoload(false);
-                }
-            }
             open.maps
                 .unwind_rows
                 .set_max_entries(1)
@@ -319,13 +306,9 @@ fn open<'obj>(
         Part::UprobesOnly(first) => {
             use std::os::fd::AsFd;
             for mut prog in open.open_object_mut().progs_mut() {
-                if !UPROBE_PROGRAMS
-                    .iter()
-                    .any(|&n| prog.name() == std::ffi::OsStr::new(n))
-                {
-                    prog.set_autoload(false);
-                }
+                prog.set_autoload(false);
             }
+            choose_uprobes(&mut open.progs, true, cfg.count_only);
             // Every map but the row array is the first instance's, the
             // read-only data too: frozen there with the same settings, it
             // is what the verifier reads (the values set above are not
@@ -400,7 +383,6 @@ impl<'obj> Probes<'obj> {
             cfg: cfg.clone(),
             links: Default::default(),
             dl_links: Default::default(),
-            count_only: cfg.count_only,
         })
     }
 
@@ -473,7 +455,7 @@ impl<'obj> Probes<'obj> {
                 session: mode == ProbeMode::Session,
                 ..Default::default()
             };
-            let prog = match (mode, self.count_only) {
+            let prog = match (mode, self.cfg.count_only) {
                 (_, false) => recording,
                 (ProbeMode::Session, true) => &progs.count_session,
                 (ProbeMode::EntryOnly, true) => &progs.count_entry,

@@ -910,25 +910,26 @@ fn record(
 /// The loss counters by `LOST_REASONS` index: the probe's, and the
 /// agent's.
 fn lost(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
-    let mut lost = probes.lost();
-    if let Some(a) = agent {
-        for (n, a) in lost.iter_mut().zip(a.borrow().shared.lost()) {
-            *n += a;
-        }
-    }
-    lost
+    let agent = agent.map(|a| a.borrow().shared.lost());
+    summed(probes.lost(), agent.as_ref().map(|l| &l[..]))
 }
 
 /// Stack walks by how they ended: the probe's counters, plus the agent's
 /// records (the probe walks the stacks of processes without the agent).
 fn unwind_ends(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> {
-    let mut ends = probes.unwind_ends();
-    if let Some(a) = agent {
-        for (n, a) in ends.iter_mut().zip(a.borrow().shared.unwind_ends()) {
-            *n += a;
-        }
+    let agent = agent.map(|a| a.borrow());
+    summed(
+        probes.unwind_ends(),
+        agent.as_ref().map(|a| a.shared.unwind_ends()),
+    )
+}
+
+/// The probe's counters plus the agent's, index by index.
+fn summed(mut probe: Vec<u64>, agent: Option<&[u64]>) -> Vec<u64> {
+    for (n, a) in probe.iter_mut().zip(agent.unwrap_or_default()) {
+        *n += a;
     }
-    ends
+    probe
 }
 
 /// The libraries a command gets private copies of (super::private_libs):

@@ -239,13 +239,12 @@ impl Rows for EventRows {
 
     fn reserve(&mut self) {
         let cap = self.capacity;
-        reuse(&mut self.ts, None::<PrimitiveArray<UInt64Type>>, cap);
-        reuse(&mut self.pid, None::<PrimitiveArray<UInt32Type>>, cap);
-        reuse(&mut self.tid, None::<PrimitiveArray<UInt32Type>>, cap);
-        reuse(&mut self.kind, None::<PrimitiveArray<Int8Type>>, cap);
-        reuse(&mut self.addr, None::<PrimitiveArray<UInt64Type>>, cap);
-        reuse(&mut self.size, None::<PrimitiveArray<UInt64Type>>, cap);
-        reuse(&mut self.seq, None::<PrimitiveArray<UInt64Type>>, cap);
+        for v in [&mut self.ts, &mut self.addr, &mut self.size, &mut self.seq] {
+            v.reserve(cap);
+        }
+        self.pid.reserve(cap);
+        self.tid.reserve(cap);
+        self.kind.reserve(cap);
     }
 }
 
