@@ -212,7 +212,9 @@ fn analyze_trace_with(
             (s.stack_id, held)
         })
         .collect();
-    let (growths, timeline) = crate::growth::classify_stacks(&held, samples, &plan, start_ts);
+    // A merger classifies the samples it adds up, not each trace's.
+    let (growths, timeline) =
+        crate::growth::classify_stacks(&held, samples, &plan, start_ts, resolve);
     for (s, g) in stacks.iter_mut().zip(growths) {
         s.growth = Some(g);
     }

@@ -234,12 +234,15 @@ fn fit_line(ys: &[u64], window_ns: u64, max: u64) -> (f64, f64) {
 }
 
 /// The verdict of each stack of `stack_ids` (in that order) from the
-/// replay's `samples`, and the timeline of the total.
+/// replay's `samples`, and the timeline of the total. Without `classify`
+/// each stack gets its samples alone, with an unknown verdict: for a
+/// merger, which classifies the samples it adds up.
 pub(crate) fn classify_stacks(
     stacks: &[(u64, Held)],
     mut samples: GrowthSamples,
     plan: &GrowthPlan,
     start_ts: u64,
+    classify: bool,
 ) -> (Vec<Growth>, Timeline) {
     let rows: Vec<(Option<Box<[u64]>>, Held)> = stacks
         .iter()
@@ -252,6 +255,14 @@ pub(crate) fn classify_stacks(
                 Some(r) => r.into_vec(),
                 None => vec![0; plan.windows],
             };
+            if !classify {
+                return Growth {
+                    verdict: Verdict::Unknown,
+                    slope_bytes_per_s: 0.0,
+                    fit: 0.0,
+                    samples: row,
+                };
+            }
             Growth::classify_held(row, plan.window_ns, Some(held))
         })
         .collect();

@@ -59,7 +59,8 @@ pub struct FleetOptions {
 /// by trace ([`Fleet`](super::types::Fleet)).
 ///
 /// `open` opens (and may check) each trace. Traces are analyzed a few at
-/// a time, each with the whole worker pool, and each report is reduced to
+/// a time, each on a thread of its own when there are enough of them to
+/// keep the threads busy, else with the whole worker pool; each report is reduced to
 /// its keyed stacks before the next trace starts, so memory is that of
 /// `concurrent` analyses plus one entry per distinct stack. The result
 /// does not depend on the order the traces finish in. The first error
@@ -109,25 +110,41 @@ where
         drop(tables);
         Ok(())
     };
+    // With enough traces to keep every thread busy, each worker analyzes
+    // its traces alone, on a pool of one thread: no thread of a trace's
+    // analysis waits for another's work, and the keying and merging run
+    // on the thread the analysis ran on. On the 200-host benchmark
+    // (docs/benchmarks.md) the pool shared by two traces at a time sat
+    // idle a quarter of the time. Fewer traces share the whole pool.
+    let alone = concurrent >= threads && sources.len() >= 2 * threads;
+    let work = || loop {
+        if failed.load(Relaxed) {
+            break;
+        }
+        let i = next.fetch_add(1, Relaxed);
+        if i >= sources.len() {
+            break;
+        }
+        if let Err(e) = one(i) {
+            failed.store(true, Relaxed);
+            let mut first = crate::pool::lock_pool(&first_error);
+            // The error of the first trace in order, whatever
+            // finished first.
+            if first.as_ref().is_none_or(|(j, _)| i < *j) {
+                *first = Some((i, e));
+            }
+            break;
+        }
+    };
     std::thread::scope(|s| {
         for _ in 0..concurrent {
-            s.spawn(|| loop {
-                if failed.load(Relaxed) {
-                    break;
-                }
-                let i = next.fetch_add(1, Relaxed);
-                if i >= sources.len() {
-                    break;
-                }
-                if let Err(e) = one(i) {
-                    failed.store(true, Relaxed);
-                    let mut first = crate::pool::lock_pool(&first_error);
-                    // The error of the first trace in order, whatever
-                    // finished first.
-                    if first.as_ref().is_none_or(|(j, _)| i < *j) {
-                        *first = Some((i, e));
-                    }
-                    break;
+            s.spawn(|| {
+                let own = alone
+                    .then(|| rayon::ThreadPoolBuilder::new().num_threads(1).build().ok())
+                    .flatten();
+                match own {
+                    Some(pool) => pool.install(work),
+                    None => work(),
                 }
             });
         }
