@@ -38,8 +38,8 @@ impl FrameTable {
         self.index.get(key).map(|&i| i as usize)
     }
 
-    /// The rows, in the order read.
-    pub(crate) fn rows(&self) -> impl Iterator<Item = FrameRow<'_>> {
-        self.columns.rows()
+    /// The table's columns.
+    pub(crate) fn columns(&self) -> &FrameColumns {
+        &self.columns
     }
 }

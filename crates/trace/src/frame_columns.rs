@@ -4,8 +4,10 @@
 //! strings per row.
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{UInt32Type, UInt64Type};
-use arrow_array::{Array, ListArray, RecordBatch, StringArray, UInt32Array, UInt64Array};
+use arrow_array::types::{Int32Type, UInt32Type, UInt64Type};
+use arrow_array::{
+    Array, ArrayRef, Int32Array, ListArray, PrimitiveArray, StringArray, UInt32Array, UInt64Array,
+};
 
 use crate::schema::{FrameRecord, InlinedFrame};
 
@@ -18,16 +20,69 @@ pub struct FrameColumns {
     len: usize,
 }
 
+/// A string column as its dictionary and each row's index into it (a
+/// null index for a null string).
+#[derive(Clone)]
+pub struct DictColumn {
+    keys: Int32Array,
+    values: StringArray,
+}
+
+impl DictColumn {
+    /// The column `a`: a dictionary as the reader gives it, or plain
+    /// strings, each its own entry.
+    fn new(a: &ArrayRef) -> Result<DictColumn, String> {
+        if let Some(d) = a.as_dictionary_opt::<Int32Type>() {
+            let values = d
+                .values()
+                .as_string_opt::<i32>()
+                .ok_or_else(|| format!("a dictionary of {} for strings", d.values().data_type()))?;
+            return Ok(DictColumn {
+                keys: d.keys().clone(),
+                values: values.clone(),
+            });
+        }
+        let values = a
+            .as_string_opt::<i32>()
+            .ok_or_else(|| format!("{} for strings", a.data_type()))?
+            .clone();
+        let keys: Int32Array =
+            PrimitiveArray::new((0..values.len() as i32).collect(), values.nulls().cloned());
+        Ok(DictColumn { keys, values })
+    }
+
+    #[inline]
+    fn get(&self, i: usize) -> Option<&str> {
+        self.key(i).map(|k| self.values.value(k))
+    }
+
+    /// Row `i`'s index into the dictionary, if not null.
+    #[inline]
+    pub fn key(&self, i: usize) -> Option<usize> {
+        self.keys.is_valid(i).then(|| self.keys.value(i) as usize)
+    }
+
+    /// Entries in the dictionary.
+    pub fn entries(&self) -> usize {
+        self.values.len()
+    }
+
+    /// The dictionary's entry `k`.
+    pub fn value(&self, k: usize) -> &str {
+        self.values.value(k)
+    }
+}
+
 /// One record batch's columns, in schema order.
 struct FrameBatch {
     pid: UInt32Array,
     addr: UInt64Array,
-    build_id: StringArray,
-    path: StringArray,
+    build_id: DictColumn,
+    path: DictColumn,
     file_offset: UInt64Array,
-    function: StringArray,
+    function: DictColumn,
     func_offset: UInt64Array,
-    file: StringArray,
+    file: DictColumn,
     line: UInt32Array,
     column: UInt32Array,
     inlined: ListArray,
@@ -38,37 +93,65 @@ struct FrameBatch {
 }
 
 impl FrameColumns {
-    /// The table of `batches`, each with the frames schema's columns in
-    /// its order.
-    pub(crate) fn new(batches: &[RecordBatch]) -> FrameColumns {
-        let mut out = FrameColumns::default();
-        for b in batches {
-            let s = |i: usize| b.column(i).as_string::<i32>().clone();
-            let u64c = |i: usize| b.column(i).as_primitive::<UInt64Type>().clone();
-            let u32c = |i: usize| b.column(i).as_primitive::<UInt32Type>().clone();
-            let inlined = b.column(10).as_list::<i32>().clone();
-            let st = inlined.values().as_struct();
-            out.starts.push(out.len);
-            out.len += b.num_rows();
-            out.batches.push(FrameBatch {
-                pid: u32c(0),
-                addr: u64c(1),
-                build_id: s(2),
-                path: s(3),
-                file_offset: u64c(4),
-                function: s(5),
-                func_offset: u64c(6),
-                file: s(7),
-                line: u32c(8),
-                column: u32c(9),
-                inl_function: st.column(0).as_string::<i32>().clone(),
-                inl_file: st.column(1).as_string::<i32>().clone(),
-                inl_line: st.column(2).as_primitive::<UInt32Type>().clone(),
-                inl_column: st.column(3).as_primitive::<UInt32Type>().clone(),
-                inlined,
-            });
-        }
-        out
+    /// The top-level string columns the reader decodes as dictionaries.
+    pub(crate) const DICTIONARY: &'static [&'static str] =
+        &["build_id", "path", "function", "file"];
+
+    /// Appends a record batch's columns, in the frames schema's order; an
+    /// error names a column of another type.
+    pub(crate) fn push(&mut self, c: &[ArrayRef]) -> Result<(), String> {
+        let s = |i: usize| DictColumn::new(&c[i]);
+        let u64c = |i: usize| {
+            c[i].as_primitive_opt::<UInt64Type>()
+                .cloned()
+                .ok_or_else(|| format!("{} for integers", c[i].data_type()))
+        };
+        let u32c = |i: usize| {
+            c[i].as_primitive_opt::<UInt32Type>()
+                .cloned()
+                .ok_or_else(|| format!("{} for integers", c[i].data_type()))
+        };
+        let inlined = c[10]
+            .as_list_opt::<i32>()
+            .ok_or("inlined is not a list")?
+            .clone();
+        let st = inlined
+            .values()
+            .as_struct_opt()
+            .ok_or("inlined is not a list of structs")?;
+        let inl_s = |i: usize| {
+            st.column(i)
+                .as_string_opt::<i32>()
+                .cloned()
+                .ok_or_else(|| format!("{} for strings", st.column(i).data_type()))
+        };
+        let inl_u32 = |i: usize| {
+            st.column(i)
+                .as_primitive_opt::<UInt32Type>()
+                .cloned()
+                .ok_or_else(|| format!("{} for integers", st.column(i).data_type()))
+        };
+        let b = FrameBatch {
+            pid: u32c(0)?,
+            addr: u64c(1)?,
+            build_id: s(2)?,
+            path: s(3)?,
+            file_offset: u64c(4)?,
+            function: s(5)?,
+            func_offset: u64c(6)?,
+            file: s(7)?,
+            line: u32c(8)?,
+            column: u32c(9)?,
+            inl_function: inl_s(0)?,
+            inl_file: inl_s(1)?,
+            inl_line: inl_u32(2)?,
+            inl_column: inl_u32(3)?,
+            inlined,
+        };
+        self.starts.push(self.len);
+        self.len += b.pid.len();
+        self.batches.push(b);
+        Ok(())
     }
 
     /// Rows in the table.
@@ -90,11 +173,59 @@ impl FrameColumns {
         }
     }
 
+    /// The batches, in order, each with its rows and the dictionaries of
+    /// its function, file and path columns.
+    pub fn batches(&self) -> impl Iterator<Item = FrameBatchRef<'_>> {
+        self.batches
+            .iter()
+            .zip(&self.starts)
+            .map(|(b, &first)| FrameBatchRef { b, first })
+    }
+
     /// Every row, in order.
     pub fn rows(&self) -> impl Iterator<Item = FrameRow<'_>> {
         self.batches
             .iter()
             .flat_map(|b| (0..b.pid.len()).map(move |i| FrameRow { b, i }))
+    }
+}
+
+/// One batch of [`FrameColumns`], whose rows share their dictionaries.
+#[derive(Clone, Copy)]
+pub struct FrameBatchRef<'a> {
+    b: &'a FrameBatch,
+    first: usize,
+}
+
+impl<'a> FrameBatchRef<'a> {
+    /// The table's index of the batch's first row.
+    pub fn first(&self) -> usize {
+        self.first
+    }
+
+    /// The batch's rows.
+    pub fn len(&self) -> usize {
+        self.b.pid.len()
+    }
+
+    /// Whether the batch has no row.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Its `i`-th row.
+    pub fn row(&self, i: usize) -> FrameRow<'a> {
+        FrameRow { b: self.b, i }
+    }
+
+    /// The function column.
+    pub fn function(&self) -> &'a DictColumn {
+        &self.b.function
+    }
+
+    /// The source file column.
+    pub fn file(&self) -> &'a DictColumn {
+        &self.b.file
     }
 }
 
@@ -144,12 +275,12 @@ impl<'a> FrameRow<'a> {
 
     /// Build id of the object.
     pub fn build_id(&self) -> Option<&'a str> {
-        opt_str(&self.b.build_id, self.i)
+        self.b.build_id.get(self.i)
     }
 
     /// Path of the object.
     pub fn path(&self) -> Option<&'a str> {
-        opt_str(&self.b.path, self.i)
+        self.b.path.get(self.i)
     }
 
     /// Offset of the address in the object file.
@@ -159,7 +290,7 @@ impl<'a> FrameRow<'a> {
 
     /// Function containing the address.
     pub fn function(&self) -> Option<&'a str> {
-        opt_str(&self.b.function, self.i)
+        self.b.function.get(self.i)
     }
 
     /// Offset of the address from the function start.
@@ -169,7 +300,7 @@ impl<'a> FrameRow<'a> {
 
     /// Source file.
     pub fn file(&self) -> Option<&'a str> {
-        opt_str(&self.b.file, self.i)
+        self.b.file.get(self.i)
     }
 
     /// Source line.
@@ -180,6 +311,12 @@ impl<'a> FrameRow<'a> {
     /// Source column.
     pub fn column(&self) -> Option<u32> {
         opt_u32(&self.b.column, self.i)
+    }
+
+    /// Whether functions are inlined at this address.
+    pub fn has_inlined(&self) -> bool {
+        let offsets = self.b.inlined.value_offsets();
+        offsets[self.i + 1] > offsets[self.i]
     }
 
     /// Functions inlined at this address, innermost first.

@@ -52,7 +52,7 @@ pub mod writer;
 
 pub use discover::{find_traces, is_trace, FoundTrace};
 pub use error::{describe_io, Error, Result};
-pub use frame_columns::{FrameColumns, FrameRow, InlinedRow};
+pub use frame_columns::{DictColumn, FrameBatchRef, FrameColumns, FrameRow, InlinedRow};
 pub use lock::TraceLock;
 pub use losses::{describe_loss, loss_effect, LossEffect, Losses};
 pub use meta::{

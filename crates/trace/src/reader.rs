@@ -9,10 +9,11 @@ use std::collections::BTreeMap;
 use std::fs::{self, File};
 use std::io::Read;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 
 use arrow_array::cast::AsArray;
 use arrow_array::types::{Int8Type, UInt32Type, UInt64Type};
-use arrow_array::{Array, RecordBatch};
+use arrow_array::{Array, ArrayRef, RecordBatch};
 use arrow_schema::DataType;
 use parquet::arrow::arrow_reader::{
     ArrowReaderMetadata, ArrowReaderOptions, ParquetRecordBatchReader,
@@ -525,12 +526,28 @@ impl Trace {
     /// Reads the whole `frames` table, column by column: what
     /// [`Trace::frames`] reads, without a record per row.
     pub fn frame_columns(&self) -> Result<FrameColumns> {
-        let mut batches = Vec::new();
-        self.for_each_batch(Table::Frames, |b, _| {
-            batches.push(b.clone());
-            Ok(())
-        })?;
-        Ok(FrameColumns::new(&batches))
+        let schema = Table::Frames.schema();
+        let names: Vec<&str> = schema.fields().iter().map(|f| f.name().as_str()).collect();
+        let mut out = FrameColumns::default();
+        for seg in &self.segments[Table::Frames.name()] {
+            // The strings as their dictionaries and each row's index into
+            // them: a row's string is not copied, and the fleet's keys are
+            // made once per dictionary entry.
+            let meta = dictionary_strings(seg, FrameColumns::DICTIONARY)?;
+            // A row group is one batch, with one dictionary per column.
+            for batch in batch_reader_with(&seg.path, meta, names.iter().copied(), None, 1 << 20)? {
+                let batch = batch?;
+                let cols: Vec<ArrayRef> = names
+                    .iter()
+                    .map(|n| batch.column_by_name(n).cloned().expect("projected column"))
+                    .collect();
+                out.push(&cols).map_err(|reason| Error::Foreign {
+                    path: seg.path.clone(),
+                    reason,
+                })?;
+            }
+        }
+        Ok(out)
     }
 
     /// Reads the whole `maps` table.
@@ -820,6 +837,52 @@ fn batch_reader<'a>(
     row_group: Option<usize>,
     batch_size: usize,
 ) -> Result<Batches> {
+    batch_reader_with(&seg.path, seg.meta.clone(), names, row_group, batch_size)
+}
+
+/// The footer of `seg` read with the top-level string columns of `names`
+/// typed as dictionaries (`Int32` keys), as the writer encodes them.
+fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<ArrowReaderMetadata> {
+    let fields: Vec<arrow_schema::FieldRef> = seg
+        .meta
+        .schema()
+        .fields()
+        .iter()
+        .map(|f| match f.data_type() {
+            DataType::Utf8 if names.contains(&f.name().as_str()) => {
+                Arc::new(f.as_ref().clone().with_data_type(DataType::Dictionary(
+                    Box::new(DataType::Int32),
+                    Box::new(DataType::Utf8),
+                )))
+            }
+            _ => f.clone(),
+        })
+        .collect();
+    let hint = Arc::new(arrow_schema::Schema::new_with_metadata(
+        fields,
+        seg.meta.schema().metadata().clone(),
+    ));
+    guarded::decode(|| {
+        ArrowReaderMetadata::try_new(
+            seg.meta.metadata().clone(),
+            ArrowReaderOptions::new().with_schema(hint),
+        )
+    })
+    .and_then(|r| r.map_err(|e| e.to_string()))
+    .map_err(|e| corrupt(&seg.path, e))
+}
+
+fn batch_reader_with<'a>(
+    path: &Path,
+    meta: ArrowReaderMetadata,
+    names: impl IntoIterator<Item = &'a str>,
+    row_group: Option<usize>,
+    batch_size: usize,
+) -> Result<Batches> {
+    let seg = Segment {
+        path: path.to_path_buf(),
+        meta,
+    };
     let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
     let mask = ProjectionMask::columns(seg.meta.parquet_schema(), names);
     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())

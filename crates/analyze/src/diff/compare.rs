@@ -5,8 +5,8 @@
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Write as _;
 
-use crate::frame_table::FrameTable;
 use crate::model::{Frame, Report, StackReport};
+use memleak_trace::FrameRow;
 
 /// How stacks are matched.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -397,45 +397,17 @@ pub fn stack_key(s: &StackReport, opts: MatchOptions) -> String {
     key
 }
 
-/// The [`frame_key`] of every row of a trace's frames table, made in one
-/// pass over the table: a stack's key is then its rows' keys joined, read
-/// from one compact text rather than from each record's strings.
-pub(crate) struct FrameKeys {
-    text: String,
-    /// Where each row's key ends in `text` (it starts where the row
-    /// before ends).
-    ends: Vec<usize>,
-}
-
-impl FrameKeys {
-    pub(crate) fn new(frames: &FrameTable, opts: MatchOptions) -> FrameKeys {
-        let mut text = String::new();
-        let mut ends = Vec::new();
-        for f in frames.rows() {
-            let parts = FrameKeyParts {
-                function: f.function(),
-                file: f.file(),
-                line: f.line(),
-                path: f.path(),
-                file_offset: f.file_offset(),
-            };
-            let inlined = f.inlined().map(|i| (i.function, i.file, i.line));
-            push_frame_key(&mut text, parts, inlined, opts);
-            ends.push(text.len());
-        }
-        FrameKeys { text, ends }
-    }
-
-    /// The key of row `row`.
-    pub(crate) fn key(&self, row: usize) -> &str {
-        let start = if row == 0 { 0 } else { self.ends[row - 1] };
-        &self.text[start..self.ends[row]]
-    }
-
-    /// The number of rows.
-    pub(crate) fn len(&self) -> usize {
-        self.ends.len()
-    }
+/// Appends the [`frame_key`] of a row of a trace's frames table to `k`.
+pub(crate) fn push_row_key(k: &mut String, f: FrameRow<'_>, opts: MatchOptions) {
+    let parts = FrameKeyParts {
+        function: f.function(),
+        file: f.file(),
+        line: f.line(),
+        path: f.path(),
+        file_offset: f.file_offset(),
+    };
+    let inlined = f.inlined().map(|i| (i.function, i.file, i.line));
+    push_frame_key(k, parts, inlined, opts);
 }
 
 /// What leads a stack's key: whether it is a kernel stack and truncated,
@@ -553,7 +525,7 @@ fn push_location(
     }
 }
 
-fn basename(p: &str) -> &str {
+pub(crate) fn basename(p: &str) -> &str {
     p.rfind('/').map_or(p, |i| &p[i + 1..])
 }
 

@@ -20,11 +20,11 @@ pub mod json;
 pub mod svg;
 pub mod text;
 
+pub(crate) use compare::{basename, push_row_key, SEP};
 pub use compare::{
     diff, diff_keyed, frame_key, moved_lines_hint, normalize_function, stack_key, Change, Diff,
     DiffStack, DiffSummary, Keyed, MatchOptions, Side, SideSummary,
 };
-pub(crate) use compare::{FrameKeys, SEP};
 pub use folded::{render_folded, DiffWeight};
 pub use json::render_json;
 pub use svg::render_svg;

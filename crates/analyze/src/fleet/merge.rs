@@ -11,7 +11,7 @@ use std::hash::BuildHasherDefault;
 use std::sync::Mutex;
 
 use crate::analysis::Tables;
-use crate::diff::{FrameKeys, MatchOptions};
+use crate::diff::MatchOptions;
 use crate::growth::{Growth, Timeline};
 use crate::hash::IntHasher;
 use crate::histogram::SizeCount;
@@ -49,10 +49,7 @@ impl TracePart {
         opts: MatchOptions,
         ids: &Mutex<KeyIds>,
     ) -> TracePart {
-        // The rows' texts are made outside the lock, numbered under it.
-        let keys = FrameKeys::new(&tables.frames, opts);
-        let rows = crate::pool::lock_pool(ids).rows(&keys);
-        drop(keys);
+        let rows = crate::pool::lock_pool(ids).rows(&tables.frames, opts);
         let Report {
             summary,
             stacks,
