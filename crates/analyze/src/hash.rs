@@ -31,10 +31,16 @@ impl Hasher for IntHasher {
     }
 
     fn write(&mut self, bytes: &[u8]) {
-        // Only reached for non-integer keys; correct, not fast.
-        for chunk in bytes.chunks(8) {
+        // For non-integer keys (strings, the fleet's stack keys): 8 bytes
+        // at a time, the last ones padded with zeros.
+        let mut chunks = bytes.chunks_exact(8);
+        for c in &mut chunks {
+            self.write_u64(u64::from_le_bytes(c.try_into().expect("8 bytes")));
+        }
+        let rest = chunks.remainder();
+        if !rest.is_empty() {
             let mut b = [0u8; 8];
-            b[..chunk.len()].copy_from_slice(chunk);
+            b[..rest.len()].copy_from_slice(rest);
             self.write_u64(u64::from_le_bytes(b));
         }
     }

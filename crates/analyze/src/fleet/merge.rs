@@ -475,10 +475,68 @@ fn pad(mut v: Vec<u64>, n: usize) -> Vec<u64> {
 
 /// Adds the size buckets of `from` to `to`, both smallest first.
 fn merge_sizes(to: &mut Vec<SizeCount>, from: &[SizeCount]) {
+    // One walk over both, as a stack's buckets are mostly in `to`
+    // already; the others are inserted after.
+    let mut i = 0;
+    let mut missing = false;
     for f in from {
-        match to.binary_search_by(|t| t.low.cmp(&f.low)) {
-            Ok(i) => to[i].count += f.count,
-            Err(i) => to.insert(i, *f),
+        while i < to.len() && to[i].low < f.low {
+            i += 1;
+        }
+        match to.get_mut(i) {
+            Some(t) if t.low == f.low => t.count += f.count,
+            _ => missing = true,
+        }
+    }
+    if missing {
+        for f in from {
+            if let Err(i) = to.binary_search_by(|t| t.low.cmp(&f.low)) {
+                to.insert(i, *f);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The buckets of `lows` (ascending), each with `count`.
+    fn buckets(lows: &[u64], count: u64) -> Vec<SizeCount> {
+        lows.iter()
+            .map(|&low| SizeCount {
+                low,
+                high: low * 2 - 1,
+                count,
+            })
+            .collect()
+    }
+
+    #[test]
+    fn sizes_merge_into_one_ascending_list() {
+        let cases: [(&[u64], &[u64]); 6] = [
+            (&[], &[1, 4]),
+            (&[1, 4], &[]),
+            (&[1, 4, 16], &[4, 16]),
+            (&[4, 16], &[1, 4, 8, 32]),
+            (&[2, 8], &[1, 4, 16]),
+            (&[1, 2, 4, 8], &[1, 2, 4, 8]),
+        ];
+        for (a, b) in cases {
+            let mut got = buckets(a, 1);
+            merge_sizes(&mut got, &buckets(b, 10));
+            let mut lows: Vec<u64> = a.iter().chain(b).copied().collect();
+            lows.sort_unstable();
+            lows.dedup();
+            let want: Vec<SizeCount> = lows
+                .iter()
+                .map(|&low| SizeCount {
+                    low,
+                    high: low * 2 - 1,
+                    count: a.contains(&low) as u64 + 10 * b.contains(&low) as u64,
+                })
+                .collect();
+            assert_eq!(got, want, "{a:?} + {b:?}");
         }
     }
 }
