@@ -499,14 +499,21 @@ impl Trace {
             let kernel = b.column(2).as_boolean();
             let truncated = b.column(3).as_boolean();
             let frames = b.column(4).as_list::<i32>();
+            // Each list by its offsets into the child column, not a slice
+            // of it per row (an array made and dropped per stack).
+            let (offsets, addrs) = (
+                frames.value_offsets(),
+                frames.values().as_primitive::<UInt64Type>().values(),
+            );
+            out.reserve(b.num_rows());
             for i in 0..b.num_rows() {
-                let f = frames.value(i);
+                let (from, to) = (offsets[i] as usize, offsets[i + 1] as usize);
                 out.push(StackRecord {
                     stack_id: id.value(i),
                     pid: pid.value(i),
                     kernel: kernel.value(i),
                     truncated: truncated.value(i),
-                    frames: f.as_primitive::<UInt64Type>().values().to_vec(),
+                    frames: addrs[from..to].to_vec(),
                 });
             }
             Ok(())
