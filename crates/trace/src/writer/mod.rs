@@ -38,7 +38,7 @@ use crate::lock::TraceLock;
 use crate::meta::{Meta, ScanInfo, SegmentEntry};
 use crate::schema::{Event, EventKind, FrameRecord, MapRecord, ScanRecord, StackRecord, Table};
 use event_rows::EventRows;
-use options::{events_props, plain_props};
+use options::{events_props, frames_props, plain_props};
 use rows::{FrameRows, MapRows, Rows, ScanRows, StackRows};
 use segments::{in_progress, merge_segments, segment_name, TableSegments};
 
@@ -111,7 +111,7 @@ impl TraceWriter {
                 &root,
                 Table::Frames,
                 FrameRows::default(),
-                plain_props(Table::Frames, &opts),
+                frames_props(&opts),
                 8192,
             ),
             maps: TableSegments::new(

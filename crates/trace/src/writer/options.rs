@@ -144,3 +144,15 @@ const EVENTS_PAGE_ROWS: usize = 64 << 10;
 pub(super) fn plain_props(table: Table, opts: &WriterOptions) -> WriterProperties {
     base_props(table, opts).build()
 }
+
+/// The frames table's: as [`plain_props`], but a frame's address and
+/// offset in its object, nearly unique per row, are written plain, not
+/// as a dictionary of as many entries as rows that every reader must
+/// decode and then index.
+pub(super) fn frames_props(opts: &WriterOptions) -> WriterProperties {
+    let mut b = base_props(Table::Frames, opts);
+    for col in ["addr", "file_offset"] {
+        b = b.set_column_dictionary_enabled(ColumnPath::from(col), false);
+    }
+    b.build()
+}
