@@ -281,13 +281,7 @@ mod tests {
 
     #[test]
     fn rows_are_numbered_by_their_frame_keys() {
-        for opts in [
-            MatchOptions::default(),
-            MatchOptions {
-                ignore_lines: true,
-                ..Default::default()
-            },
-        ] {
+        for opts in [MatchOptions::default(), MatchOptions { ignore_lines: true }] {
             let mut ids = KeyIds::default();
             let first = frames();
             let mut second = first.clone();
