@@ -6,16 +6,16 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use memleak_trace::{EventColumns, StackRecord, Trace};
+use memleak_trace::{EventColumns, Trace};
 
 use crate::filter::{Filter, ResolvedFilter};
 use crate::frame_table::FrameTable;
-use crate::hash::IntMap;
 use crate::histogram::AgeHistogram;
 use crate::model::{
     AtPeak, LeakSummary, PidPeak, Report, SortKey, Spent, Summary, SuppressedTotals,
 };
 use crate::replay::{replay, GrowthPlan, ReplayOptions};
+use crate::stack_table::StackTable;
 use crate::stacks::{build_stacks, sort_stacks, sort_stacks_by_verdict, Join};
 use crate::suppress::Suppression;
 use crate::verdicts::{Scans, VerdictSet};
@@ -76,7 +76,7 @@ pub fn analyze_trace(
 /// A trace's stacks table by stack id, and its frames table by pid and
 /// address.
 pub(crate) struct Tables {
-    pub(crate) stacks: IntMap<u64, StackRecord>,
+    pub(crate) stacks: StackTable,
     pub(crate) frames: FrameTable,
 }
 
@@ -140,11 +140,7 @@ fn analyze_trace_with(
     let (replayed, tables) = rayon::join(
         || replay(trace, &ropts),
         || -> memleak_trace::Result<_> {
-            let stacks: IntMap<u64, StackRecord> = trace
-                .stacks()?
-                .into_iter()
-                .map(|s| (s.stack_id, s))
-                .collect();
+            let stacks = StackTable::new(trace.stack_columns()?);
             let frames = FrameTable::new(trace.frame_columns()?);
             let suppressed = crate::suppress::match_stacks(&opts.suppressions, &stacks, &frames);
             // Every scan is at or before the end; only --at can precede one.

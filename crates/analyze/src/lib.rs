@@ -42,6 +42,7 @@ pub mod render;
 pub mod replay;
 pub mod report;
 pub mod sql;
+mod stack_table;
 mod stacks;
 pub mod suppress;
 mod table;

@@ -6,7 +6,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use memleak_trace::StackRecord;
+use memleak_trace::StackRef;
 
 use crate::filter::ResolvedFilter;
 use crate::frame_table::FrameTable;
@@ -14,6 +14,7 @@ use crate::hash::{int_map, IntMap};
 use crate::histogram::{AgeHistogram, SizeCount, SizeHistogram};
 use crate::model::{ClassTotals, Frame, OutstandingByClass, SortKey, StackReport};
 use crate::replay::{AllocatedTotals, OutstandingBlock, Replay};
+use crate::stack_table::StackTable;
 use crate::suppress::Suppression;
 use crate::verdicts::{
     verdict_rank, BlockContents, ScanIndex, VerdictSet, VerdictTotals, CONTENTS_PER_STACK,
@@ -71,7 +72,7 @@ pub(crate) type Built = (
 /// Without `frames`, the stacks are left without their frames (a
 /// caller that keys stacks by their records resolves the few it shows).
 pub(crate) fn build_stacks(
-    stacks: &IntMap<u64, StackRecord>,
+    stacks: &StackTable,
     frames: Option<&FrameTable>,
     replayed: &Replay,
     filter: &ResolvedFilter,
@@ -298,7 +299,7 @@ pub(crate) fn build_stacks(
     )
 }
 
-pub(crate) fn resolve_frames(rec: &StackRecord, frames: &FrameTable) -> Vec<Frame> {
+pub(crate) fn resolve_frames(rec: StackRef<'_>, frames: &FrameTable) -> Vec<Frame> {
     // Kernel frames are symbolized once for all processes, under pid 0.
     let pid = if rec.kernel { 0 } else { rec.pid };
     rec.frames

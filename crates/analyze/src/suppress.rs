@@ -18,10 +18,10 @@
 
 use std::collections::HashMap;
 
-use memleak_trace::{ScanVerdict, StackRecord};
+use memleak_trace::{ScanVerdict, StackRef};
 
 use crate::frame_table::FrameTable;
-use crate::hash::IntMap;
+use crate::stack_table::StackTable;
 
 use crate::verdicts::VerdictSet;
 
@@ -184,11 +184,11 @@ struct LogicalFrames<'a> {
 }
 
 impl<'a> LogicalFrames<'a> {
-    fn of(rec: &'a StackRecord, frames: &'a FrameTable) -> LogicalFrames<'a> {
+    fn of(rec: StackRef<'a>, frames: &'a FrameTable) -> LogicalFrames<'a> {
         let pid = if rec.kernel { 0 } else { rec.pid };
         LogicalFrames {
             out: Vec::new(),
-            pending: Some((&rec.frames, pid, frames)),
+            pending: Some((rec.frames, pid, frames)),
         }
     }
 
@@ -344,22 +344,21 @@ fn glob_units<T: Copy + PartialEq>(p: &[T], t: &[T], one: T, any: T) -> bool {
 /// suppressed.
 pub(crate) fn match_stacks(
     supps: &[Suppression],
-    stacks: &IntMap<u64, StackRecord>,
+    stacks: &StackTable,
     frames: &FrameTable,
 ) -> HashMap<u64, u32> {
     use rayon::prelude::*;
     if supps.is_empty() {
         return HashMap::new();
     }
-    stacks
-        .par_iter()
-        .filter(|(_, rec)| !rec.kernel)
-        .filter_map(|(&id, rec)| {
+    let rows: Vec<StackRef<'_>> = stacks.rows().filter(|rec| !rec.kernel).collect();
+    rows.into_par_iter()
+        .filter_map(|rec| {
             let mut logical = LogicalFrames::of(rec, frames);
             supps
                 .iter()
                 .position(|s| matches_from(&s.frames, &mut logical, 0))
-                .map(|i| (id, i as u32))
+                .map(|i| (rec.stack_id, i as u32))
         })
         .collect()
 }

@@ -48,6 +48,7 @@ pub mod losses;
 pub mod meta;
 pub mod reader;
 pub mod schema;
+pub mod stack_columns;
 pub mod writer;
 
 pub use discover::{find_traces, is_trace, FoundTrace};
@@ -63,4 +64,5 @@ pub use schema::{
     Event, EventKind, FrameRecord, InlinedFrame, MapRecord, ScanRecord, ScanVerdict, StackRecord,
     Table,
 };
+pub use stack_columns::{StackColumns, StackRef};
 pub use writer::{TraceWriter, WriterOptions};

@@ -29,6 +29,7 @@ use crate::schema::{
     column_since, EventKind, FrameRecord, MapRecord, ScanRecord, ScanVerdict, StackRecord, Table,
     TABLE_KEY,
 };
+use crate::stack_columns::StackColumns;
 
 /// A set of `events` columns to decode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -492,7 +493,16 @@ impl Trace {
 
     /// Reads the whole `stacks` table.
     pub fn stacks(&self) -> Result<Vec<StackRecord>> {
-        let mut out = Vec::new();
+        Ok(self
+            .stack_columns()?
+            .iter()
+            .map(|s| s.to_record())
+            .collect())
+    }
+
+    /// Reads the whole `stacks` table, column by column.
+    pub fn stack_columns(&self) -> Result<StackColumns> {
+        let mut out = StackColumns::default();
         self.for_each_batch(Table::Stacks, |b, _| {
             let id = b.column(0).as_primitive::<UInt64Type>();
             let pid = b.column(1).as_primitive::<UInt32Type>();
@@ -505,16 +515,17 @@ impl Trace {
                 frames.value_offsets(),
                 frames.values().as_primitive::<UInt64Type>().values(),
             );
-            out.reserve(b.num_rows());
-            for i in 0..b.num_rows() {
+            let n = b.num_rows();
+            out.reserve(n, (offsets[n] - offsets[0]) as usize);
+            for i in 0..n {
                 let (from, to) = (offsets[i] as usize, offsets[i + 1] as usize);
-                out.push(StackRecord {
-                    stack_id: id.value(i),
-                    pid: pid.value(i),
-                    kernel: kernel.value(i),
-                    truncated: truncated.value(i),
-                    frames: addrs[from..to].to_vec(),
-                });
+                out.push(
+                    id.value(i),
+                    pid.value(i),
+                    kernel.value(i),
+                    truncated.value(i),
+                    &addrs[from..to],
+                );
             }
             Ok(())
         })?;

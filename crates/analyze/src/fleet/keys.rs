@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::hash::BuildHasherDefault;
 
-use memleak_trace::StackRecord;
+use memleak_trace::StackRef;
 
 use crate::diff::{basename, normalize_function, push_row_key, MatchOptions, SEP};
 use crate::frame_table::FrameTable;
@@ -167,12 +167,12 @@ impl KeyIds {
 /// why it has no frames, then its frames.
 pub(crate) fn stack_key_ids(
     stack_id: u64,
-    rec: Option<&StackRecord>,
+    rec: Option<StackRef<'_>>,
     frames: &FrameTable,
     rows: &[u32],
 ) -> StackKey {
     let (kernel, truncated) = rec.map_or((false, false), |r| (r.kernel, r.truncated));
-    let addrs: &[u64] = rec.map_or(&[], |r| &r.frames);
+    let addrs: &[u64] = rec.map_or(&[], |r| r.frames);
     let mut key = Vec::with_capacity(addrs.len() + 2);
     if kernel {
         key.push(KERNEL);
