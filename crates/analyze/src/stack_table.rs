@@ -3,6 +3,7 @@
 //! stacks up.
 
 use memleak_trace::{StackColumns, StackRef};
+use rayon::prelude::*;
 
 use crate::hash::{int_map, IntMap};
 
@@ -32,8 +33,11 @@ impl StackTable {
         self.index.get(id).map(|&i| self.columns.get(i as usize))
     }
 
-    /// Every stack once (the last row of an id repeated), in no order.
-    pub(crate) fn rows(&self) -> impl Iterator<Item = StackRef<'_>> {
-        self.index.values().map(|&i| self.columns.get(i as usize))
+    /// Every stack once (the last row of an id repeated), in no order,
+    /// on the worker pool.
+    pub(crate) fn par_rows(&self) -> impl ParallelIterator<Item = StackRef<'_>> {
+        self.index
+            .par_iter()
+            .map(|(_, &i)| self.columns.get(i as usize))
     }
 }

@@ -351,8 +351,9 @@ pub(crate) fn match_stacks(
     if supps.is_empty() {
         return HashMap::new();
     }
-    let rows: Vec<StackRef<'_>> = stacks.rows().filter(|rec| !rec.kernel).collect();
-    rows.into_par_iter()
+    stacks
+        .par_rows()
+        .filter(|rec| !rec.kernel)
         .filter_map(|rec| {
             let mut logical = LogicalFrames::of(rec, frames);
             supps

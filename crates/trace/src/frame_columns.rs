@@ -4,7 +4,7 @@
 //! strings per row.
 
 use arrow_array::cast::AsArray;
-use arrow_array::types::{Int32Type, UInt32Type, UInt64Type};
+use arrow_array::types::{ArrowPrimitiveType, Int32Type};
 use arrow_array::{
     Array, ArrayRef, Int32Array, ListArray, PrimitiveArray, StringArray, UInt32Array, UInt64Array,
 };
@@ -42,10 +42,7 @@ impl DictColumn {
                 values: values.clone(),
             });
         }
-        let values = a
-            .as_string_opt::<i32>()
-            .ok_or_else(|| format!("{} for strings", a.data_type()))?
-            .clone();
+        let values = strings(a)?;
         let keys: Int32Array =
             PrimitiveArray::new((0..values.len() as i32).collect(), values.nulls().cloned());
         Ok(DictColumn { keys, values })
@@ -100,17 +97,6 @@ impl FrameColumns {
     /// Appends a record batch's columns, in the frames schema's order; an
     /// error names a column of another type.
     pub(crate) fn push(&mut self, c: &[ArrayRef]) -> Result<(), String> {
-        let s = |i: usize| DictColumn::new(&c[i]);
-        let u64c = |i: usize| {
-            c[i].as_primitive_opt::<UInt64Type>()
-                .cloned()
-                .ok_or_else(|| format!("{} for integers", c[i].data_type()))
-        };
-        let u32c = |i: usize| {
-            c[i].as_primitive_opt::<UInt32Type>()
-                .cloned()
-                .ok_or_else(|| format!("{} for integers", c[i].data_type()))
-        };
         let inlined = c[10]
             .as_list_opt::<i32>()
             .ok_or("inlined is not a list")?
@@ -119,33 +105,22 @@ impl FrameColumns {
             .values()
             .as_struct_opt()
             .ok_or("inlined is not a list of structs")?;
-        let inl_s = |i: usize| {
-            st.column(i)
-                .as_string_opt::<i32>()
-                .cloned()
-                .ok_or_else(|| format!("{} for strings", st.column(i).data_type()))
-        };
-        let inl_u32 = |i: usize| {
-            st.column(i)
-                .as_primitive_opt::<UInt32Type>()
-                .cloned()
-                .ok_or_else(|| format!("{} for integers", st.column(i).data_type()))
-        };
+        let (s, inl) = (|i: usize| DictColumn::new(&c[i]), |i: usize| st.column(i));
         let b = FrameBatch {
-            pid: u32c(0)?,
-            addr: u64c(1)?,
+            pid: primitive(&c[0])?,
+            addr: primitive(&c[1])?,
             build_id: s(2)?,
             path: s(3)?,
-            file_offset: u64c(4)?,
+            file_offset: primitive(&c[4])?,
             function: s(5)?,
-            func_offset: u64c(6)?,
+            func_offset: primitive(&c[6])?,
             file: s(7)?,
-            line: u32c(8)?,
-            column: u32c(9)?,
-            inl_function: inl_s(0)?,
-            inl_file: inl_s(1)?,
-            inl_line: inl_u32(2)?,
-            inl_column: inl_u32(3)?,
+            line: primitive(&c[8])?,
+            column: primitive(&c[9])?,
+            inl_function: strings(inl(0))?,
+            inl_file: strings(inl(1))?,
+            inl_line: primitive(inl(2))?,
+            inl_column: primitive(inl(3))?,
             inlined,
         };
         self.starts.push(self.len);
@@ -176,10 +151,7 @@ impl FrameColumns {
     /// The batches, in order, each with its rows and the dictionaries of
     /// its function, file and path columns.
     pub fn batches(&self) -> impl Iterator<Item = FrameBatchRef<'_>> {
-        self.batches
-            .iter()
-            .zip(&self.starts)
-            .map(|(b, &first)| FrameBatchRef { b, first })
+        self.batches.iter().map(|b| FrameBatchRef { b })
     }
 
     /// Every row, in order.
@@ -194,15 +166,9 @@ impl FrameColumns {
 #[derive(Clone, Copy)]
 pub struct FrameBatchRef<'a> {
     b: &'a FrameBatch,
-    first: usize,
 }
 
 impl<'a> FrameBatchRef<'a> {
-    /// The table's index of the batch's first row.
-    pub fn first(&self) -> usize {
-        self.first
-    }
-
     /// The batch's rows.
     pub fn len(&self) -> usize {
         self.b.pid.len()
@@ -248,6 +214,20 @@ pub struct InlinedRow<'a> {
     pub line: Option<u32>,
     /// Source column.
     pub column: Option<u32>,
+}
+
+/// Column `a` as strings; an error names its type.
+fn strings(a: &ArrayRef) -> Result<StringArray, String> {
+    a.as_string_opt::<i32>()
+        .cloned()
+        .ok_or_else(|| format!("{} for strings", a.data_type()))
+}
+
+/// Column `a` as integers of type `T`; an error names its type.
+fn primitive<T: ArrowPrimitiveType>(a: &ArrayRef) -> Result<PrimitiveArray<T>, String> {
+    a.as_primitive_opt::<T>()
+        .cloned()
+        .ok_or_else(|| format!("{} for integers", a.data_type()))
 }
 
 fn opt_str(a: &StringArray, i: usize) -> Option<&str> {

@@ -551,9 +551,9 @@ impl Trace {
             // The strings as their dictionaries and each row's index into
             // them: a row's string is not copied, and the fleet's keys are
             // made once per dictionary entry.
-            let meta = dictionary_strings(seg, FrameColumns::DICTIONARY)?;
+            let seg = dictionary_strings(seg, FrameColumns::DICTIONARY)?;
             // A row group is one batch, with one dictionary per column.
-            for batch in batch_reader_with(&seg.path, meta, names.iter().copied(), None, 1 << 20)? {
+            for batch in batch_reader(&seg, names.iter().copied(), None, 1 << 20)? {
                 let batch = batch?;
                 let cols: Vec<ArrayRef> = names
                     .iter()
@@ -868,18 +868,10 @@ fn check_layout(md: &parquet::file::metadata::ParquetMetaData, len: u64) -> Resu
     Ok(())
 }
 
-fn batch_reader<'a>(
-    seg: &Segment,
-    names: impl IntoIterator<Item = &'a str>,
-    row_group: Option<usize>,
-    batch_size: usize,
-) -> Result<Batches> {
-    batch_reader_with(&seg.path, seg.meta.clone(), names, row_group, batch_size)
-}
-
-/// The footer of `seg` read with the top-level string columns of `names`
-/// typed as dictionaries (`Int32` keys), as the writer encodes them.
-fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<ArrowReaderMetadata> {
+/// `seg` with its footer read so that the top-level string columns of
+/// `names` decode as dictionaries (`Int32` keys), as the writer encodes
+/// them.
+fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<Segment> {
     let fields: Vec<arrow_schema::FieldRef> = seg
         .meta
         .schema()
@@ -906,20 +898,19 @@ fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<ArrowReaderMetada
         )
     })
     .and_then(|r| r.map_err(|e| e.to_string()))
+    .map(|meta| Segment {
+        path: seg.path.clone(),
+        meta,
+    })
     .map_err(|e| corrupt(&seg.path, e))
 }
 
-fn batch_reader_with<'a>(
-    path: &Path,
-    meta: ArrowReaderMetadata,
+fn batch_reader<'a>(
+    seg: &Segment,
     names: impl IntoIterator<Item = &'a str>,
     row_group: Option<usize>,
     batch_size: usize,
 ) -> Result<Batches> {
-    let seg = Segment {
-        path: path.to_path_buf(),
-        meta,
-    };
     let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
     let mask = ProjectionMask::columns(seg.meta.parquet_schema(), names);
     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())

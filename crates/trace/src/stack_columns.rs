@@ -6,15 +6,15 @@
 use crate::schema::StackRecord;
 
 /// The `stacks` table as decoded, in the order of its files and rows.
-#[derive(Default, Clone)]
+#[derive(Default)]
 pub struct StackColumns {
     ids: Vec<u64>,
     pids: Vec<u32>,
     kernel: Vec<bool>,
     truncated: Vec<bool>,
-    /// Where each stack's frames start in `addrs`, and where the last one
-    /// ends.
-    starts: Vec<usize>,
+    /// Where each stack's frames end in `addrs` (they start where the
+    /// stack before's end).
+    ends: Vec<usize>,
     addrs: Vec<u64>,
 }
 
@@ -45,15 +45,12 @@ impl StackColumns {
         truncated: bool,
         frames: &[u64],
     ) {
-        if self.starts.is_empty() {
-            self.starts.push(0);
-        }
         self.ids.push(id);
         self.pids.push(pid);
         self.kernel.push(kernel);
         self.truncated.push(truncated);
         self.addrs.extend_from_slice(frames);
-        self.starts.push(self.addrs.len());
+        self.ends.push(self.addrs.len());
     }
 
     /// Makes room for `stacks` more stacks of `frames` frames in all.
@@ -62,7 +59,7 @@ impl StackColumns {
         self.pids.reserve(stacks);
         self.kernel.reserve(stacks);
         self.truncated.reserve(stacks);
-        self.starts.reserve(stacks + 1);
+        self.ends.reserve(stacks);
         self.addrs.reserve(frames);
     }
 
@@ -88,7 +85,7 @@ impl StackColumns {
             pid: self.pids[i],
             kernel: self.kernel[i],
             truncated: self.truncated[i],
-            frames: &self.addrs[self.starts[i]..self.starts[i + 1]],
+            frames: &self.addrs[i.checked_sub(1).map_or(0, |j| self.ends[j])..self.ends[i]],
         }
     }
 

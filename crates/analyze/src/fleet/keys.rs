@@ -64,27 +64,30 @@ impl Default for KeyIds {
     }
 }
 
+/// The number of `text` in `map`: the next one if `text` is new.
+fn intern(map: &mut HashMap<Box<str>, u32, BuildHasherDefault<IntHasher>>, text: &str) -> u32 {
+    if let Some(&id) = map.get(text) {
+        return id;
+    }
+    let id = map.len() as u32;
+    map.insert(text.into(), id);
+    id
+}
+
 /// The number [`KeyIds::name`] has not given yet.
 const UNSEEN: u32 = u32::MAX;
 
 impl KeyIds {
     fn number(&mut self, text: &str) -> u32 {
-        if let Some(&id) = self.ids.get(text) {
-            return id;
+        let id = intern(&mut self.ids, text);
+        if id as usize == self.texts.len() {
+            self.texts.push(text.into());
         }
-        let id = self.texts.len() as u32;
-        self.texts.push(text.into());
-        self.ids.insert(text.into(), id);
         id
     }
 
     fn name(&mut self, name: &str) -> u32 {
-        if let Some(&id) = self.names.get(name) {
-            return id;
-        }
-        let id = self.names.len() as u32;
-        self.names.insert(name.into(), id);
-        id
+        intern(&mut self.names, name)
     }
 
     /// The number of every row's key of a trace's frames table (the

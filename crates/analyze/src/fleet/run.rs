@@ -60,9 +60,10 @@ pub struct FleetOptions {
 ///
 /// `open` opens (and may check) each trace. Traces are analyzed a few at
 /// a time, each on a thread of its own when there are enough of them to
-/// keep the threads busy, else with the whole worker pool; each report is reduced to
-/// its keyed stacks before the next trace starts, so memory is that of
-/// `concurrent` analyses plus one entry per distinct stack. The result
+/// keep the threads busy, else with the whole worker pool; each report
+/// is reduced to its keyed stacks before the next trace starts, so
+/// memory is that of `concurrent` analyses plus one entry per distinct
+/// stack. The result
 /// does not depend on the order the traces finish in. The first error
 /// stops the run.
 pub fn analyze_traces<E, F>(
