@@ -170,7 +170,8 @@ pub fn run(args: AnalyzeArgs) -> anyhow::Result<ExitCode> {
             write_report(&args, report, || Ok(context.clone()))
         });
     }
-    let trace = memleak_trace::Trace::open(&args.traces[0])?;
+    // Replay checks the events files' checksums as it reads them.
+    let trace = memleak_trace::Trace::open_deferred(&args.traces[0])?;
     args.select.check_trace(&trace)?;
     check_verdict_order(&args, &trace)?;
     for w in trace.warnings() {

@@ -90,7 +90,8 @@ pub fn run(
     let progress = Progress::new(total, select.quiet);
     let advance = |rows: u64| progress.advance(rows);
     let open = |s: &TraceSource| -> anyhow::Result<Trace> {
-        let trace = Trace::open(&s.path)?;
+        // Replay checks the events files' checksums as it reads them.
+        let trace = Trace::open_deferred(&s.path)?;
         select
             .check_trace(&trace)
             .with_context(|| s.path.display().to_string())?;

@@ -96,7 +96,9 @@ pub struct DiffArgs {
 pub fn run(args: DiffArgs) -> anyhow::Result<ExitCode> {
     args.select.check()?;
     let open = |which: &str, path: &Path| -> anyhow::Result<memleak_trace::Trace> {
-        let trace = memleak_trace::Trace::open(path).with_context(|| format!("{which} trace"))?;
+        // Replay checks the events files' checksums as it reads them.
+        let trace =
+            memleak_trace::Trace::open_deferred(path).with_context(|| format!("{which} trace"))?;
         args.select
             .check_trace(&trace)
             .with_context(|| format!("{which} trace {}", path.display()))?;

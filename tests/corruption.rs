@@ -51,9 +51,16 @@ fn copy_dir(from: &Path, to: &Path) {
     }
 }
 
-/// The JSON report of `root`, or the error; and the warnings.
-fn report(root: &Path) -> (Result<String, String>, Vec<String>) {
-    let trace = match Trace::open(root) {
+/// The JSON report of `root`, or the error; and the warnings. With
+/// `deferred`, the events files' checksums are checked as replay reads
+/// them (`Trace::open_deferred`, as `memleak analyze` opens a trace).
+fn report(root: &Path, deferred: bool) -> (Result<String, String>, Vec<String>) {
+    let opened = if deferred {
+        Trace::open_deferred(root)
+    } else {
+        Trace::open(root)
+    };
+    let trace = match opened {
         Ok(t) => t,
         Err(e) => return (Err(e.to_string()), Vec::new()),
     };
@@ -74,7 +81,7 @@ fn no_corruption_changes_a_report_silently() {
     let work = tempfile::tempdir().unwrap();
     let root = work.path().join("t.parquet");
     copy_dir(&recorded, &root);
-    let (original, warnings) = report(&root);
+    let (original, warnings) = report(&root, false);
     let original = original.expect("the recorded trace analyzes");
     assert!(warnings.is_empty(), "{warnings:?}");
 
@@ -125,7 +132,14 @@ fn no_corruption_changes_a_report_silently() {
             "round {round}: {} {what}",
             victim.strip_prefix(&root).unwrap().display()
         );
-        match report(&root) {
+        let checked_first = report(&root, false);
+        let (deferred, _) = report(&root, true);
+        // Checked as read or before: the same report, or the same error.
+        assert_eq!(
+            deferred, checked_first.0,
+            "{case}: checksums checked as read and checked first differ"
+        );
+        match checked_first {
             (Ok(r), _) if r == original => same += 1,
             (Ok(_), w) => {
                 // A different report is allowed only with a warning that

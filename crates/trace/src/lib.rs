@@ -36,6 +36,7 @@
 //! ```
 #![deny(missing_docs)]
 
+mod checksum;
 mod directory;
 pub mod discover;
 pub mod error;

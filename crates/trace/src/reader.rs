@@ -21,6 +21,7 @@ use parquet::arrow::arrow_reader::{
 };
 use parquet::arrow::ProjectionMask;
 
+use crate::checksum::{self, Deferred};
 use crate::error::{Error, Result};
 use crate::frame_columns::FrameColumns;
 use crate::guarded;
@@ -163,6 +164,9 @@ pub struct TableStats {
 pub(crate) struct Segment {
     pub(crate) path: PathBuf,
     pub(crate) meta: ArrowReaderMetadata,
+    /// The checksum, when it is checked as the segment is read (events
+    /// segments of [`Trace::open_deferred`]).
+    pub(crate) deferred: Option<Deferred>,
 }
 
 /// An opened, validated trace.
@@ -234,9 +238,37 @@ impl std::fmt::Debug for Trace {
 const PARQUET_MAGIC: &[u8; 4] = b"PAR1";
 
 impl Trace {
-    /// Opens and validates a trace directory.
+    /// Opens and validates a trace directory: every listed segment's
+    /// checksum is checked before this returns.
     pub fn open(path: impl AsRef<Path>) -> Result<Trace> {
-        let root = path.as_ref().to_path_buf();
+        Trace::open_with(path.as_ref(), false)
+    }
+
+    /// Like [`Trace::open`], but the checksums of the events segments are
+    /// checked as they are read ([`crate::checksum`]): by the event
+    /// [`Decoder`](crate::events::Decoder) as it decodes them, and then by
+    /// [`Trace::verify_events`], which the caller must call before it
+    /// trusts what it decoded; any other read of the events checks the
+    /// whole segment first. For a caller that decodes every event once
+    /// (replay), this reads each file once instead of twice.
+    pub fn open_deferred(path: impl AsRef<Path>) -> Result<Trace> {
+        Trace::open_with(path.as_ref(), true)
+    }
+
+    /// Checks the events segments whose checksum [`Trace::open_deferred`]
+    /// left to check: a mismatch is [`Error::Corrupt`]. Cheap when done
+    /// (and for a trace opened by [`Trace::open`]).
+    pub fn verify_events(&self) -> Result<()> {
+        for seg in self.event_segments() {
+            if let Some(d) = &seg.deferred {
+                d.verify()?;
+            }
+        }
+        Ok(())
+    }
+
+    fn open_with(path: &Path, defer_events: bool) -> Result<Trace> {
+        let root = path.to_path_buf();
         let md = fs::metadata(&root).map_err(|e| match e.kind() {
             std::io::ErrorKind::NotFound => Error::Missing(root.clone()),
             _ => Error::io(&root, e),
@@ -269,7 +301,7 @@ impl Trace {
             unfinished: Vec::new(),
         };
         for table in Table::ALL {
-            let segs = trace.open_table(table)?;
+            let segs = trace.open_table(table, defer_events && table == Table::Events)?;
             trace.segments.insert(table.name(), segs);
         }
         if let Some(inc) = trace.incomplete() {
@@ -279,7 +311,7 @@ impl Trace {
         Ok(trace)
     }
 
-    fn open_table(&mut self, table: Table) -> Result<Vec<Segment>> {
+    fn open_table(&mut self, table: Table, defer: bool) -> Result<Vec<Segment>> {
         let dir = self.root.join(table.name());
         let listing = match fs::read_dir(&dir) {
             Ok(entries) => entries
@@ -316,21 +348,42 @@ impl Trace {
                 ));
                 tmp
             };
-            verify_listed(&path, entry)?;
-            let meta = load_footer(&path).map_err(|reason| Error::Corrupt {
-                path: path.clone(),
-                reason,
-            })?;
-            let rows = meta.metadata().file_metadata().num_rows();
-            if u64::try_from(rows).ok() != Some(entry.rows) {
-                return Err(Error::Corrupt {
-                    path,
-                    reason: format!("{rows} rows, meta.json lists {}", entry.rows),
+            let deferred = if defer {
+                checksum::open_checking_length(&path, entry)?;
+                Some(Deferred::new(path.clone(), entry.clone()))
+            } else {
+                checksum::verify_listed(&path, entry)?;
+                None
+            };
+            let opened = load_footer(&path)
+                .map_err(|reason| Error::Corrupt {
+                    path: path.clone(),
+                    reason,
+                })
+                .and_then(|meta| {
+                    let rows = meta.metadata().file_metadata().num_rows();
+                    if u64::try_from(rows).ok() != Some(entry.rows) {
+                        return Err(Error::Corrupt {
+                            path: path.clone(),
+                            reason: format!("{rows} rows, meta.json lists {}", entry.rows),
+                        });
+                    }
+                    check_schema(table, &path, &meta)?;
+                    Ok(meta)
                 });
-            }
-            check_schema(table, &path, &meta)?;
+            let meta = match (opened, &deferred) {
+                (Ok(meta), _) => meta,
+                // A damaged file is a checksum mismatch, as when it is
+                // checked first.
+                (Err(e), Some(d)) => return Err(d.verify().err().unwrap_or(e)),
+                (Err(e), None) => return Err(e),
+            };
             used.insert(path.clone());
-            segs.push(Segment { path, meta });
+            segs.push(Segment {
+                path,
+                meta,
+                deferred,
+            });
         }
         let mut unlisted: Vec<PathBuf> = listing
             .into_iter()
@@ -391,7 +444,11 @@ impl Trace {
                 Err(reason) => return Err(Error::Corrupt { path, reason }),
             };
             check_schema(table, &path, &meta)?;
-            segs.push(Segment { path, meta });
+            segs.push(Segment {
+                path,
+                meta,
+                deferred: None,
+            });
         }
         Ok(segs)
     }
@@ -755,82 +812,6 @@ fn written_by(kv: Option<&Vec<parquet::file::metadata::KeyValue>>) -> Option<(u3
     Some((a.parse().ok()?, b.parse().ok()?))
 }
 
-/// Checks a listed segment's length and CRC-32 against its entry, so that
-/// a truncated or altered file is an error before any of it is used.
-fn verify_listed(path: &Path, entry: &crate::meta::SegmentEntry) -> Result<()> {
-    let corrupt = |reason: String| Error::Corrupt {
-        path: path.to_path_buf(),
-        reason,
-    };
-    let check_crc = |crc: u32| {
-        if crc != entry.crc32 {
-            return Err(corrupt(format!(
-                "checksum mismatch (CRC-32 {crc:08x}, meta.json lists {:08x}): the file was altered",
-                entry.crc32
-            )));
-        }
-        Ok(())
-    };
-    let file = File::open(path).map_err(|e| Error::io(path, e))?;
-    let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
-    if len != entry.bytes {
-        return Err(corrupt(format!(
-            "{len} bytes, meta.json lists {}: truncated or altered",
-            entry.bytes
-        )));
-    }
-    // Mapped a window at a time, not read: reading copies every byte from
-    // the page cache first, which cost more than the CRC itself; and not
-    // mapped whole, whose pages
-    // would all count in the process's RSS at once. The windows are
-    // checked on the worker pool, a few at a time, and their CRCs combined
-    // in order: opening the 30 M-event bench trace (222 MB) took 23 ms on
-    // one thread, all of it before anything else could start.
-    const WINDOW: u64 = 16 << 20;
-    // A small file is read: mapping and unmapping it cost more than the
-    // copy (the unmapping flushes the TLB of every thread of the process).
-    const SMALL: u64 = 1 << 20;
-    if len <= SMALL {
-        let mut crc = crc32fast::Hasher::new();
-        let mut buf = [0u8; 64 << 10];
-        let mut file = &file;
-        loop {
-            match file.read(&mut buf) {
-                Ok(0) => break,
-                Ok(n) => crc.update(&buf[..n]),
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
-                Err(e) => return Err(Error::io(path, e)),
-            }
-        }
-        return check_crc(crc.finalize());
-    }
-    use rayon::prelude::*;
-    let parts: Vec<std::io::Result<crc32fast::Hasher>> = (0..len.div_ceil(WINDOW))
-        .into_par_iter()
-        .map(|w| {
-            let at = w * WINDOW;
-            let n = WINDOW.min(len - at);
-            // SAFETY: the map is read only here; a trace changed under a
-            // reader is damage the CRC reports.
-            let map = unsafe {
-                memmap2::MmapOptions::new()
-                    .offset(at)
-                    .len(n as usize)
-                    .populate()
-                    .map(&file)
-            }?;
-            let mut crc = crc32fast::Hasher::new();
-            crc.update(&map);
-            Ok(crc)
-        })
-        .collect();
-    let mut crc = crc32fast::Hasher::new();
-    for part in parts {
-        crc.combine(&part.map_err(|e| Error::io(path, e))?);
-    }
-    check_crc(crc.finalize())
-}
-
 fn load_footer(path: &Path) -> std::result::Result<ArrowReaderMetadata, String> {
     let file = File::open(path).map_err(|e| e.to_string())?;
     let len = file.metadata().map_err(|e| e.to_string())?.len();
@@ -901,6 +882,8 @@ fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<Segment> {
     .map(|meta| Segment {
         path: seg.path.clone(),
         meta,
+        // The frames table's: checked whole when the trace was opened.
+        deferred: None,
     })
     .map_err(|e| corrupt(&seg.path, e))
 }
@@ -911,6 +894,10 @@ fn batch_reader<'a>(
     row_group: Option<usize>,
     batch_size: usize,
 ) -> Result<Batches> {
+    // What the Parquet reader reads is not checksummed as it goes.
+    if let Some(d) = &seg.deferred {
+        d.verify()?;
+    }
     let file = File::open(&seg.path).map_err(|e| Error::io(&seg.path, e))?;
     let mask = ProjectionMask::columns(seg.meta.parquet_schema(), names);
     let mut builder = ParquetRecordBatchReaderBuilder::new_with_metadata(file, seg.meta.clone())
@@ -1046,44 +1033,4 @@ fn append_events(out: &mut EventBatch, b: &RecordBatch, path: &Path) -> Result<(
         None => n,
     };
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Small files are read and large ones mapped a window at a time:
-    /// either way, the CRC of the whole file is checked.
-    #[test]
-    fn a_segments_crc_is_checked_whatever_its_size() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("part-00000.parquet");
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for len in [0usize, 1, 100 << 10, 1 << 20, (1 << 20) + 1, (16 << 20) + 5] {
-            let data: Vec<u8> = (0..len)
-                .map(|_| {
-                    x ^= x << 13;
-                    x ^= x >> 7;
-                    x ^= x << 17;
-                    x as u8
-                })
-                .collect();
-            std::fs::write(&path, &data).unwrap();
-            let entry = crate::meta::SegmentEntry {
-                file: "part-00000.parquet".into(),
-                rows: 0,
-                bytes: len as u64,
-                crc32: crc32fast::hash(&data),
-            };
-            verify_listed(&path, &entry).unwrap();
-            if len == 0 {
-                continue;
-            }
-            let mut bad = data.clone();
-            bad[len - 1] ^= 4;
-            std::fs::write(&path, &bad).unwrap();
-            let e = verify_listed(&path, &entry).unwrap_err().to_string();
-            assert!(e.contains("checksum mismatch"), "{len}: {e}");
-        }
-    }
 }

@@ -320,6 +320,40 @@ fn deleted_listed_segment_is_an_error_naming_it() {
     }
 }
 
+/// A trace opened with its events' checksums checked as read, whose
+/// events segment `seg` is damaged: either the opening fails (a damaged
+/// footer), or decoding every row group and then checking
+/// (`verify_events`) does, and so does any other read of the events;
+/// always with the checksum mismatch that names `seg`.
+fn deferred_err(root: &Path, seg: &Path) {
+    let mismatch = |e: Error| {
+        let msg = e.to_string();
+        assert!(
+            msg.starts_with(&seg.display().to_string()) && msg.contains("checksum mismatch"),
+            "{msg}"
+        );
+    };
+    let trace = match Trace::open_deferred(root) {
+        Ok(t) => t,
+        Err(e) => return mismatch(e),
+    };
+    let decoder = memleak_trace::events::Decoder::new(&trace);
+    for u in trace.event_units() {
+        // Garbage decoded is fine here: the check below refuses it.
+        let _ = decoder.read(&u);
+    }
+    mismatch(trace.verify_events().unwrap_err());
+    // Checked again: still refused.
+    mismatch(trace.verify_events().unwrap_err());
+    let trace = Trace::open_deferred(root).unwrap();
+    let u = trace.event_units()[0].clone();
+    mismatch(
+        trace
+            .read_unit(&u, memleak_trace::EventColumns::ALL)
+            .unwrap_err(),
+    );
+}
+
 #[test]
 fn altered_or_emptied_segment_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -333,6 +367,7 @@ fn altered_or_emptied_segment_is_an_error_naming_it() {
         bad[at] ^= 0x10;
         std::fs::write(&seg, &bad).unwrap();
         open_err(&root, &seg, "checksum mismatch");
+        deferred_err(&root, &seg);
     }
     std::fs::write(&seg, b"").unwrap();
     open_err(&root, &seg, "0 bytes, meta.json lists");
@@ -344,6 +379,13 @@ fn altered_or_emptied_segment_is_an_error_naming_it() {
         read_events(&Trace::open(&root).unwrap()),
         every_kind_events()
     );
+    let trace = Trace::open_deferred(&root).unwrap();
+    let decoder = memleak_trace::events::Decoder::new(&trace);
+    for u in trace.event_units() {
+        decoder.read(&u).unwrap();
+    }
+    trace.verify_events().unwrap();
+    assert_eq!(read_events(&trace), every_kind_events());
 }
 
 #[test]

@@ -177,6 +177,10 @@ pub(super) fn decode_in_order(
         }
         Ok(())
     })?;
+    // What was decoded is trusted only once the files match their
+    // checksums (checked as they were read, for a trace opened with
+    // `Trace::open_deferred`; the rest of each file now).
+    trace.verify_events()?;
     Ok(allocated_pool
         .into_inner()
         .unwrap_or_else(|e| e.into_inner()))

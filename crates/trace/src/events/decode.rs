@@ -31,6 +31,7 @@ use parquet::arrow::ProjectionMask;
 
 use super::columns::{Columns, Slices, UNKNOWN_KIND};
 use super::pages;
+use crate::checksum::Deferred;
 use crate::guarded;
 use crate::reader::RowGroupUnit;
 use crate::{EventBatch, EventColumns, EventKind, Trace};
@@ -58,6 +59,8 @@ struct Segment<'t> {
     meta: &'t ArrowReaderMetadata,
     /// Leaf column index of each of [`NAMES`], if the file has it.
     leaves: [Option<usize>; 9],
+    /// The checksum to note each read in, if it is checked as read.
+    deferred: Option<&'t Deferred>,
 }
 
 /// Decodes the event row groups of a trace.
@@ -144,6 +147,7 @@ fn segments(trace: &Trace) -> Vec<Segment<'_>> {
                 path: &s.path,
                 meta: &s.meta,
                 leaves,
+                deferred: s.deferred.as_ref(),
             }
         })
         .collect()
@@ -190,7 +194,10 @@ impl Decoder<'_> {
         }
         data.truncate(len);
         let file = File::open(seg.path).ok()?;
-        std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, start).ok()?;
+        match seg.deferred {
+            Some(d) => d.read_at(&file, &mut data, start).ok()?,
+            None => std::os::unix::fs::FileExt::read_exact_at(&file, &mut data, start).ok()?,
+        }
         Some(Arc::new(pages::Chunk {
             base: start,
             data: data.into(),
