@@ -357,10 +357,7 @@ fn recording_length(trace: &memleak_trace::Trace) -> anyhow::Result<Option<u64>>
     } else {
         // Rows are in time order: the last row group ends the recording.
         match trace.event_units().last() {
-            Some(unit) => {
-                let batch = trace.read_unit(unit, memleak_trace::EventColumns::TS)?;
-                batch.ts_ns.iter().copied().max().unwrap_or(0)
-            }
+            Some(unit) => trace.unit_ts_range(unit)?.map_or(0, |r| r.1),
             None => return Ok(None),
         }
     };

@@ -6,7 +6,7 @@
 use std::collections::HashSet;
 use std::path::Path;
 
-use memleak_trace::{EventColumns, Trace};
+use memleak_trace::Trace;
 
 use crate::filter::{Filter, ResolvedFilter};
 use crate::frame_table::FrameTable;
@@ -450,13 +450,7 @@ fn growth_plan(
 /// The timestamp of the trace's last event (0 if it has none).
 fn last_event_ts(trace: &Trace) -> memleak_trace::Result<u64> {
     Ok(match trace.event_units().last() {
-        Some(u) => trace
-            .read_unit(u, EventColumns::TS)?
-            .ts_ns
-            .iter()
-            .copied()
-            .max()
-            .unwrap_or(0),
+        Some(u) => trace.unit_ts_range(u)?.map_or(0, |r| r.1),
         None => 0,
     })
 }
@@ -498,12 +492,7 @@ fn start_ts(trace: &Trace) -> memleak_trace::Result<u64> {
         return Ok(meta);
     }
     Ok(match trace.event_units().first() {
-        Some(u) => trace
-            .read_unit(u, EventColumns::TS)?
-            .ts_ns
-            .first()
-            .copied()
-            .unwrap_or(0),
+        Some(u) => trace.unit_ts_range(u)?.map_or(0, |r| r.0),
         None => 0,
     })
 }

@@ -525,6 +525,34 @@ impl Trace {
         units
     }
 
+    /// The first and last timestamps of a row group (`None` if it has no
+    /// rows): from the footer's min/max of `ts_ns`, which the writer keeps
+    /// for this, else decoded. The footer is not read again, and none of
+    /// the events file: for a trace opened with [`Trace::open_deferred`],
+    /// decoding would check the whole segment first.
+    pub fn unit_ts_range(&self, unit: &RowGroupUnit) -> Result<Option<(u64, u64)>> {
+        if unit.rows == 0 {
+            return Ok(None);
+        }
+        let seg = &self.segments["events"][unit.segment];
+        let md = seg.meta.metadata();
+        let schema = md.file_metadata().schema_descr();
+        let stats = (0..schema.num_columns())
+            .find(|&i| schema.column(i).path().string() == "ts_ns")
+            .and_then(|i| md.row_group(unit.row_group).column(i).statistics());
+        if let Some(parquet::file::statistics::Statistics::Int64(v)) = stats {
+            if let (Some(&lo), Some(&hi)) = (v.min_opt(), v.max_opt()) {
+                // Unsigned values stored as INT64: below 2^63 the signed
+                // and unsigned orders agree, whichever the writer used.
+                if 0 <= lo && lo <= hi {
+                    return Ok(Some((lo as u64, hi as u64)));
+                }
+            }
+        }
+        let ts = self.read_unit(unit, EventColumns::TS)?.ts_ns;
+        Ok(ts.iter().min().copied().zip(ts.iter().max().copied()))
+    }
+
     /// Decodes one row group of events.
     pub fn read_unit(&self, unit: &RowGroupUnit, cols: EventColumns) -> Result<EventBatch> {
         let seg = &self.segments["events"][unit.segment];

@@ -138,6 +138,9 @@ fn many_segments_are_read_in_order() {
         assert_eq!(b.len() as u64, u.rows);
         assert!(b.ts_ns[0] > last);
         last = *b.ts_ns.last().unwrap();
+        // The footer's range of each row group is its rows'.
+        let range = trace.unit_ts_range(u).unwrap();
+        assert_eq!(range, Some((b.ts_ns[0], last)));
     }
 }
 
