@@ -223,3 +223,41 @@ fn sort_by_temporary_shows_stacks_with_nothing_outstanding() {
     let text = memleak_analyze::text::render(&r);
     assert!(text.contains("temporary: 2 (100.0%)"), "{text}");
 }
+
+/// Two processes (a parent and its forked child, say) each allocate at
+/// the same address and free their own block at once: both are
+/// temporary. A block of one process is not another's, whatever its
+/// address: the child's allocation there does not take the parent's
+/// block, and its free does not end it.
+#[test]
+fn temporary_allocations_are_per_process() {
+    let mut tb = TraceBuilder::default();
+    let mut ev = |us: u64, pid: u32, kind: EventKind, size: u64, stack: u64| {
+        tb.events.push(Event {
+            ts_ns: T0 + us * US,
+            pid,
+            tid: pid,
+            kind,
+            addr: 0x20000,
+            size,
+            old_addr: None,
+            old_size: None,
+            stack_id: (stack != 0).then_some(stack),
+        });
+    };
+    use EventKind::{Free, Malloc};
+    ev(0, 100, Malloc, 100, 1);
+    ev(1, 200, Malloc, 200, 2);
+    ev(2, 200, Free, 0, 0);
+    ev(3, 100, Free, 0, 0);
+    // The other order of frees, at another time.
+    ev(5000, 100, Malloc, 100, 3);
+    ev(5001, 200, Malloc, 200, 4);
+    ev(5002, 100, Free, 0, 0);
+    ev(5003, 200, Free, 0, 0);
+    let r = run_with(&mut tb, AnalyzeOptions::default());
+    assert_eq!(
+        temporaries(&r),
+        vec![(1, 1, 1), (2, 1, 1), (3, 1, 1), (4, 1, 1)]
+    );
+}

@@ -178,7 +178,7 @@ fn count_rows<const BY_PID: bool, const BY_SIZE_TIME: bool, const PACK: bool, co
     for i in 0..n {
         if let (true, Some(&s)) = (COUNT, b.stack_id.get(i + STACK_AHEAD)) {
             acc.totals.prefetch(s);
-            temps.prefetch(b.addr[i + STACK_AHEAD]);
+            temps.prefetch(b.pid[i + STACK_AHEAD], b.addr[i + STACK_AHEAD]);
         }
         // Only reallocs read their old address: too sparse for the
         // hardware to stream that column.
@@ -294,7 +294,7 @@ fn count_row<const BY_SIZE_TIME: bool>(
         }
     }
     if heap != 0 {
-        let (tid, ts) = (b.tid[i], b.ts[i]);
+        let (tid, ts) = ((b.pid[i], b.tid[i]), b.ts[i]);
         if heap == HEAP_ALLOC {
             if addr != 0 {
                 temps.alloc(tid, addr, ts, stack, counted);

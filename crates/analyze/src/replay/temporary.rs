@@ -40,6 +40,8 @@ use crate::hash::{mix, IntMap};
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Last {
     tid: u32,
+    /// Its process: an address is a block of one process only.
+    pid: u32,
     /// Where [`Owners`] keeps its address: the home entry, or [`SPILLED`].
     home: u32,
     /// Whether the filter selects the allocation: only those count.
@@ -56,6 +58,7 @@ pub(super) struct Last {
 #[derive(Clone, Copy, Debug)]
 pub(super) struct EarlyFree {
     tid: u32,
+    pid: u32,
     /// Whether its thread had allocated nothing earlier in the row group:
     /// only then can it free the thread's last allocation.
     own: bool,
@@ -120,9 +123,9 @@ impl TempScan {
     /// A free by `tid` of the block at `addr`; counts a temporary
     /// allocation in `acc`.
     #[inline(always)]
-    pub(super) fn free(&mut self, tid: u32, addr: u64, ts: u64, acc: &mut Allocated) {
+    pub(super) fn free(&mut self, (pid, tid): (u32, u32), addr: u64, ts: u64, acc: &mut Allocated) {
         let window_end = self.window_end(ts);
-        match self.owners.find(addr, &self.out.last) {
+        match self.owners.find(pid, addr, &self.out.last) {
             Some(slot) => {
                 // The block of some thread's last allocation.
                 let l = &mut self.out.last[slot as usize];
@@ -131,33 +134,47 @@ impl TempScan {
                     acc.add_temporary(l.stack, 1);
                 }
             }
-            None if ts <= window_end => self.early_free(tid, addr, ts),
+            None if ts <= window_end => self.early_free((pid, tid), addr, ts),
             None => {}
         }
     }
 
     #[cold]
-    fn early_free(&mut self, tid: u32, addr: u64, ts: u64) {
-        let own = self.slot_of.get(tid as u64 + 1).is_none();
-        self.out.early.push(EarlyFree { tid, own, addr, ts });
+    fn early_free(&mut self, (pid, tid): (u32, u32), addr: u64, ts: u64) {
+        let own = self.slot_of.get((tid as u64 + 1, 0)).is_none();
+        self.out.early.push(EarlyFree {
+            tid,
+            pid,
+            own,
+            addr,
+            ts,
+        });
     }
 
     /// An allocation by `tid` of the block at `addr`, which the filter
     /// selects if `counted`.
     #[inline(always)]
-    pub(super) fn alloc(&mut self, tid: u32, addr: u64, ts: u64, stack: u64, counted: bool) {
+    pub(super) fn alloc(
+        &mut self,
+        (pid, tid): (u32, u32),
+        addr: u64,
+        ts: u64,
+        stack: u64,
+        counted: bool,
+    ) {
         self.window_end(ts);
         let slot = self.slot(tid);
-        if let Some(other) = self.owners.find(addr, &self.out.last) {
+        if let Some(other) = self.owners.find(pid, addr, &self.out.last) {
             // The address was live in another thread's entry: its free was
             // missed, and that block is gone.
             self.owners.kill(&mut self.out.last[other as usize]);
         }
         // No longer the thread's last allocation.
         self.owners.kill(&mut self.out.last[slot as usize]);
-        let home = self.owners.insert(addr, slot, &self.out.last);
+        let home = self.owners.insert(pid, addr, slot, &self.out.last);
         self.out.last[slot as usize] = Last {
             tid,
+            pid,
             home,
             counted,
             live: true,
@@ -169,8 +186,8 @@ impl TempScan {
 
     /// Hints the CPU to fetch the home entry of `addr`.
     #[inline(always)]
-    pub(super) fn prefetch(&self, addr: u64) {
-        let h = self.owners.home_of(addr);
+    pub(super) fn prefetch(&self, pid: u32, addr: u64) {
+        let h = self.owners.home_of(pid, addr);
         crate::table::prefetch(self.owners.home.as_ptr().wrapping_add(h) as *const u8);
     }
 
@@ -186,11 +203,12 @@ impl TempScan {
     #[cold]
     fn slot_slow(&mut self, tid: u32) -> u32 {
         let n = self.out.last.len() as u32;
-        let slot = self.slot_of.get(tid as u64 + 1).unwrap_or(n);
+        let slot = self.slot_of.get((tid as u64 + 1, 0)).unwrap_or(n);
         if slot == n {
-            self.slot_of.insert(tid as u64 + 1, n);
+            self.slot_of.insert((tid as u64 + 1, 0), n);
             self.out.last.push(Last {
                 tid,
+                pid: 0,
                 home: 0,
                 counted: false,
                 live: false,
@@ -242,6 +260,13 @@ fn filter_bit(h: u64) -> u64 {
     1 << (h & 63)
 }
 
+/// The hash of `addr` in process `pid`: one address in two processes (a
+/// parent and its forked child) is two blocks.
+#[inline(always)]
+fn key_hash(pid: u32, addr: u64) -> u64 {
+    mix(addr ^ (pid as u64).rotate_right(20))
+}
+
 /// [`Last::home`] of an allocation whose address is in
 /// [`Owners::overflow`].
 const SPILLED: u32 = u32::MAX;
@@ -268,32 +293,33 @@ impl Owners {
     }
 
     #[inline(always)]
-    fn home_of(&self, addr: u64) -> usize {
-        (mix(addr) >> self.shift) as usize
+    fn home_of(&self, pid: u32, addr: u64) -> usize {
+        (key_hash(pid, addr) >> self.shift) as usize
     }
 
-    /// The slot of the thread whose last allocation is live at `addr`.
+    /// The slot of the thread whose last allocation is live at `addr` of
+    /// process `pid`.
     #[inline(always)]
-    fn find(&self, addr: u64, last: &[Last]) -> Option<u32> {
-        let h = mix(addr);
+    fn find(&self, pid: u32, addr: u64, last: &[Last]) -> Option<u32> {
+        let h = key_hash(pid, addr);
         let e = self.home[(h >> self.shift) as usize];
         if e != 0 {
             let l = &last[e as usize - 1];
-            if l.live && l.addr == addr {
+            if l.live && l.addr == addr && l.pid == pid {
                 return Some(e - 1);
             }
         }
         if self.spilled == 0 || self.filter & filter_bit(h) == 0 {
             return None;
         }
-        self.find_spilled(addr, last)
+        self.find_spilled(pid, addr, last)
     }
 
     #[cold]
-    fn find_spilled(&self, addr: u64, last: &[Last]) -> Option<u32> {
-        let slot = self.overflow.get(addr)?;
+    fn find_spilled(&self, pid: u32, addr: u64, last: &[Last]) -> Option<u32> {
+        let slot = self.overflow.get((addr, pid))?;
         let l = &last[slot as usize];
-        (l.live && l.addr == addr).then_some(slot)
+        (l.live && l.addr == addr && l.pid == pid).then_some(slot)
     }
 
     /// Makes `l` no longer live.
@@ -314,13 +340,13 @@ impl Owners {
     /// live at `addr` (no other thread's is: the caller killed it);
     /// returns where it went, for [`Last::home`].
     #[inline(always)]
-    fn insert(&mut self, addr: u64, slot: u32, last: &[Last]) -> u32 {
-        let h = self.home_of(addr);
+    fn insert(&mut self, pid: u32, addr: u64, slot: u32, last: &[Last]) -> u32 {
+        let h = self.home_of(pid, addr);
         let e = self.home[h];
         if e != 0 {
             let l = &last[e as usize - 1];
             if l.live && l.home == h as u32 {
-                return self.spill(addr, slot, last);
+                return self.spill(pid, addr, slot, last);
             }
         }
         self.home[h] = slot + 1;
@@ -328,16 +354,16 @@ impl Owners {
     }
 
     #[cold]
-    fn spill(&mut self, addr: u64, slot: u32, last: &[Last]) -> u32 {
+    fn spill(&mut self, pid: u32, addr: u64, slot: u32, last: &[Last]) -> u32 {
         if (self.overflow.len + 1) * 4 > self.overflow.slots.len() {
-            self.overflow.retain(|a, s| {
+            self.overflow.retain(|(a, p), s| {
                 let l = &last[s as usize];
-                l.live && l.home == SPILLED && l.addr == a
+                l.live && l.home == SPILLED && l.addr == a && l.pid == p
             });
         }
-        self.overflow.insert(addr, slot);
+        self.overflow.insert((addr, pid), slot);
         self.spilled += 1;
-        self.filter |= filter_bit(mix(addr));
+        self.filter |= filter_bit(key_hash(pid, addr));
         SPILLED
     }
 
@@ -352,7 +378,8 @@ impl Owners {
         *self = Owners::with_len(want);
         for slot in 0..last.len() {
             if last[slot].live {
-                last[slot].home = self.insert(last[slot].addr, slot as u32, last);
+                let (pid, addr) = (last[slot].pid, last[slot].addr);
+                last[slot].home = self.insert(pid, addr, slot as u32, last);
             }
         }
     }
@@ -365,10 +392,10 @@ const TID_CACHE: usize = 64;
 /// group order with the early frees of the next ones.
 #[derive(Default)]
 pub(super) struct Carry {
-    /// Live last allocations by address.
-    by_addr: IntMap<u64, Last>,
-    /// The address of each thread's entry in `by_addr`.
-    addr_of: IntMap<u32, u64>,
+    /// Live last allocations by process and address.
+    by_addr: IntMap<(u32, u64), Last>,
+    /// The key of each thread's entry in `by_addr`.
+    addr_of: IntMap<u32, (u32, u64)>,
     /// Temporary allocations found here, by stack.
     pub(super) temporary: IntMap<u64, u64>,
 }
@@ -383,7 +410,7 @@ impl Carry {
             return;
         }
         for f in &rg.early {
-            if let Some(l) = self.by_addr.remove(&f.addr) {
+            if let Some(l) = self.by_addr.remove(&(f.pid, f.addr)) {
                 self.addr_of.remove(&l.tid);
                 if l.tid == f.tid && f.own && l.counted && f.ts.saturating_sub(l.ts) <= threshold {
                     *self.temporary.entry(l.stack).or_default() += 1;
@@ -395,10 +422,10 @@ impl Carry {
                 self.by_addr.remove(&a);
             }
             if l.live && l.ts.saturating_add(threshold) >= last_ts {
-                if let Some(old) = self.by_addr.insert(l.addr, *l) {
+                if let Some(old) = self.by_addr.insert((l.pid, l.addr), *l) {
                     self.addr_of.remove(&old.tid);
                 }
-                self.addr_of.insert(l.tid, l.addr);
+                self.addr_of.insert(l.tid, (l.pid, l.addr));
             }
         }
         let expired = |l: &Last| l.ts.saturating_add(threshold) < last_ts;
@@ -410,21 +437,24 @@ impl Carry {
     }
 }
 
-/// A small map from non-zero `u64` keys to `u32` values, for the scan's
-/// one entry per thread: open addressing with linear probing, kept at
-/// most a quarter full. With a few
-/// dozen threads it is a few cache lines, and each operation a hash and
-/// one or two probes (hashbrown's general machinery cost several times
-/// more, at one operation per allocation and free).
+/// A small map from keys (a non-zero `u64` and a `u32`) to `u32` values,
+/// for the scan's one entry per thread: open addressing with linear
+/// probing, kept at most a quarter full. With a few dozen threads it is a
+/// few cache lines, and each operation a hash and one or two probes
+/// (hashbrown's general machinery cost several times more, at one
+/// operation per allocation and free).
 struct SmallMap {
-    slots: Vec<(u64, u32)>,
+    slots: Vec<(Key, u32)>,
     len: usize,
 }
+
+/// A [`SmallMap`] key; `.0 == 0` marks an empty slot.
+type Key = (u64, u32);
 
 impl Default for SmallMap {
     fn default() -> Self {
         SmallMap {
-            slots: vec![(0, 0); 64],
+            slots: vec![((0, 0), 0); 64],
             len: 0,
         }
     }
@@ -432,17 +462,17 @@ impl Default for SmallMap {
 
 impl SmallMap {
     #[inline(always)]
-    fn home(&self, key: u64) -> usize {
-        (mix(key) >> 32) as usize & (self.slots.len() - 1)
+    fn home(&self, key: Key) -> usize {
+        (key_hash(key.1, key.0) >> 32) as usize & (self.slots.len() - 1)
     }
 
     #[inline(always)]
-    fn find(&self, key: u64) -> usize {
+    fn find(&self, key: Key) -> usize {
         let mask = self.slots.len() - 1;
         let mut i = self.home(key);
         loop {
             let k = self.slots[i].0;
-            if k == key || k == 0 {
+            if k == key || k.0 == 0 {
                 return i;
             }
             i = (i + 1) & mask;
@@ -450,21 +480,21 @@ impl SmallMap {
     }
 
     #[inline(always)]
-    fn get(&self, key: u64) -> Option<u32> {
+    fn get(&self, key: Key) -> Option<u32> {
         let s = self.slots[self.find(key)];
-        (s.0 != 0).then_some(s.1)
+        (s.0 .0 != 0).then_some(s.1)
     }
 
     /// Inserts or replaces; returns the value replaced.
     #[inline(always)]
-    fn insert(&mut self, key: u64, value: u32) -> Option<u32> {
-        debug_assert!(key != 0);
+    fn insert(&mut self, key: Key, value: u32) -> Option<u32> {
+        debug_assert!(key.0 != 0);
         if (self.len + 1) * 4 > self.slots.len() {
             self.grow();
         }
         let i = self.find(key);
         let old = std::mem::replace(&mut self.slots[i], (key, value));
-        if old.0 == 0 {
+        if old.0 .0 == 0 {
             self.len += 1;
             None
         } else {
@@ -473,12 +503,12 @@ impl SmallMap {
     }
 
     /// Keeps only the entries for which `keep` holds.
-    fn retain(&mut self, keep: impl Fn(u64, u32) -> bool) {
+    fn retain(&mut self, keep: impl Fn(Key, u32) -> bool) {
         let n = self.slots.len();
-        let old = std::mem::replace(&mut self.slots, vec![(0, 0); n]);
+        let old = std::mem::replace(&mut self.slots, vec![((0, 0), 0); n]);
         self.len = 0;
         for (k, v) in old {
-            if k != 0 && keep(k, v) {
+            if k.0 != 0 && keep(k, v) {
                 self.insert(k, v);
             }
         }
@@ -487,10 +517,10 @@ impl SmallMap {
     #[cold]
     fn grow(&mut self) {
         let n = self.slots.len() * 2;
-        let old = std::mem::replace(&mut self.slots, vec![(0, 0); n]);
+        let old = std::mem::replace(&mut self.slots, vec![((0, 0), 0); n]);
         self.len = 0;
         for (k, v) in old {
-            if k != 0 {
+            if k.0 != 0 {
                 self.insert(k, v);
             }
         }
@@ -560,10 +590,10 @@ mod tests {
                 _ => 0x1000 + ((x >> 32) % 3000) * 16,
             };
             if (x >> 40).is_multiple_of(2) {
-                scan.alloc(tid, addr, ts, 1, true);
+                scan.alloc((7, tid), addr, ts, 1, true);
                 reference.alloc(tid, addr, ts);
             } else {
-                scan.free(tid, addr, ts, &mut acc);
+                scan.free((7, tid), addr, ts, &mut acc);
                 reference.free(tid, addr, ts, threshold);
             }
         }
