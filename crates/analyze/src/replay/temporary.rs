@@ -21,8 +21,8 @@
 //! thread's *last* allocation is the only one of its that can still turn
 //! out temporary, so a row group is scanned with one entry per thread
 //! (its last allocation and whether it is still live) and a table from
-//! an address to the thread whose last allocation is live there
-//! ([`Owners`]): a free looks its address up there, an allocation
+//! an address of a process to the thread whose last allocation is live
+//! there ([`Owners`]): a free looks its address up there, an allocation
 //! replaces its thread's entry. Both are sized by the threads, whatever
 //! the length of the trace.
 //!
@@ -120,8 +120,8 @@ impl TempScan {
             .get_or_insert(ts.saturating_add(self.threshold))
     }
 
-    /// A free by `tid` of the block at `addr`; counts a temporary
-    /// allocation in `acc`.
+    /// A free by thread `tid` of process `pid` of the block at `addr`;
+    /// counts a temporary allocation in `acc`.
     #[inline(always)]
     pub(super) fn free(&mut self, (pid, tid): (u32, u32), addr: u64, ts: u64, acc: &mut Allocated) {
         let window_end = self.window_end(ts);
@@ -151,8 +151,8 @@ impl TempScan {
         });
     }
 
-    /// An allocation by `tid` of the block at `addr`, which the filter
-    /// selects if `counted`.
+    /// An allocation by thread `tid` of process `pid` of the block at
+    /// `addr`, which the filter selects if `counted`.
     #[inline(always)]
     pub(super) fn alloc(
         &mut self,
@@ -184,7 +184,7 @@ impl TempScan {
         };
     }
 
-    /// Hints the CPU to fetch the home entry of `addr`.
+    /// Hints the CPU to fetch the home entry of `addr` of process `pid`.
     #[inline(always)]
     pub(super) fn prefetch(&self, pid: u32, addr: u64) {
         let h = self.owners.home_of(pid, addr);
