@@ -76,6 +76,10 @@ impl Decoded {
                 .unwrap_or_default();
             packed.ops.clear();
             packed.rows.clear();
+            // Room for the whole row group at once (a realloc makes two
+            // operations): grown a piece at a time, the vector was copied
+            // on every doubling until the pool's vectors were all large.
+            packed.ops.reserve(2 * total);
             let (mut rows, mut first_ts, mut last_ts) = (0usize, None, 0u64);
             let r = decoder.stream(unit, &mut |b: Slices<'_>| {
                 let all = b.ts.len();
