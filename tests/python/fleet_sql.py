@@ -12,7 +12,9 @@ with pyspark when it is not this one.
 
 import decimal
 import json
+import shutil
 import sys
+import tempfile
 import time
 
 
@@ -34,10 +36,14 @@ def duckdb_rows(sql):
 def spark_rows(sql):
     from pyspark.sql import SparkSession
 
+    # Spark makes its warehouse directory where it runs, which is the
+    # checkout under `cargo test`: give it a temporary one instead.
+    warehouse = tempfile.mkdtemp(prefix="memleak-spark-")
     spark = (
         SparkSession.builder.master("local[2]")
         .appName("memleak-sql")
         .config("spark.ui.enabled", "false")
+        .config("spark.sql.warehouse.dir", warehouse)
         .config("spark.sql.shuffle.partitions", "4")
         # Its vectorized reader cannot read DELTA_BINARY_PACKED unsigned
         # 64-bit columns (ts_ns, seq): docs/fleet.md.
@@ -54,6 +60,7 @@ def spark_rows(sql):
         return rows
     finally:
         spark.stop()
+        shutil.rmtree(warehouse, ignore_errors=True)
 
 
 def main():
