@@ -48,26 +48,26 @@ pub(crate) fn open_checking_length(path: &Path, entry: &SegmentEntry) -> Result<
     let file = File::open(path).map_err(|e| Error::io(path, e))?;
     let len = file.metadata().map_err(|e| Error::io(path, e))?.len();
     if len != entry.bytes {
-        return Err(Error::Corrupt {
-            path: path.to_path_buf(),
-            reason: format!(
+        return Err(Error::corrupt(
+            path,
+            format!(
                 "{len} bytes, meta.json lists {}: truncated or altered",
                 entry.bytes
             ),
-        });
+        ));
     }
     Ok(file)
 }
 
 fn check_crc(path: &Path, entry: &SegmentEntry, crc: u32) -> Result<()> {
     if crc != entry.crc32 {
-        return Err(Error::Corrupt {
-            path: path.to_path_buf(),
-            reason: format!(
+        return Err(Error::corrupt(
+            path,
+            format!(
                 "checksum mismatch (CRC-32 {crc:08x}, meta.json lists {:08x}): the file was altered",
                 entry.crc32
             ),
-        });
+        ));
     }
     Ok(())
 }

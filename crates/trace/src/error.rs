@@ -95,6 +95,14 @@ pub fn describe_io(e: &std::io::Error) -> String {
 }
 
 impl Error {
+    /// [`Error::Corrupt`] for `path`, saying why.
+    pub(crate) fn corrupt(path: &Path, reason: impl std::fmt::Display) -> Self {
+        Error::Corrupt {
+            path: path.to_path_buf(),
+            reason: reason.to_string(),
+        }
+    }
+
     /// Wraps an I/O error, turning ENOSPC into [`Error::DiskFull`].
     pub fn io(path: &Path, source: std::io::Error) -> Self {
         if source.raw_os_error() == Some(libc::ENOSPC) {

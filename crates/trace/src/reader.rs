@@ -698,12 +698,13 @@ impl Trace {
             for i in 0..b.num_rows() {
                 let (ts_ns, pid) = (u64c(0).value(i), pid.value(i));
                 let name = verdict.value(i);
-                let verdict = ScanVerdict::from_name(name)
-                    .ok_or_else(|| corrupt(path, format!("unknown scan verdict {name:?}")))?;
+                let verdict = ScanVerdict::from_name(name).ok_or_else(|| {
+                    Error::corrupt(path, format!("unknown scan verdict {name:?}"))
+                })?;
                 match per_scan.get_mut(&(pid, ts_ns)) {
                     Some(n) => *n += 1,
                     None => {
-                        return Err(corrupt(
+                        return Err(Error::corrupt(
                             path,
                             format!(
                             "scan rows of pid {pid} at {ts_ns} ns, a scan meta.json does not list"
@@ -768,13 +769,6 @@ impl Trace {
 
 fn opt_str(a: &arrow_array::StringArray, i: usize) -> Option<String> {
     a.is_valid(i).then(|| a.value(i).to_string())
-}
-
-fn corrupt(path: &Path, e: impl std::fmt::Display) -> Error {
-    Error::Corrupt {
-        path: path.to_path_buf(),
-        reason: e.to_string(),
-    }
 }
 
 /// Types a reader accepts for a column: the written type, or for `kind`
@@ -913,7 +907,7 @@ fn dictionary_strings(seg: &Segment, names: &[&str]) -> Result<Segment> {
         // The frames table's: checked whole when the trace was opened.
         deferred: None,
     })
-    .map_err(|e| corrupt(&seg.path, e))
+    .map_err(|e| Error::corrupt(&seg.path, e))
 }
 
 fn batch_reader<'a>(
@@ -936,7 +930,7 @@ fn batch_reader<'a>(
     }
     let inner = guarded::decode(|| builder.build())
         .and_then(|r| r.map_err(|e| e.to_string()))
-        .map_err(|e| corrupt(&seg.path, e))?;
+        .map_err(|e| Error::corrupt(&seg.path, e))?;
     Ok(Batches {
         inner: Some(inner),
         path: seg.path.clone(),
@@ -959,8 +953,8 @@ impl Iterator for Batches {
         let r = match guarded::decode(|| inner.next()) {
             Ok(None) => None,
             Ok(Some(Ok(b))) => return Some(Ok(b)),
-            Ok(Some(Err(e))) => Some(Err(corrupt(&self.path, e))),
-            Err(e) => Some(Err(corrupt(&self.path, e))),
+            Ok(Some(Err(e))) => Some(Err(Error::corrupt(&self.path, e))),
+            Err(e) => Some(Err(Error::corrupt(&self.path, e))),
         };
         self.inner = None;
         r
@@ -972,7 +966,7 @@ fn kinds_of(col: &dyn Array, path: &Path) -> Result<Vec<Option<EventKind>>> {
         let values = dict
             .values()
             .as_string_opt::<i32>()
-            .ok_or_else(|| corrupt(path, "kind dictionary is not strings"))?;
+            .ok_or_else(|| Error::corrupt(path, "kind dictionary is not strings"))?;
         let map: Vec<Option<EventKind>> = (0..values.len())
             .map(|i| EventKind::from_name(values.value(i)))
             .collect();
