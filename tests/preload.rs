@@ -82,10 +82,11 @@ fn both(fx: &Fixture, options: &[&str], env: &[(String, String)]) -> Recorded {
         fx.name,
         preload.meta.counters.lost
     );
-    assert_eq!(
-        preload.user, bpf.user,
-        "{}: the program's outstanding allocations differ between the captures",
-        fx.name
+    assert!(
+        preload.user == bpf.user,
+        "{}: the program's outstanding allocations differ between the captures:\n{}",
+        fx.name,
+        differences(&preload.user, &bpf.user)
     );
     // Two known differences (docs/accuracy.md): libc's internal mmap
     // calls (thread stacks) are not calls the agent can see, and ld.so's
@@ -115,6 +116,36 @@ fn both(fx: &Fixture, options: &[&str], env: &[(String, String)]) -> Recorded {
         fx.name
     );
     preload
+}
+
+/// The groups only one capture has, a line each: what a failure prints
+/// (both lists whole are too long for a CI log).
+fn differences(preload: &[Group], bpf: &[Group]) -> String {
+    let mut out = String::new();
+    for (name, a, b) in [("preload", preload, bpf), ("bpf", bpf, preload)] {
+        let mut rest: Vec<&Group> = b.iter().collect();
+        for g in a {
+            match rest.iter().position(|r| *r == g) {
+                Some(i) => {
+                    rest.swap_remove(i);
+                }
+                None => {
+                    let frames: Vec<String> = g
+                        .frames
+                        .iter()
+                        .map(|(f, file, line, _)| format!("{f} {file}:{line}"))
+                        .collect();
+                    out += &format!(
+                        "  only {name}: {} B in {}: {}\n",
+                        g.bytes,
+                        g.count,
+                        frames.join(" < ")
+                    );
+                }
+            }
+        }
+    }
+    out
 }
 
 #[test]

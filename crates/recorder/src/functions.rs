@@ -303,16 +303,27 @@ pub struct FunctionIndexes {
 }
 
 impl FunctionIndexes {
-    /// The index of the object opened at `path`; `None` if it cannot be
-    /// read as ELF.
-    pub fn get(&mut self, build_id: Option<&str>, path: &Path) -> Option<Arc<FunctionIndex>> {
+    /// The index of the object opened at `path`, else at the path
+    /// `fallback` gives (the process's path can die with it before the
+    /// open); `None` if neither can be read as ELF. Kept by build id: the
+    /// answer, a failure included, is the same for every later frame.
+    pub fn get(
+        &mut self,
+        build_id: Option<&str>,
+        path: &Path,
+        fallback: impl FnOnce() -> Option<PathBuf>,
+    ) -> Option<Arc<FunctionIndex>> {
         let key = match build_id {
             Some(b) => format!("b:{b}"),
             None => format!("p:{}", path.display()),
         };
         self.by_key
             .entry(key)
-            .or_insert_with(|| FunctionIndex::open(path).map(Arc::new))
+            .or_insert_with(|| {
+                FunctionIndex::open(path)
+                    .or_else(|| FunctionIndex::open(&fallback()?))
+                    .map(Arc::new)
+            })
             .clone()
     }
 }

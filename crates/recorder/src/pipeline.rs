@@ -461,7 +461,9 @@ impl Recorder {
         let (lookup, after_call) = match (&normalized, &open_path) {
             (Some(n), Some(path)) => self
                 .functions
-                .get(n.build_id.as_deref(), path)
+                .get(n.build_id.as_deref(), path, || {
+                    crate::procmaps::same_object_here(n)
+                })
                 .zip(n.file_offset)
                 .map_or((None, None), |(idx, off)| {
                     (Some(idx.lookup(off)), idx.follows_call(off))

@@ -239,6 +239,15 @@ pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
     }
 }
 
+/// The object of a mapping at a path that outlives the process: its plain
+/// path in our mount namespace, if the file there has the mapping's build
+/// id (the same object, copy or not).
+pub fn same_object_here(n: &Normalized) -> Option<PathBuf> {
+    let id = n.build_id.as_deref()?;
+    let plain = PathBuf::from(n.path.as_deref()?);
+    (read_build_id(&plain).as_deref() == Some(id)).then_some(plain)
+}
+
 /// Whether `pid` has our mount namespace and our root directory.
 fn sees_our_files(pid: u32) -> bool {
     use std::os::unix::fs::MetadataExt;

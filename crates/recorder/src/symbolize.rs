@@ -25,7 +25,7 @@ use blazesym::symbolize::{Input, Sym, Symbolized, Symbolizer};
 use memleak_trace::{FrameRecord, InlinedFrame};
 
 use crate::functions::FunctionSym;
-use crate::procmaps::Normalized;
+use crate::procmaps::{same_object_here, Normalized};
 
 /// A frame waiting for symbolization.
 #[derive(Debug, Clone)]
@@ -169,8 +169,6 @@ impl Blaze {
             }
         }
         for (path, group) in by_object {
-            let path = readable(path, group[0]);
-            let src = Source::Elf(Elf::new(path));
             let offsets: Vec<u64> = group
                 .iter()
                 .map(|f| {
@@ -181,10 +179,7 @@ impl Blaze {
                         .saturating_sub(1)
                 })
                 .collect();
-            let syms = self
-                .symbolizer
-                .symbolize(&src, Input::FileOffset(&offsets))
-                .unwrap_or_default();
+            let syms = self.symbolize_object(path, group[0], &offsets);
             for (i, f) in group.iter().enumerate() {
                 let sym = match syms.get(i) {
                     Some(Symbolized::Sym(sym)) => Some(sym),
@@ -214,22 +209,35 @@ impl Blaze {
         }
         out
     }
-}
 
-/// `path`, or, when it is gone (a path through `/proc/PID/root` of a
-/// process that exited since: a forked child of a command in its own
-/// mount namespace), the object's plain path if that file has the same
-/// build id: the same object, copy or not.
-fn readable(path: PathBuf, f: &PendingFrame) -> PathBuf {
-    if path.exists() {
-        return path;
+    /// blazesym's answers for `offsets` in the object `f` lies in, opened
+    /// at `path`: the process's own view of it. Such a path through
+    /// `/proc/PID/root` (a process in another mount namespace, or the
+    /// command in its private one) dies with the process, which can exit
+    /// between the moment its frames were judged and this open: a forked
+    /// child, a moment after its last allocation. The same object at its
+    /// plain path, if the build ids agree, answers then.
+    fn symbolize_object(
+        &self,
+        path: PathBuf,
+        f: &PendingFrame,
+        offsets: &[u64],
+    ) -> Vec<Symbolized<'_>> {
+        let at = |p: PathBuf| {
+            self.symbolizer
+                .symbolize(&Source::Elf(Elf::new(p)), Input::FileOffset(offsets))
+        };
+        match at(path.clone()) {
+            Ok(syms) => syms,
+            Err(_) => f
+                .normalized
+                .as_ref()
+                .and_then(same_object_here)
+                .filter(|plain| *plain != path)
+                .and_then(|plain| at(plain).ok())
+                .unwrap_or_default(),
+        }
     }
-    let plain = f.normalized.as_ref().and_then(|n| {
-        let id = n.build_id.as_deref()?;
-        let plain = PathBuf::from(n.path.as_deref()?);
-        (crate::procmaps::read_build_id(&plain).as_deref() == Some(id)).then_some(plain)
-    });
-    plain.unwrap_or(path)
 }
 
 fn unsymbolized(f: &PendingFrame) -> FrameRecord {
@@ -324,4 +332,65 @@ fn fill(rec: &mut FrameRecord, sym: &Sym<'_>) {
             column: i.code_info.as_ref().and_then(|c| c.column).map(u32::from),
         })
         .collect();
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::functions::{FunctionIndex, Lookup};
+
+    #[inline(never)]
+    fn symbolized_target(x: u64) -> u64 {
+        std::hint::black_box(x).wrapping_mul(7)
+    }
+
+    /// The process's path to an object fails at blazesym's open (a forked
+    /// child's `/proc/PID/root` path, the child gone since its frames were
+    /// judged; here a path that names no such process, and a file that is
+    /// not the object): the frame still gets its function and source line,
+    /// from the same object at its plain path.
+    #[test]
+    fn a_process_path_that_fails_at_the_open_falls_back_to_the_plain_path() {
+        let exe = std::fs::read_link("/proc/self/exe").unwrap();
+        let pid = std::process::id();
+        let mut maps = crate::procmaps::MapsCache::default();
+        maps.snapshot(pid, 0);
+        let addr = symbolized_target as *const () as u64 + 4;
+        let n = maps.normalize(pid, addr).unwrap();
+        if n.build_id.is_none() {
+            return crate::skip::skip("the test binary has no build id");
+        }
+        let function = match FunctionIndex::open(&exe)
+            .unwrap()
+            .lookup(n.file_offset.unwrap())
+        {
+            Lookup::Function(f) => f,
+            other => panic!("{other:?}"),
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let not_the_object = dir.path().join("forks");
+        std::fs::write(&not_the_object, b"not an ELF file").unwrap();
+        let gone = PathBuf::from(format!("/proc/4294967295/root{}", exe.display()));
+        let blaze = Blaze::default();
+        for open_path in [not_the_object, gone] {
+            let f = PendingFrame {
+                pid,
+                addr,
+                normalized: Some(n.clone()),
+                open_path: Some(open_path.clone()),
+                function: Some(function.clone()),
+            };
+            let rec = blaze.symbolize(&[f]).pop().unwrap();
+            let name = rec.function.clone().unwrap_or_default();
+            assert!(name.contains("symbolized_target"), "{open_path:?}: {rec:?}");
+            assert!(
+                rec.file
+                    .as_deref()
+                    .is_some_and(|f| f.ends_with("symbolize.rs")),
+                "{open_path:?}: {rec:?}"
+            );
+            assert!(rec.line.is_some(), "{open_path:?}: {rec:?}");
+        }
+        assert_eq!(symbolized_target(1), 7);
+    }
 }
