@@ -1401,7 +1401,7 @@ int count_entry(struct pt_regs *ctx)
  * ptraced; stopping the thread here lets the recorder drain the ring and
  * snapshot the maps while the library is still mapped, so a library that is
  * dlopened, leaks and is dlclosed at once still symbolizes. */
-SEC("uprobe")
+SEC("uprobe.multi")
 int dl_state(struct pt_regs *ctx)
 {
 	bpf_send_signal_thread(19 /* SIGSTOP */);

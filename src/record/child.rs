@@ -27,6 +27,8 @@ pub struct Child {
     detached: bool,
     /// Processes the command forked, traced with --follow-forks.
     adopted: std::collections::HashSet<u32>,
+    /// Followed processes that ended since [`Child::take_ended`].
+    ended: Vec<u32>,
     /// Threads in a group-stop (SIGSTOP, SIGTSTP...), left there with
     /// PTRACE_LISTEN until SIGCONT or SIGKILL.
     listening: std::collections::HashSet<u32>,
@@ -319,6 +321,7 @@ impl Child {
             exited: false,
             detached: false,
             adopted: Default::default(),
+            ended: Vec::new(),
             listening: Default::default(),
         })
     }
@@ -498,6 +501,7 @@ impl Child {
             if libc::WIFEXITED(status) || libc::WIFSIGNALED(status) {
                 self.listening.remove(&(tid as u32));
                 if self.adopted.remove(&(tid as u32)) {
+                    self.ended.push(tid as u32);
                     continue; // a followed child process ended
                 }
                 if main {
@@ -596,6 +600,13 @@ impl Child {
             .chain(self.adopted.iter().copied())
             .flat_map(live_threads)
             .all(|tid| self.listening.contains(&tid))
+    }
+
+    /// The followed processes that ended since the last call: reaped by
+    /// us, their pids are no one else's yet (the real parent hears of a
+    /// traced child's death after its tracer).
+    pub fn take_ended(&mut self) -> Vec<u32> {
+        std::mem::take(&mut self.ended)
     }
 
     fn adopt(&mut self, pid: u32, on_fork: &mut dyn FnMut(u32) -> Result<()>) -> Result<()> {

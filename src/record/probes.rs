@@ -2,7 +2,7 @@
 //! libbpf. Everything it hands out is plain data (ring-buffer bytes, loss
 //! counters), consumed by `memleak_recorder`.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::mem::MaybeUninit;
 use std::path::Path;
 use std::time::Duration;
@@ -193,9 +193,14 @@ pub struct Probes<'obj> {
     uprobes_storage: std::cell::RefCell<Option<&'obj mut MaybeUninit<OpenObject>>>,
     cfg: ProbeConfig,
     links: std::cell::RefCell<Vec<Link>>,
-    /// The `_dl_debug_state` stops, apart: they must go before a child is
-    /// detached, or it would stop for real at its next dlopen.
-    dl_links: std::cell::RefCell<Vec<Link>>,
+    /// The allocator probes of each process, by pid: a followed child's
+    /// go when it exits (see [`Probes::forget_process`]).
+    proc_links: std::cell::RefCell<HashMap<u32, Vec<Link>>>,
+    /// The `_dl_debug_state` stops, by pid, apart: they must go before a
+    /// child is detached, or it would stop for real at its next dlopen.
+    dl_links: std::cell::RefCell<HashMap<u32, Vec<Link>>>,
+    /// Drops the links of exited processes, off the recorder's thread.
+    reaper: LinkReaper,
 }
 
 /// Which programs and maps an instance of the program has.
@@ -344,11 +349,79 @@ fn drop_links(links: Vec<Link>) {
     });
 }
 
+/// A thread that drops the links of processes that exited: each is an open
+/// file, and a link per allocator program and process made a command
+/// that runs a few thousand programs (a shell script, a build) fail with
+/// EMFILE; each drop also waits for a grace period, which the recorder's
+/// thread must not. What is queued when the thread sees it goes at once,
+/// in parallel, as at the end of a recording.
+struct LinkReaper {
+    tx: Option<std::sync::mpsc::Sender<Vec<Link>>>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Default for LinkReaper {
+    fn default() -> Self {
+        let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
+        let thread = std::thread::Builder::new()
+            .name("memleak-links".into())
+            .spawn(move || {
+                while let Ok(mut links) = rx.recv() {
+                    while let Ok(more) = rx.try_recv() {
+                        links.extend(more);
+                    }
+                    drop_links(links);
+                }
+            });
+        match thread {
+            Ok(t) => LinkReaper {
+                tx: Some(tx),
+                thread: Some(t),
+            },
+            // No thread: the links are dropped where they are given.
+            Err(_) => LinkReaper {
+                tx: None,
+                thread: None,
+            },
+        }
+    }
+}
+
+impl LinkReaper {
+    fn reap(&self, links: Vec<Link>) {
+        if links.is_empty() {
+            return;
+        }
+        match &self.tx {
+            Some(tx) => {
+                if let Err(std::sync::mpsc::SendError(links)) = tx.send(links) {
+                    drop_links(links);
+                }
+            }
+            None => drop_links(links),
+        }
+    }
+
+    /// Waits for the queued drops.
+    fn finish(&mut self) {
+        drop(self.tx.take());
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
 impl Drop for Probes<'_> {
     fn drop(&mut self) {
         let mut links = std::mem::take(self.links.get_mut());
-        links.append(self.dl_links.get_mut());
-        drop_links(links);
+        for (_, l) in self.proc_links.get_mut().drain() {
+            links.extend(l);
+        }
+        for (_, l) in self.dl_links.get_mut().drain() {
+            links.extend(l);
+        }
+        self.reaper.reap(links);
+        self.reaper.finish();
     }
 }
 
@@ -382,7 +455,9 @@ impl<'obj> Probes<'obj> {
             uprobes_storage: std::cell::RefCell::new(cfg.agent.then_some(late)),
             cfg: cfg.clone(),
             links: Default::default(),
+            proc_links: Default::default(),
             dl_links: Default::default(),
+            reaper: LinkReaper::default(),
         })
     }
 
@@ -464,7 +539,11 @@ impl<'obj> Probes<'obj> {
                 .attach_uprobe_multi_with_opts(pid, &lib.path, "", opts)
                 .map_err(explain_bpf_error)
                 .with_context(|| format!("attaching uprobes to {}", lib.path.display()))?;
-            self.links.borrow_mut().push(link);
+            self.proc_links
+                .borrow_mut()
+                .entry(pid as u32)
+                .or_default()
+                .push(link);
         }
         Ok(())
     }
@@ -474,24 +553,26 @@ impl<'obj> Probes<'obj> {
     /// dlclose unmaps a library. Only for a ptraced child: anyone else
     /// would really be stopped.
     pub fn attach_dl_stops(&self, pid: i32, ld_so: &Path) -> Result<()> {
-        let opts = libbpf_rs::UprobeOpts {
-            func_name: Some("_dl_debug_state".into()),
-            ..Default::default()
-        };
         let link = self
             .with_uprobes()?
             .progs
             .dl_state
-            .attach_uprobe_with_opts(pid, ld_so, 0, opts)
+            .attach_uprobe_multi_with_opts(pid, ld_so, "_dl_debug_state", UprobeMultiOpts::default())
+            .map_err(explain_bpf_error)
             .with_context(|| format!("attaching to {}:_dl_debug_state", ld_so.display()))?;
-        self.dl_links.borrow_mut().push(link);
+        self.dl_links
+            .borrow_mut()
+            .entry(pid as u32)
+            .or_default()
+            .push(link);
         Ok(())
     }
 
     /// Removes the stops of [`attach_dl_stops`](Self::attach_dl_stops):
     /// once this returns, no new SIGSTOP is sent.
     pub fn detach_dl_stops(&self) {
-        drop_links(std::mem::take(&mut *self.dl_links.borrow_mut()));
+        let links = std::mem::take(&mut *self.dl_links.borrow_mut());
+        drop_links(links.into_values().flatten().collect());
     }
 
     /// Records exec/exit/fork of traced processes.
@@ -581,6 +662,18 @@ impl<'obj> Probes<'obj> {
             .traced
             .update(&pid.to_ne_bytes(), &[1], MapFlags::ANY)
             .context("updating the traced-pid map")
+    }
+
+    /// Lets go of a followed process that exited (and was reaped by us,
+    /// so its pid is not yet anyone else's): its probes' links are
+    /// dropped in the background, and its pid leaves the traced set,
+    /// which has room for 4,096 at a time. Its exit event was written
+    /// before the kernel told us of its death.
+    pub fn forget_process(&self, pid: u32) {
+        let mut links = self.proc_links.borrow_mut().remove(&pid).unwrap_or_default();
+        links.extend(self.dl_links.borrow_mut().remove(&pid).unwrap_or_default());
+        self.reaper.reap(links);
+        let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
     }
 
     /// A ring-buffer consumer calling `f` for every record; `f` returns

@@ -537,6 +537,22 @@ fn record(
         }
         Ok(())
     };
+    // A followed process that ended lets go of its probes and its place
+    // in the traced sets, which would otherwise fill after a few thousand
+    // programs of a script or a build.
+    let forget_ended = |c: &mut Child| {
+        for pid in c.take_ended() {
+            probes.forget_process(pid);
+            // Its exit event may have come while it was still exiting,
+            // not yet a zombie: the table was kept then.
+            if let Some(u) = &unwinder {
+                u.forget(pid);
+            }
+            if let Some(a) = &agent {
+                a.borrow().shared.remove_pid(pid);
+            }
+        }
+    };
     let without_agent: RefCell<std::collections::HashSet<u32>> = RefCell::default();
     let dl_stopped: RefCell<std::collections::HashSet<u32>> = RefCell::default();
     // The first process without the agent loads the uprobe programs and
@@ -687,6 +703,7 @@ fn record(
                     Some(s) => s.escalate(c, signals, kill_after),
                 }
                 c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
+                forget_ended(c);
                 if suspending.is_none() {
                     suspending = Suspending::received(c);
                 }
@@ -716,6 +733,7 @@ fn record(
             }
             Target::Child(c) => {
                 c.poll(&mut on_stop, &mut on_exit, &mut on_fork, &mut on_maps)?;
+                forget_ended(c);
                 if let Some(e) = c.exit() {
                     exit = Some(e);
                     break;

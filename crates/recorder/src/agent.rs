@@ -294,14 +294,17 @@ impl Shared {
         self.map.header()
     }
 
-    /// Lets the agent record in `pid` (before the process runs).
+    /// Lets the agent record in `pid` (before the process runs), in the
+    /// place of an ended process if there is one.
     pub fn add_pid(&self, pid: u32) -> bool {
         let h = self.header();
         let n = h.npids.load(Ordering::Relaxed) as usize;
-        if h.pids[..n.min(MAX_PIDS)]
-            .iter()
-            .any(|p| p.load(Ordering::Relaxed) == pid)
-        {
+        let used = &h.pids[..n.min(MAX_PIDS)];
+        if used.iter().any(|p| p.load(Ordering::Relaxed) == pid) {
+            return true;
+        }
+        if let Some(free) = used.iter().find(|p| p.load(Ordering::Relaxed) == 0) {
+            free.store(pid, Ordering::Release);
             return true;
         }
         if n >= MAX_PIDS {
@@ -310,6 +313,18 @@ impl Shared {
         h.pids[n].store(pid, Ordering::Relaxed);
         h.npids.store(n as u32 + 1, Ordering::Release);
         true
+    }
+
+    /// A process that ended: its place goes to the next one (pid 0 is no
+    /// process's).
+    pub fn remove_pid(&self, pid: u32) {
+        let h = self.header();
+        let n = h.npids.load(Ordering::Relaxed) as usize;
+        for p in &h.pids[..n.min(MAX_PIDS)] {
+            if p.load(Ordering::Relaxed) == pid {
+                p.store(0, Ordering::Release);
+            }
+        }
     }
 
     /// The agent's loss counters, by `enum memleak_lost`, with the slots
