@@ -557,7 +557,12 @@ impl<'obj> Probes<'obj> {
             .with_uprobes()?
             .progs
             .dl_state
-            .attach_uprobe_multi_with_opts(pid, ld_so, "_dl_debug_state", UprobeMultiOpts::default())
+            .attach_uprobe_multi_with_opts(
+                pid,
+                ld_so,
+                "_dl_debug_state",
+                UprobeMultiOpts::default(),
+            )
             .map_err(explain_bpf_error)
             .with_context(|| format!("attaching to {}:_dl_debug_state", ld_so.display()))?;
         self.dl_links
@@ -670,7 +675,11 @@ impl<'obj> Probes<'obj> {
     /// which has room for 4,096 at a time. Its exit event was written
     /// before the kernel told us of its death.
     pub fn forget_process(&self, pid: u32) {
-        let mut links = self.proc_links.borrow_mut().remove(&pid).unwrap_or_default();
+        let mut links = self
+            .proc_links
+            .borrow_mut()
+            .remove(&pid)
+            .unwrap_or_default();
         links.extend(self.dl_links.borrow_mut().remove(&pid).unwrap_or_default());
         self.reaper.reap(links);
         let _ = self.skel.maps.traced.delete(&pid.to_ne_bytes());
