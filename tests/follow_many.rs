@@ -56,13 +56,7 @@ fn record_loop(capture: &str) {
     );
     let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
     assert_eq!(meta.pids.len(), PROGRAMS + 1, "{capture}: every process");
-    let lost: u64 = meta
-        .counters
-        .lost
-        .iter()
-        .filter(|(k, _)| k.as_str() != "failed_alloc")
-        .map(|(_, &n)| n)
-        .sum();
+    let lost = common::fixtures::lost_events(&meta);
     assert_eq!(lost, 0, "{capture}: {:?}", meta.counters.lost);
     let events = common::fixtures::event_counts(&trace);
     assert_eq!(events.get("fork"), Some(&(PROGRAMS as u64)), "{events:?}");

@@ -54,13 +54,7 @@ fn by_function(r: &Recorded) -> BTreeMap<String, (u64, u64)> {
 }
 
 fn losses(r: &Recorded) -> u64 {
-    r.meta
-        .counters
-        .lost
-        .iter()
-        .filter(|(k, _)| k.as_str() != "failed_alloc")
-        .map(|(_, &n)| n)
-        .sum()
+    common::fixtures::lost_events(&r.meta)
 }
 
 /// Records `fx` both ways; checks nothing was lost and the outstanding

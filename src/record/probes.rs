@@ -360,8 +360,9 @@ struct LinkReaper {
     thread: Option<std::thread::JoinHandle<()>>,
 }
 
-impl Default for LinkReaper {
-    fn default() -> Self {
+impl LinkReaper {
+    /// Starts the thread.
+    fn start() -> Self {
         let (tx, rx) = std::sync::mpsc::channel::<Vec<Link>>();
         let thread = std::thread::Builder::new()
             .name("memleak-links".into())
@@ -385,9 +386,7 @@ impl Default for LinkReaper {
             },
         }
     }
-}
 
-impl LinkReaper {
     fn reap(&self, links: Vec<Link>) {
         if links.is_empty() {
             return;
@@ -457,7 +456,7 @@ impl<'obj> Probes<'obj> {
             links: Default::default(),
             proc_links: Default::default(),
             dl_links: Default::default(),
-            reaper: LinkReaper::default(),
+            reaper: LinkReaper::start(),
         })
     }
 

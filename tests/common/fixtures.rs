@@ -383,6 +383,17 @@ pub fn event_counts(trace: &Path) -> BTreeMap<String, u64> {
         .clone()
 }
 
+/// Events a recording lost, whatever the reason; a program's own failed
+/// allocations (`failed_alloc`) are not lost events.
+pub fn lost_events(meta: &memleak_trace::Meta) -> u64 {
+    meta.counters
+        .lost
+        .iter()
+        .filter(|(k, _)| k.as_str() != "failed_alloc")
+        .map(|(_, &n)| n)
+        .sum()
+}
+
 /// glibc functions that create mappings the runtime keeps until exit.
 const RUNTIME_MAPPINGS: &[&str] = &["allocate_stack", "new_heap", "alloc_new_heap"];
 

@@ -337,10 +337,7 @@ impl Trace {
                 // still has its temporary name, and must match the entry.
                 let tmp = dir.join(format!("{}.inprogress", entry.file));
                 if !tmp.exists() {
-                    return Err(Error::Corrupt {
-                        path,
-                        reason: "listed in meta.json but missing".into(),
-                    });
+                    return Err(Error::corrupt(&path, "listed in meta.json but missing"));
                 }
                 self.warnings.push(format!(
                     "{}: the recorder stopped before renaming this listed segment; reading it",
@@ -356,17 +353,14 @@ impl Trace {
                 None
             };
             let opened = load_footer(&path)
-                .map_err(|reason| Error::Corrupt {
-                    path: path.clone(),
-                    reason,
-                })
+                .map_err(|reason| Error::corrupt(&path, reason))
                 .and_then(|meta| {
                     let rows = meta.metadata().file_metadata().num_rows();
                     if u64::try_from(rows).ok() != Some(entry.rows) {
-                        return Err(Error::Corrupt {
-                            path: path.clone(),
-                            reason: format!("{rows} rows, meta.json lists {}", entry.rows),
-                        });
+                        return Err(Error::corrupt(
+                            &path,
+                            format!("{rows} rows, meta.json lists {}", entry.rows),
+                        ));
                     }
                     check_schema(table, &path, &meta)?;
                     Ok(meta)
@@ -441,7 +435,7 @@ impl Trace {
                     ));
                     continue;
                 }
-                Err(reason) => return Err(Error::Corrupt { path, reason }),
+                Err(reason) => return Err(Error::corrupt(&path, reason)),
             };
             check_schema(table, &path, &meta)?;
             segs.push(Segment {
@@ -726,13 +720,13 @@ impl Trace {
         for s in &self.meta.scans {
             let found = per_scan[&(s.pid, s.ts_ns)];
             if found != s.blocks {
-                return Err(Error::Corrupt {
-                    path: self.root.join(Table::Scan.name()),
-                    reason: format!(
+                return Err(Error::corrupt(
+                    &self.root.join(Table::Scan.name()),
+                    format!(
                         "{found} rows for the scan of pid {} at {} ns, meta.json lists {} blocks",
                         s.pid, s.ts_ns, s.blocks
                     ),
-                });
+                ));
             }
         }
         Ok(out)
