@@ -58,7 +58,9 @@ mod bpf {
                 ])
                 .arg(&so)
                 .arg("agent/agent.c")
-                .args(["-ldl", "-lpthread"])
+                // libc alone, and libgcc's builtins linked in: no
+                // libgcc_s (agent.c says why).
+                .args(["-nodefaultlibs", "-lc", "-lgcc"])
                 .status()
                 .expect("running clang for the agent");
         assert!(status.success(), "building agent/agent.c failed");

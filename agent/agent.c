@@ -46,6 +46,15 @@
 #include <unistd.h>
 
 #include "agent.h"
+#include "sys.h"
+
+/* The unwinder's entry points our cleanups need (-fexceptions: an
+ * exception from operator new passes through the agent's frames), bound
+ * weakly: the agent needs no libgcc_s of its own, which a container or a
+ * musl system may not have. A process that can throw has an unwinder
+ * loaded that defines them; in one that has none, no exception ever
+ * reaches our frames. */
+__asm__(".weak __gcc_personality_v0\n.weak _Unwind_Resume");
 
 #define EXPORT __attribute__((visibility("default"), noinline))
 #define likely(x) __builtin_expect(!!(x), 1)
@@ -437,9 +446,9 @@ static void stop_for_recorder(void)
 	si.si_signo = SIGSTOP;
 	si.si_code = SI_QUEUE;
 	si.si_pid = (pid_t)my_pid;
-	si.si_uid = getuid();
+	si.si_uid = (uid_t)sys_getuid();
 	si.si_value.sival_int = MLA_STOP_VALUE;
-	syscall(SYS_rt_tgsigqueueinfo, (pid_t)my_pid, (pid_t)syscall(SYS_gettid), SIGSTOP, &si);
+	sys_rt_tgsigqueueinfo((pid_t)my_pid, (pid_t)sys_gettid(), SIGSTOP, &si);
 }
 
 typedef void *(*dlopen_t)(const char *, int);
@@ -504,9 +513,9 @@ static void sampling_start(u64 mean)
 
 	if (!mean)
 		return;
-	p = (void *)syscall(SYS_mmap, NULL, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
-			    PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-	if ((long)p < 0 && (long)p > -4096) {
+	p = sys_mmap(NULL, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS, PROT_READ | PROT_WRITE,
+		     MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+	if (sys_failed((long)p)) {
 		/* No set: nothing can be sampled safely; record nothing. */
 		H = NULL;
 		return;
@@ -609,10 +618,10 @@ static void sample_seed(struct thread *self)
 	u64 seed = 0;
 	struct timespec ts;
 
-	if (syscall(SYS_getrandom, &seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) ||
+	if (sys_getrandom(&seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) ||
 	    !seed) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		seed = ts_of_raw(&ts) ^ ((u64)syscall(SYS_gettid) << 32) ^ (u64)self;
+		seed = ts_of_raw(&ts) ^ ((u64)sys_gettid() << 32) ^ (u64)self;
 	}
 	T.rng = seed | 1;
 	T.sample_left = sample_gap(self);
@@ -668,7 +677,7 @@ static void thread_gone(void *p)
 		u64 i = (u64)(t - pool);
 		__atomic_fetch_and(&pool_used[i / 64], ~(1ull << (i % 64)), __ATOMIC_RELEASE);
 	} else if (t != &untraced) {
-		syscall(SYS_munmap, t, sizeof(*t));
+		sys_munmap(t, sizeof(*t));
 	}
 }
 
@@ -690,9 +699,9 @@ static struct thread *new_thread(void)
 		}
 	}
 	if (!t) {
-		t = (void *)syscall(SYS_mmap, NULL, sizeof(*t), PROT_READ | PROT_WRITE,
-				    MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-		if ((long)t < 0 && (long)t > -4096)
+		t = sys_mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			     0);
+		if (sys_failed((long)t))
 			t = NULL;
 	}
 	if (t) {
@@ -713,9 +722,9 @@ static inline struct thread *me(void)
 	return likely(t != NULL) ? t : new_thread();
 }
 
-static u32 sys_gettid(void)
+static u32 thread_id(void)
 {
-	return (u32)syscall(SYS_gettid);
+	return (u32)sys_gettid();
 }
 
 static int pid_traced(u32 pid)
@@ -733,30 +742,37 @@ static struct mla_header *map_shared(const char *spec)
 	char *end;
 	long fd = strtol(spec, &end, 10);
 	struct mla_header hdr;
+	int opened = 0;
 	void *p;
 
 	if (*end != ':')
 		return NULL;
 	/* The inherited descriptor, if the program kept it and it is ours;
 	 * else the recorder's, by path. */
-	if (pread((int)fd, &hdr, sizeof(hdr.magic), 0) != sizeof(hdr.magic) ||
+	if (sys_pread((int)fd, &hdr, sizeof(hdr.magic), 0) != sizeof(hdr.magic) ||
 	    hdr.magic != MLA_MAGIC) {
-		fd = open(end + 1, O_RDWR | O_CLOEXEC);
+		fd = sys_openat(AT_FDCWD, end + 1, O_RDWR | O_CLOEXEC);
 		if (fd < 0)
 			return NULL;
+		opened = 1;
 	}
-	if (pread((int)fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC ||
+	if (sys_pread((int)fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC ||
 	    hdr.version != MLA_VERSION)
-		return NULL;
-	p = mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
-	return p == MAP_FAILED ? NULL : p;
+		p = NULL;
+	else
+		p = sys_mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, (int)fd, 0);
+	/* A descriptor opened here is not the program's to keep: the mapping
+	 * holds the memory. */
+	if (opened)
+		sys_close((int)fd);
+	return sys_failed((long)p) ? NULL : p;
 }
 
 static void after_fork(void)
 {
 	struct thread *t = pthread_getspecific(key);
 
-	my_pid = (u32)syscall(SYS_getpid);
+	my_pid = (u32)sys_getpid();
 	if (t) {
 		t->tid = 0;
 		t->rng = 0; /* the child draws its own sample points */
@@ -880,7 +896,7 @@ static void wake_recorder(void)
 	if (__atomic_load_n(&H->sleeping, __ATOMIC_RELAXED) &&
 	    __atomic_exchange_n(&H->sleeping, 0, __ATOMIC_ACQ_REL)) {
 		__atomic_fetch_add(&H->wake_seq, 1, __ATOMIC_RELEASE);
-		syscall(SYS_futex, &H->wake_seq, FUTEX_WAKE, 1, NULL, NULL, 0);
+		sys_futex(&H->wake_seq, FUTEX_WAKE, 1, NULL);
 	}
 }
 
@@ -898,7 +914,7 @@ static int wait_for_room(u64 pos, u32 waits)
 	u32 seq;
 
 	if (__atomic_load_n(&H->stop, __ATOMIC_RELAXED) ||
-	    (waits % 16 == 15 && kill((pid_t)H->recorder_pid, 0) != 0 && errno == ESRCH)) {
+	    (waits % 16 == 15 && sys_kill((pid_t)H->recorder_pid, 0) == -ESRCH)) {
 		on = 0;
 		return 0;
 	}
@@ -911,7 +927,7 @@ static int wait_for_room(u64 pos, u32 waits)
 	if ((int64_t)(__atomic_load_n(&slot_at(pos)->seq, __ATOMIC_ACQUIRE) - pos) >= 0)
 		return 1;
 	wake_recorder();
-	syscall(SYS_futex, &H->room_seq, FUTEX_WAIT, seq, &most, NULL, 0);
+	sys_futex(&H->room_seq, FUTEX_WAIT, seq, &most);
 	return 1;
 }
 
@@ -920,7 +936,7 @@ static int wait_for_room(u64 pos, u32 waits)
 static struct mla_slot *claim(u64 *at)
 {
 	u64 pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
-	u32 waits = 0;
+	u32 waits = 0, behind = 0;
 
 	for (;;) {
 		struct mla_slot *s = slot_at(pos);
@@ -946,6 +962,12 @@ static struct mla_slot *claim(u64 *at)
 				return NULL;
 			}
 			pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
+		} else if (++behind > (1u << 20)) {
+			/* Another writer took the slot first, a million times in
+			 * a row: no writer is that far ahead, so `head` or the
+			 * slots were written by something else. Give up. */
+			count_lost(ML_RING_FULL);
+			return NULL;
 		} else {
 			pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
 		}
@@ -965,7 +987,7 @@ static inline void header(struct thread *self, struct mla_slot *s, u8 kind, u64 
 	struct memleak_event *e = &s->ev;
 
 	if (unlikely(!T.tid))
-		T.tid = sys_gettid();
+		T.tid = thread_id();
 	e->ts_ns = ts;
 	e->addr = addr;
 	e->size = size;
@@ -1004,13 +1026,13 @@ static int mapping_of(u64 addr, u64 *lo, u64 *hi)
 {
 	char buf[4096];
 	size_t have = 0;
-	int fd = (int)syscall(SYS_openat, AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
+	int fd = (int)sys_openat(AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	int found = 0;
 
 	if (fd < 0)
 		return 0;
 	for (;;) {
-		ssize_t n = syscall(SYS_read, fd, buf + have, sizeof(buf) - 1 - have);
+		long n = sys_read(fd, buf + have, sizeof(buf) - 1 - have);
 		char *line = buf, *nl;
 
 		if (n <= 0)
@@ -1037,7 +1059,7 @@ static int mapping_of(u64 addr, u64 *lo, u64 *hi)
 		memmove(buf, line, have);
 	}
 out:
-	syscall(SYS_close, fd);
+	sys_close(fd);
 	return found;
 }
 
@@ -1790,12 +1812,28 @@ PAGED(pvalloc, MK_PVALLOC)
 
 /* ---- mappings ---- */
 
+/* A raw result as libc gives it: -1 (MAP_FAILED) and errno on failure.
+ * Only for the calls the program made itself. */
+static long libc_result(long r)
+{
+	if (sys_failed(r)) {
+		errno = (int)-r;
+		return -1;
+	}
+	return r;
+}
+
+static void *libc_result_p(void *p)
+{
+	return (void *)libc_result((long)p);
+}
+
 #define MMAP(name)                                                                      \
 	EXPORT void *name(void *addr, size_t len, int prot, int flags, int fd, off_t off) \
 	{                                                                               \
 		void *p;                                                                \
 		if (unlikely(!ready()))                                                 \
-			return (void *)syscall(SYS_mmap, addr, len, prot, flags, fd, off); \
+			return libc_result_p(sys_mmap(addr, len, prot, flags, fd, off)); \
 		{                                                                       \
 			OUTER(0);                                                       \
 			p = real.mmap(addr, len, prot, flags, fd, off);                 \
@@ -1811,7 +1849,7 @@ MMAP(mmap64)
 EXPORT int munmap(void *addr, size_t len)
 {
 	if (unlikely(!ready()))
-		return (int)syscall(SYS_munmap, addr, len);
+		return (int)libc_result(sys_munmap(addr, len));
 	if (!addr)
 		goto pass;
 	{
@@ -1834,7 +1872,7 @@ EXPORT void *mremap(void *old, size_t old_size, size_t size, int flags, ...)
 	fixed = (flags & MREMAP_FIXED) ? va_arg(ap, void *) : NULL;
 	va_end(ap);
 	if (unlikely(!ready()))
-		return (void *)syscall(SYS_mremap, old, old_size, size, flags, fixed);
+		return libc_result_p(sys_mremap(old, old_size, size, flags, fixed));
 	{
 		OUTER(0);
 		s = claim_move(self, &pos);
@@ -2296,8 +2334,8 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 				want = h->theirs;
 			}
 			if ((u64)slot >= relro_lo && (u64)slot < relro_hi && !relro_open) {
-				if (syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo,
-					    PROT_READ | PROT_WRITE) != 0) {
+				if (sys_mprotect((void *)relro_lo, relro_hi - relro_lo,
+						 PROT_READ | PROT_WRITE) != 0) {
 					p->skipped++;
 					continue;
 				}
@@ -2308,7 +2346,7 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 		}
 	}
 	if (relro_open)
-		syscall(SYS_mprotect, relro_lo, relro_hi - relro_lo, PROT_READ);
+		sys_mprotect((void *)relro_lo, relro_hi - relro_lo, PROT_READ);
 	return 0;
 }
 
@@ -2343,15 +2381,16 @@ EXPORT long memleak_attach(int fd)
 	/* Another recording is attached, unless its recorder died (killed:
 	 * it never detached); then this one takes over. */
 	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE) && H &&
-	    !(kill((pid_t)H->recorder_pid, 0) != 0 && errno == ESRCH))
+	    sys_kill((pid_t)H->recorder_pid, 0) != -ESRCH)
 		return -EBUSY;
-	if (pread(fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC || hdr.version != MLA_VERSION) {
-		close(fd);
+	if (sys_pread(fd, &hdr, 32, 0) != 32 || hdr.magic != MLA_MAGIC ||
+	    hdr.version != MLA_VERSION) {
+		sys_close(fd);
 		return -EPROTO;
 	}
-	h = (void *)syscall(SYS_mmap, NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-	close(fd);
-	if ((long)h < 0 && (long)h > -4096)
+	h = sys_mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	sys_close(fd);
+	if (sys_failed((long)h))
 		return (long)h;
 	/* The previous recording's memory stays mapped (a call still in
 	 * flight may write to it); the recorder freed its pages. */
@@ -2359,8 +2398,7 @@ EXPORT long memleak_attach(int fd)
 	/* --sample: this recording's mean, and an empty set of sampled
 	 * blocks (an earlier recording's are not this one's). */
 	if (h->sample_mean && sampled_set) {
-		syscall(SYS_madvise, sampled_set, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS,
-			MADV_DONTNEED);
+		sys_madvise(sampled_set, (size_t)(SET_WAYS * 8) << SET_BUCKET_BITS, MADV_DONTNEED);
 		sample_mean_f = (double)h->sample_mean;
 		sample_mean = h->sample_mean;
 	} else if (h->sample_mean) {
@@ -2376,7 +2414,7 @@ EXPORT long memleak_attach(int fd)
 	rows = (struct unwind_row *)((char *)h + h->rows_off);
 	table_idx = ~0u;
 	table_gen_seen = ~0ull;
-	my_pid = (u32)syscall(SYS_getpid);
+	my_pid = (u32)sys_getpid();
 	__atomic_store_n(&H, h, __ATOMIC_RELEASE);
 	__atomic_store_n(&on, pid_traced(my_pid), __ATOMIC_RELEASE);
 	if (on)

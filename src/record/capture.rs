@@ -318,3 +318,64 @@ impl Agent {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::AGENT_SO;
+    use memleak_recorder::elf::ElfFile;
+
+    /// The agent needs no library but libc, which every process has:
+    /// not libgcc_s, which a container or a musl system may lack (it
+    /// failed to load there: `__gcc_personality_v0: symbol not found`).
+    #[test]
+    fn the_agent_needs_libc_alone() {
+        let elf = ElfFile::parse(AGENT_SO.to_vec()).unwrap();
+        let dynamic = elf.section(".dynamic").unwrap().bytes;
+        let strings = elf.section(".dynstr").unwrap().bytes;
+        let needed: Vec<String> = dynamic
+            .chunks_exact(16)
+            .map(|e| {
+                let word = |i: usize| u64::from_le_bytes(e[i..i + 8].try_into().unwrap());
+                (word(0), word(8) as usize)
+            })
+            .take_while(|&(tag, _)| tag != 0)
+            .filter(|&(tag, _)| tag == 1) // DT_NEEDED
+            .map(|(_, at)| {
+                let end = strings[at..].iter().position(|&b| b == 0).unwrap();
+                String::from_utf8_lossy(&strings[at..at + end]).into_owned()
+            })
+            .collect();
+        assert_eq!(needed, ["libc.so.6"]);
+    }
+
+    /// The agent makes its system calls through agent/sys.h, whose
+    /// functions take typed arguments: never through glibc's variadic
+    /// syscall(), where an int argument leaves the upper half of a 64-bit
+    /// register or stack slot undefined (an mmap offset of 0 mapped the
+    /// ring past the end of its file, and killed two servers with SIGBUS).
+    #[test]
+    fn the_agent_makes_no_untyped_system_call() {
+        let dir = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("agent");
+        let mut checked = 0;
+        for entry in std::fs::read_dir(&dir).unwrap() {
+            let path = entry.unwrap().path();
+            if path.file_name().is_some_and(|n| n == "sys.h")
+                || !path.extension().is_some_and(|e| e == "c" || e == "h")
+            {
+                continue;
+            }
+            let source = std::fs::read_to_string(&path).unwrap();
+            for (i, line) in source.lines().enumerate() {
+                let code = line.split("/*").next().unwrap_or("");
+                assert!(
+                    !code.contains("syscall("),
+                    "{}:{}: a variadic syscall(): use agent/sys.h\n{line}",
+                    path.display(),
+                    i + 1
+                );
+            }
+            checked += 1;
+        }
+        assert!(checked >= 2, "no agent sources in {}", dir.display());
+    }
+}
