@@ -625,21 +625,29 @@ impl<'a> Stopped<'a> {
         let deadline = Instant::now() + CALL_LIMIT;
         loop {
             match wait_thread(tid, deadline) {
-                Ok(Some(Waited::Stopped { sig, event: 0 })) if sig == libc::SIGSEGV => {
+                Ok(Some(Waited::Stopped { sig, event: 0 })) if FAULTS.contains(&sig) => {
                     let mut now: libc::user_regs_struct =
                         // SAFETY: all-zero registers are valid.
                         unsafe { std::mem::zeroed() };
                     ptrace(libc::PTRACE_GETREGS, tid, 0, &mut now as *mut _ as usize)
                         .or_else(|e| err(format!("registers of thread {tid}: {e}")))?;
-                    if now.rip == 0 {
+                    if sig == libc::SIGSEGV && now.rip == 0 {
                         return Ok(now.rax);
                     }
-                    // A real fault inside the call: the process would have
-                    // died of it; it goes back to where it was instead.
-                    return err(format!(
-                        "the call faulted in process {} at {:#x}",
-                        self.process.pid, now.rip
-                    ));
+                    if raised_by_the_kernel(tid) {
+                        // A fault of the call itself: the process would
+                        // die of it. It is never delivered; the thread
+                        // goes back to where it was (release).
+                        return err(format!(
+                            "the call faulted in process {} ({}) at {:#x}; the process was \
+                             put back as it was",
+                            self.process.pid,
+                            signal_name(sig),
+                            now.rip
+                        ));
+                    }
+                    // Sent by someone (kill, tgkill): the process's own.
+                    let _ = ptrace(libc::PTRACE_CONT, tid, 0, sig as usize);
                 }
                 Ok(Some(Waited::Stopped { sig, event })) if event == libc::PTRACE_EVENT_STOP => {
                     if matches!(
@@ -710,6 +718,43 @@ impl<'a> Stopped<'a> {
 impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         self.release();
+    }
+}
+
+/// The signals a faulting instruction raises. One of them during a
+/// remote call is the call's own doing, unless someone sent it.
+const FAULTS: [i32; 6] = [
+    libc::SIGSEGV,
+    libc::SIGBUS,
+    libc::SIGILL,
+    libc::SIGFPE,
+    libc::SIGTRAP,
+    libc::SIGSYS,
+];
+
+/// Whether the signal the thread is stopped with was raised by the kernel
+/// (a fault, a seccomp trap: `si_code` > 0), not sent by a process.
+fn raised_by_the_kernel(tid: i32) -> bool {
+    // SAFETY: all-zero is a valid siginfo_t.
+    let mut info: libc::siginfo_t = unsafe { std::mem::zeroed() };
+    ptrace(
+        libc::PTRACE_GETSIGINFO,
+        tid,
+        0,
+        &mut info as *mut _ as usize,
+    )
+    .is_ok_and(|_| info.si_code > 0)
+}
+
+fn signal_name(sig: i32) -> &'static str {
+    match sig {
+        libc::SIGSEGV => "SIGSEGV",
+        libc::SIGBUS => "SIGBUS",
+        libc::SIGILL => "SIGILL",
+        libc::SIGFPE => "SIGFPE",
+        libc::SIGTRAP => "SIGTRAP",
+        libc::SIGSYS => "SIGSYS",
+        _ => "a signal",
     }
 }
 
