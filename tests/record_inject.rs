@@ -577,3 +577,174 @@ fn inject_patches_a_library_loaded_later() {
         .collect();
     assert_eq!(leaky, vec![(4 * 48, 4)]);
 }
+
+/// A server started in a pipe, its port read from its first line.
+struct Server {
+    child: Child,
+    port: u16,
+}
+
+impl Server {
+    fn start(program: &Path, args: &[&str], port_after: &str) -> Server {
+        let mut child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::null())
+            .spawn()
+            .unwrap();
+        let mut out = BufReader::new(child.stdout.take().unwrap());
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        let port = line
+            .split_once(port_after)
+            .and_then(|(_, rest)| rest.split(|c: char| !c.is_ascii_digit()).next())
+            .and_then(|p| p.parse().ok())
+            .unwrap_or_else(|| panic!("no port in {line:?}"));
+        // The rest of its output goes nowhere.
+        std::thread::spawn(move || std::io::copy(&mut out, &mut std::io::sink()));
+        Server { child, port }
+    }
+
+    fn answers(&self) -> bool {
+        answers(self.port)
+    }
+}
+
+/// One GET to 127.0.0.1:`port` over a new connection; whether a 200 came
+/// back.
+fn answers(port: u16) -> bool {
+    use std::io::Read;
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    s.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+    let req = "GET / HTTP/1.0\r\nHost: localhost\r\n\r\n";
+    if s.write_all(req.as_bytes()).is_err() {
+        return false;
+    }
+    let mut reply = String::new();
+    let _ = s.read_to_string(&mut reply);
+    reply.starts_with("HTTP/1.") && reply.contains(" 200 ")
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// 20 attach/detach cycles into a real server while a client keeps asking
+/// it: every recording succeeds and holds events, the server answers
+/// every request, and it is alive at the end. The agent mapped its ring
+/// at an offset made of stack garbage (an int through a variadic
+/// syscall()), and python's and node's servers died of SIGBUS at the
+/// first inject.
+fn cycles_into(server: &Server, name: &str) {
+    let dir = tempfile::tempdir().unwrap();
+    let _guard = recording_guard(false);
+    let pid = server.child.id();
+    assert!(server.answers(), "{name} does not answer before the cycles");
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let port = server.port;
+    let client = {
+        let stop = stop.clone();
+        std::thread::spawn(move || {
+            let (mut ok, mut failed) = (0u64, 0u64);
+            while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                if answers(port) {
+                    ok += 1;
+                } else {
+                    failed += 1;
+                }
+            }
+            (ok, failed)
+        })
+    };
+    let trace = dir.path().join("t");
+    let mut events = 0;
+    for cycle in 0..20 {
+        let out = memleak()
+            .args([
+                "record",
+                "-q",
+                "--capture",
+                "inject",
+                "-d",
+                "300ms",
+                "--force",
+                "-p",
+            ])
+            .arg(pid.to_string())
+            .arg("-o")
+            .arg(&trace)
+            .output()
+            .unwrap();
+        assert!(
+            out.status.success(),
+            "{name}, cycle {cycle}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(
+            common::procs::proc_state(pid).is_some_and(|s| s != 'Z'),
+            "{name} died at cycle {cycle}"
+        );
+        let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+        events += meta.counters.events.values().sum::<u64>();
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (ok, failed) = client.join().unwrap();
+    assert_eq!(
+        failed,
+        0,
+        "{name}: {failed} of {} requests failed",
+        ok + failed
+    );
+    assert!(
+        ok > 0 && server.answers(),
+        "{name} does not answer after the cycles"
+    );
+    assert!(events > 0, "{name}: 20 recordings and no event");
+    eprintln!("{name}: 20 cycles, {ok} requests answered, {events} events recorded");
+}
+
+#[test]
+fn twenty_injects_into_a_python_http_server_that_keeps_answering() {
+    if !can_inject() || !common::has_tool("python3") {
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let server = Server::start(
+        &which("python3"),
+        &[
+            "-u",
+            "-m",
+            "http.server",
+            "0",
+            "--bind",
+            "127.0.0.1",
+            "--directory",
+            dir.path().to_str().unwrap(),
+        ],
+        " port ",
+    );
+    cycles_into(&server, "python3 -m http.server");
+}
+
+#[test]
+fn twenty_injects_into_a_node_server_that_keeps_answering() {
+    if !can_inject() || !common::has_tool("node") {
+        return;
+    }
+    let server = Server::start(
+        &which("node"),
+        &[
+            "-e",
+            "require('http').createServer((q, s) => s.end('ok ' + 'x'.repeat(q.url.length)))\
+             .listen(0, '127.0.0.1', function () { console.log('port ' + this.address().port) })",
+        ],
+        "port ",
+    );
+    cycles_into(&server, "node");
+}
