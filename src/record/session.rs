@@ -835,6 +835,13 @@ fn record(
                 .lost
                 .insert("unfinished".into(), a.shared.unfinished());
         }
+        if a.shared.corrupt() > 0 {
+            let n = a.shared.corrupt();
+            rec.meta_mut()
+                .counters
+                .lost
+                .insert("corrupt_slot".into(), n);
+        }
         let set_full = a.shared.lost()[memleak_recorder::agent::LOST_SAMPLE_SET];
         if set_full > 0 {
             rec.meta_mut()
@@ -945,7 +952,7 @@ fn unwind_ends(probes: &Probes<'_>, agent: Option<&RefCell<Agent>>) -> Vec<u64> 
 /// The probe's counters plus the agent's, index by index.
 fn summed(mut probe: Vec<u64>, agent: Option<&[u64]>) -> Vec<u64> {
     for (n, a) in probe.iter_mut().zip(agent.unwrap_or_default()) {
-        *n += a;
+        *n = n.saturating_add(*a);
     }
     probe
 }

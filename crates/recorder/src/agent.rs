@@ -7,13 +7,15 @@
 //! probe, so a drained record goes to [`crate::Recorder::handle`] as a BPF
 //! ring record does.
 
+use std::cell::{Cell, RefCell};
+use std::collections::HashMap;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use crate::event::{offsets, UnwindEnd, FLAG_KERNEL_STACK};
+use crate::event::{offsets, UnwindEnd, FLAG_KERNEL_STACK, MAX_FRAMES};
 use crate::procmaps::gone;
 use crate::unwind::{ProcTable, Row, UnwindSink};
 
@@ -172,6 +174,112 @@ pub struct Shared {
     ends: Vec<u64>,
     /// Slots skipped because their writer died mid-write.
     unfinished: u64,
+    /// The processes that may write here, by the pid their agent writes
+    /// (their own, in their pid namespace), to the pid here: the
+    /// recorder's own list, never read back from the shared memory.
+    writers: RefCell<HashMap<u32, u32>>,
+    /// Threads seen in events, by (pid here, tid written): the thread's
+    /// id here, or `None` for a thread of another process.
+    threads: HashMap<(u32, u32), Option<u32>>,
+    /// Slots and counters rejected: what no agent writes (see `check`).
+    corrupt: u64,
+    /// `head` was seen out of its range, counted once.
+    bad_head: bool,
+    /// When the final drain first waited for a live writer.
+    final_wait: Option<Instant>,
+    /// The loss counters as last read within their bounds.
+    lost_seen: Cell<[u64; 8]>,
+    /// Counters found out of their bounds, each counted once.
+    bad_counters: Cell<u8>,
+    /// CLOCK_MONOTONIC when the memory was made: no event is older.
+    created_ns: u64,
+    /// The event being handed over, copied out of the ring first: the
+    /// slot is the target's memory, and may change while it is read.
+    copy: Box<[u8; SLOT_BYTES]>,
+}
+
+/// A loss counter larger than this was not counted by an agent: 2^40
+/// calls is 12 days at a billion a second.
+const COUNTER_LIMIT: u64 = 1 << 40;
+
+/// Entries of `Shared::threads` kept at most: forged thread ids cannot
+/// grow it without bound.
+const THREADS_KEPT: usize = 1 << 16;
+
+/// What an event may say of a block: an address and size within the
+/// user address space (5-level paging: 57 bits).
+const ADDRESS_LIMIT: u64 = 1 << 57;
+
+/// How far past the recorder's clock an event's time may be: events are
+/// read after they are written, and read the same clock.
+const CLOCK_SLACK_NS: u64 = 1_000_000_000;
+
+/// CLOCK_MONOTONIC, in ns.
+fn monotonic_ns() -> u64 {
+    memleak_trace::meta::clock_ns(libc::CLOCK_MONOTONIC)
+}
+
+/// The allocation kinds an agent writes (`enum memleak_kind`'s user-space
+/// codes, 0..=16): never the kernel's, nor exec, exit or fork, which come
+/// from the probes alone.
+const LAST_USER_KIND: u8 = 16;
+/// `MK_REALLOC`, `MK_REALLOCARRAY`, `MK_MUNMAP`, `MK_MREMAP`.
+const KIND_REALLOC: u8 = 2;
+const KIND_REALLOCARRAY: u8 = 3;
+const KIND_MUNMAP: u8 = 11;
+const KIND_MREMAP: u8 = 12;
+/// The release kinds: free, munmap, delete, delete[].
+const RELEASES: [u8; 4] = [4, 11, 15, 16];
+
+/// Whether an event is one an agent writes, in `len` bytes of its slot
+/// (`pid` and `tid` are checked by the caller, against the processes
+/// recorded): the reason it is not, if not.
+pub fn check_event(ev: &[u8], oldest_ns: u64, newest_ns: u64) -> Result<(), &'static str> {
+    if ev.len() < offsets::FRAMES {
+        return Err("shorter than an event");
+    }
+    let u64_at = |o: usize| u64::from_ne_bytes(ev[o..o + 8].try_into().expect("8 bytes"));
+    let nframes = u16::from_ne_bytes([ev[offsets::NFRAMES], ev[offsets::NFRAMES + 1]]);
+    if u32::from(nframes) > MAX_FRAMES || ev.len() != offsets::FRAMES + usize::from(nframes) * 8 {
+        return Err("frame count");
+    }
+    let kind = ev[offsets::KIND];
+    if kind > LAST_USER_KIND {
+        return Err("kind");
+    }
+    if ev[offsets::FLAGS] & FLAG_KERNEL_STACK != 0 {
+        return Err("kernel stack");
+    }
+    let ts = u64_at(offsets::TS_NS);
+    if ts < oldest_ns || ts > newest_ns {
+        return Err("time");
+    }
+    let (addr, size) = (u64_at(offsets::ADDR), u64_at(offsets::SIZE));
+    let (old, old_size) = (u64_at(offsets::OLD_ADDR), u64_at(offsets::OLD_SIZE));
+    let moves = matches!(kind, KIND_REALLOC | KIND_REALLOCARRAY | KIND_MREMAP);
+    if RELEASES.contains(&kind) {
+        // A release names its block; munmap a length, which the program
+        // chose (the call may fail).
+        if addr == 0 || addr >= ADDRESS_LIMIT || (kind != KIND_MUNMAP && size != 0) {
+            return Err("release");
+        }
+        return Ok(());
+    }
+    // An allocation (or a move's new block) lies in the address space.
+    if addr >= ADDRESS_LIMIT || size > ADDRESS_LIMIT - addr {
+        return Err("block");
+    }
+    if addr == 0 && !(moves && old != 0) {
+        return Err("block");
+    }
+    if moves {
+        if old >= ADDRESS_LIMIT || old_size > ADDRESS_LIMIT {
+            return Err("old block");
+        }
+    } else if old != 0 || old_size != 0 {
+        return Err("old block");
+    }
+    Ok(())
 }
 
 /// How long a claimed slot may stay unpublished, its writer's process
@@ -273,6 +381,15 @@ impl Shared {
             stall: None,
             ends: vec![0; crate::event::UNWIND_ENDS.len()],
             unfinished: 0,
+            writers: RefCell::default(),
+            threads: HashMap::new(),
+            corrupt: 0,
+            bad_head: false,
+            final_wait: None,
+            lost_seen: Cell::new([0; 8]),
+            bad_counters: Cell::new(0),
+            created_ns: monotonic_ns(),
+            copy: Box::new([0; SLOT_BYTES]),
         })
     }
 
@@ -295,33 +412,42 @@ impl Shared {
     }
 
     /// Lets the agent record in `pid` (before the process runs), in the
-    /// place of an ended process if there is one.
+    /// place of an ended process if there is one. A process in another
+    /// pid namespace (a container) is named to its agent by its pid there.
     pub fn add_pid(&self, pid: u32) -> bool {
+        let own = innermost_pid(pid).unwrap_or(pid);
+        self.writers.borrow_mut().insert(own, pid);
         let h = self.header();
         let n = h.npids.load(Ordering::Relaxed) as usize;
         let used = &h.pids[..n.min(MAX_PIDS)];
-        if used.iter().any(|p| p.load(Ordering::Relaxed) == pid) {
+        if used.iter().any(|p| p.load(Ordering::Relaxed) == own) {
             return true;
         }
         if let Some(free) = used.iter().find(|p| p.load(Ordering::Relaxed) == 0) {
-            free.store(pid, Ordering::Release);
+            free.store(own, Ordering::Release);
             return true;
         }
         if n >= MAX_PIDS {
             return false;
         }
-        h.pids[n].store(pid, Ordering::Relaxed);
+        h.pids[n].store(own, Ordering::Relaxed);
         h.npids.store(n as u32 + 1, Ordering::Release);
         true
     }
 
     /// A process that ended: its place goes to the next one (pid 0 is no
-    /// process's).
+    /// process's). What it wrote before it ended is still taken.
     pub fn remove_pid(&self, pid: u32) {
+        let own = self
+            .writers
+            .borrow()
+            .iter()
+            .find(|&(_, &here)| here == pid)
+            .map_or(pid, |(&own, _)| own);
         let h = self.header();
         let n = h.npids.load(Ordering::Relaxed) as usize;
         for p in &h.pids[..n.min(MAX_PIDS)] {
-            if p.load(Ordering::Relaxed) == pid {
+            if p.load(Ordering::Relaxed) == own {
                 p.store(0, Ordering::Release);
             }
         }
@@ -329,9 +455,29 @@ impl Shared {
 
     /// The agent's loss counters, by `enum memleak_lost`, with the slots
     /// whose writer died mid-write counted as `ring_full` is not: they
-    /// are returned apart.
+    /// are returned apart. A counter out of its bounds (larger than any
+    /// agent counts, or smaller than it was) keeps its last value and is
+    /// counted as corrupt, once.
     pub fn lost(&self) -> [u64; 8] {
-        std::array::from_fn(|i| self.header().lost[i].load(Ordering::Relaxed))
+        let mut seen = self.lost_seen.get();
+        let mut bad = self.bad_counters.get();
+        for (i, v) in seen.iter_mut().enumerate() {
+            let now = self.header().lost[i].load(Ordering::Relaxed);
+            if now <= COUNTER_LIMIT && now >= *v {
+                *v = now;
+            } else {
+                bad |= 1 << i;
+            }
+        }
+        self.lost_seen.set(seen);
+        self.bad_counters.set(bad);
+        seen
+    }
+
+    /// Slots and counters rejected because no agent writes what they
+    /// held: a process that wrote into the shared memory itself.
+    pub fn corrupt(&self) -> u64 {
+        self.corrupt + u64::from(self.bad_counters.get().count_ones())
     }
 
     /// Records lost because the process that was writing them died.
@@ -344,8 +490,10 @@ impl Shared {
         let h = self.header();
         let seq = h.wake_seq.load(Ordering::Acquire);
         h.sleeping.store(1, Ordering::SeqCst);
-        let head = h.head.load(Ordering::SeqCst);
-        if head.saturating_sub(self.tail) < self.nslots / 2 {
+        // Past a lap ahead (or behind), `head` was not moved by an agent:
+        // the wait is not cut short on its word.
+        let pending = h.head.load(Ordering::SeqCst).wrapping_sub(self.tail);
+        if pending < self.nslots / 2 || pending > self.nslots {
             let ts = libc::timespec {
                 tv_sec: timeout.as_secs() as libc::time_t,
                 tv_nsec: timeout.subsec_nanos() as libc::c_long,
@@ -463,6 +611,13 @@ impl Shared {
     /// `final_drain`. Stops too after a ring's worth of slots, all that
     /// was in it when called: writers faster than the recorder would
     /// otherwise keep it here, away from its other work.
+    ///
+    /// The ring is the target's memory, and a target may write anything
+    /// there. So every step is bounded (a ring's worth of slots, whatever
+    /// the slots and `head` say), a record is copied out of its slot
+    /// before it is checked, and one that no agent writes (`check_event`,
+    /// a process or thread not recorded, a sequence no writer publishes)
+    /// is skipped and counted in [`Shared::corrupt`], never handed on.
     pub fn drain(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
         let n = self.drain_some(final_drain, f);
         self.wake_writers(true);
@@ -471,9 +626,15 @@ impl Shared {
 
     fn drain_some(&mut self, final_drain: bool, f: &mut dyn FnMut(&[u8]) -> bool) -> usize {
         let mut n = 0;
+        let newest_ns = monotonic_ns() + CLOCK_SLACK_NS;
+        // Bounded, whatever the ring holds: a ring's worth of slots, and
+        // as many steps again for slots that change under it.
         let limit = self.tail + self.nslots;
-        while self.tail < limit {
-            if self.tail & 255 == 0 {
+        for step in 0..2 * self.nslots {
+            if self.tail >= limit {
+                break;
+            }
+            if step & 255 == 0 {
                 self.wake_writers(false);
             }
             let slot = self.slot(self.tail);
@@ -491,27 +652,68 @@ impl Shared {
             if s == self.tail + 1 {
                 self.stall = None;
                 let len = (len.load(Ordering::Relaxed) as usize).min(SLOT_BYTES - 16);
-                if len >= offsets::FRAMES {
-                    // SAFETY: the event follows the slot header; published,
-                    // so no longer written.
-                    let ev = unsafe { std::slice::from_raw_parts(slot.add(16), len) };
-                    self.count_end(ev);
-                    if !f(ev) {
-                        return n;
-                    }
-                }
-                seq.store(self.tail + self.nslots, Ordering::Release);
-                self.tail += 1;
-                self.header().tail.store(self.tail, Ordering::Relaxed);
+                // SAFETY: the event follows the slot header, within the
+                // slot; copied as bytes, whatever is written meanwhile.
+                unsafe { std::ptr::copy_nonoverlapping(slot.add(16), self.copy.as_mut_ptr(), len) };
+                self.free_slot(seq);
                 n += 1;
+                // len 0: a call that failed after claiming its slot.
+                if len == 0 {
+                    continue;
+                }
+                match self.accept(len, newest_ns) {
+                    Some(len) => {
+                        let ev = &self.copy[..len];
+                        let (flags, nframes) = end_of(ev);
+                        self.count_end(flags, nframes);
+                        if !f(&self.copy[..len]) {
+                            return n;
+                        }
+                    }
+                    None => self.corrupt += 1,
+                }
                 continue;
             }
-            // Claimed and not published (or not claimed at all).
-            if self.header().head.load(Ordering::Acquire) <= self.tail {
+            let head = self.header().head.load(Ordering::Acquire);
+            let pending = head.wrapping_sub(self.tail);
+            if pending > self.nslots && !self.bad_head {
+                // Beyond a lap ahead (or behind): `head` was not moved by
+                // an agent.
+                self.bad_head = true;
+                self.corrupt += 1;
+            }
+            if s != self.tail {
+                // No writer publishes this: a writer stores only p + 1 at
+                // the position p it claimed when the slot held p. Claimed
+                // (behind `head`), it is skipped; not yet, it is made free
+                // for its position again, so that the writer that comes
+                // to it can take it.
+                let claimed = pending != 0 && pending <= self.nslots;
+                let to = if claimed {
+                    self.tail + self.nslots
+                } else {
+                    self.tail
+                };
+                if seq
+                    .compare_exchange(s, to, Ordering::AcqRel, Ordering::Relaxed)
+                    .is_ok()
+                {
+                    self.corrupt += 1;
+                    self.stall = None;
+                    if claimed {
+                        self.advance();
+                    }
+                }
+                continue;
+            }
+            // Free for this lap: not claimed, or claimed and being
+            // written.
+            if pending == 0 || pending > self.nslots {
                 return n;
             }
             let writer = pid.load(Ordering::Relaxed);
-            let dead = writer == 0 || gone(writer);
+            let known = self.writers.borrow().get(&writer).copied();
+            let dead = known.is_none_or(gone);
             let since = match self.stall {
                 Some((at, t)) if at == self.tail => t,
                 _ => {
@@ -520,7 +722,16 @@ impl Shared {
                     now
                 }
             };
-            if !(dead && (final_drain || since.elapsed() >= STALL_LIMIT)) {
+            if final_drain && !dead {
+                // The recording is over, and a live writer is mid-write
+                // (a few hundred ns), or stopped, or never publishes: it
+                // is waited for, up to STALL_LIMIT in all, then skipped.
+                let first = *self.final_wait.get_or_insert_with(Instant::now);
+                if first.elapsed() < STALL_LIMIT {
+                    std::thread::sleep(Duration::from_millis(1));
+                    continue;
+                }
+            } else if !(dead && (final_drain || since.elapsed() >= STALL_LIMIT)) {
                 return n;
             }
             // Its writer can no longer publish it: skip it (the
@@ -534,20 +745,81 @@ impl Shared {
                 )
                 .is_ok()
             {
-                self.unfinished += 1;
-                self.tail += 1;
-                self.header().tail.store(self.tail, Ordering::Relaxed);
+                if known.is_some() {
+                    self.unfinished += 1;
+                } else {
+                    self.corrupt += 1;
+                }
+                self.advance();
                 self.stall = None;
             }
         }
         n
     }
 
+    /// Frees the slot at the tail for its next lap, and moves past it.
+    fn free_slot(&mut self, seq: &AtomicU64) {
+        seq.store(self.tail + self.nslots, Ordering::Release);
+        self.advance();
+    }
+
+    fn advance(&mut self) {
+        self.tail += 1;
+        self.header().tail.store(self.tail, Ordering::Relaxed);
+    }
+
+    /// The copied event of `len` bytes if an agent of a process recorded
+    /// could have written it, with its pid and tid made the ones here;
+    /// its length.
+    fn accept(&mut self, len: usize, newest_ns: u64) -> Option<usize> {
+        check_event(&self.copy[..len], self.created_ns, newest_ns).ok()?;
+        let u32_at = |ev: &[u8], o: usize| u32::from_ne_bytes(ev[o..o + 4].try_into().unwrap());
+        let (own, tid) = (
+            u32_at(&self.copy[..], offsets::PID),
+            u32_at(&self.copy[..], offsets::TID),
+        );
+        let pid = *self.writers.borrow().get(&own)?;
+        let tid = self.thread(pid, own, tid)?;
+        let ev = &mut self.copy[..len];
+        ev[offsets::PID..offsets::PID + 4].copy_from_slice(&pid.to_ne_bytes());
+        ev[offsets::TID..offsets::TID + 4].copy_from_slice(&tid.to_ne_bytes());
+        Some(len)
+    }
+
+    /// The id here of thread `tid` (as process `own` names it) of process
+    /// `pid`, or `None` if it is another process's. A thread that ended
+    /// before it was looked up keeps the id its process gave it.
+    fn thread(&mut self, pid: u32, own: u32, tid: u32) -> Option<u32> {
+        if tid == 0 {
+            return None;
+        }
+        if let Some(&known) = self.threads.get(&(pid, tid)) {
+            return known;
+        }
+        let found = if own == pid {
+            // Same namespace: the thread is the process's, or, ended, no
+            // process's now; never a live thread of another.
+            let of = std::path::Path::new(&format!("/proc/{pid}/task/{tid}")).exists();
+            if of {
+                Some(tid)
+            } else {
+                match std::fs::read_to_string(format!("/proc/{tid}/status")) {
+                    Ok(st) if status_field(&st, "Tgid:") != Some(pid) => None,
+                    _ => Some(tid),
+                }
+            }
+        } else {
+            Some(thread_here(pid, tid).unwrap_or(tid))
+        };
+        if self.threads.len() >= THREADS_KEPT {
+            self.threads.clear();
+        }
+        self.threads.insert((pid, tid), found);
+        found
+    }
     /// Counts how the event's walk ended, from its flags and frame count
     /// alone: [`crate::Recorder::handle`] decodes the event after.
-    fn count_end(&mut self, ev: &[u8]) {
-        let flags = ev[offsets::FLAGS];
-        let nframes = u16::from_ne_bytes([ev[offsets::NFRAMES], ev[offsets::NFRAMES + 1]]);
+    fn count_end(&mut self, flags: u8, nframes: u16) {
         if nframes > 0 && flags & FLAG_KERNEL_STACK == 0 {
             let end = UnwindEnd::from_flags(flags) as usize;
             if let Some(c) = self.ends.get_mut(end) {
@@ -555,6 +827,55 @@ impl Shared {
             }
         }
     }
+}
+
+/// An event's flags and frame count.
+fn end_of(ev: &[u8]) -> (u8, u16) {
+    (
+        ev[offsets::FLAGS],
+        u16::from_ne_bytes([ev[offsets::NFRAMES], ev[offsets::NFRAMES + 1]]),
+    )
+}
+
+/// A numeric field of a `/proc/PID/status` file: its first number.
+fn status_field(status: &str, key: &str) -> Option<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .and_then(|v| v.split_whitespace().next())
+        .and_then(|v| v.parse().ok())
+}
+
+/// The pids of a process, from the recorder's pid namespace to its own
+/// (`NSpid`): one entry when both are the same.
+fn ns_pids(status: &str) -> Vec<u32> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("NSpid:"))
+        .map(|v| {
+            v.split_whitespace()
+                .filter_map(|p| p.parse().ok())
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// The pid process `pid` has in its own pid namespace, which is the one
+/// its agent writes.
+pub fn innermost_pid(pid: u32) -> Option<u32> {
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    ns_pids(&status).last().copied()
+}
+
+/// The id here of the thread of process `pid` whose id in its own
+/// namespace is `tid`.
+fn thread_here(pid: u32, tid: u32) -> Option<u32> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).ok()?;
+    tasks.filter_map(Result::ok).find_map(|t| {
+        let here: u32 = t.file_name().to_str()?.parse().ok()?;
+        let status = std::fs::read_to_string(t.path().join("status")).ok()?;
+        (ns_pids(&status).last() == Some(&tid)).then_some(here)
+    })
 }
 
 /// How many slots ahead of the one it reads the drain asks for: a slot
@@ -644,5 +965,215 @@ impl UnwindSink for AgentTables {
             h.tables_gen.fetch_add(1, Ordering::Release);
         }
         Ok(())
+    }
+}
+
+/// Feeds the consumer a ring written by a hostile process, as `data`
+/// says (a list of operations, below), and checks what it hands on: the
+/// harness of `fuzz/fuzz_targets/ring_consumer.rs` and of the tests
+/// here. Panics if the drain hands on an event no agent of this process
+/// writes; a drain that does not return is a hang the fuzzer reports.
+///
+/// Each operation is a byte, then its arguments:
+/// - 0 `off: u16, n: u8, bytes`: writes bytes into the ring;
+/// - 1 `pid: u8, kind: u8, nframes: u8, ts: u8, size: u8`: publishes an
+///   event at `head` (its fields near an agent's, or not);
+/// - 2 `delta: u64`: adds to `head`;
+/// - 3 `i: u8, v: u64`: sets a loss counter;
+/// - 4: drains;
+/// - 5 `pid: u8`: claims a slot and leaves it.
+/// Returns the events handed on and the records rejected.
+#[doc(hidden)]
+pub fn fuzz_drain(data: &[u8]) -> (u64, u64) {
+    let cfg = Config {
+        ring_bytes: 0,
+        min_size: 0,
+        max_size: u64::MAX,
+        max_frames: MAX_FRAMES,
+        unwind_mode: 0,
+        sample_mean: 0,
+    };
+    let mut shared = Shared::create(&cfg).expect("shared memory");
+    shared.ready().expect("ring");
+    // SAFETY: getpid has no preconditions.
+    let me = unsafe { libc::getpid() } as u32;
+    shared.add_pid(me);
+    let nslots = shared.nslots;
+    let ring_len = (nslots as usize) * SLOT_BYTES;
+    let ring = shared.ring;
+    let mut input = data;
+    let mut take = |n: usize| -> Option<&[u8]> {
+        let (a, b) = input.split_at_checked(n)?;
+        input = b;
+        Some(a)
+    };
+    let pick_pid = |b: u8| match b % 4 {
+        0 | 1 => me,
+        2 => 1,
+        _ => u32::from(b) << 8,
+    };
+    let mut handed = 0u64;
+    let mut check = |ev: &[u8]| {
+        assert!(check_event(ev, 0, u64::MAX).is_ok(), "handed on: {ev:?}");
+        let pid = u32::from_ne_bytes(ev[offsets::PID..offsets::PID + 4].try_into().unwrap());
+        assert_eq!(pid, me, "an event of another process was handed on");
+        handed += 1;
+        true
+    };
+    while let Some(&[op]) = take(1) {
+        // SAFETY (every block below): writes within the mapping, as a
+        // process that maps it may make; the consumer reads it as bytes
+        // and atomics.
+        match op % 6 {
+            0 => {
+                let Some(a) = take(3) else { break };
+                let off = usize::from(u16::from_le_bytes([a[0], a[1]])) * 17 % ring_len;
+                let n = usize::from(a[2]).min(ring_len - off);
+                let Some(bytes) = take(n) else { break };
+                unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ring.add(off), n) };
+            }
+            1 => {
+                let Some(a) = take(5) else { break };
+                let h = shared.header();
+                let pos = h.head.fetch_add(1, Ordering::AcqRel);
+                let slot = shared.slot(pos);
+                let nframes = usize::from(a[2]) % (MAX_FRAMES as usize + 8);
+                let stored = nframes.min(MAX_FRAMES as usize);
+                let now = monotonic_ns();
+                let mut ev = crate::event::RawEvent::header(
+                    match a[3] % 3 {
+                        0 => now,
+                        1 => now + u64::from(a[3]) * 1_000_000_000,
+                        _ => u64::from(a[3]),
+                    },
+                    pick_pid(a[0]),
+                    a[1] % 56,
+                    0x7f00_0000_0000 + u64::from(a[4]) * 4096,
+                    if a[4] > 250 { 1 << 60 } else { u64::from(a[4]) },
+                );
+                ev.tid = pick_pid(a[0] >> 2);
+                let mut bytes = ev.encode(&vec![0x401000; stored]);
+                bytes[offsets::NFRAMES..offsets::NFRAMES + 2]
+                    .copy_from_slice(&(nframes as u16).to_ne_bytes());
+                unsafe {
+                    std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.add(16), bytes.len());
+                    (*(slot.add(8) as *const AtomicU32)).store(me, Ordering::Relaxed);
+                    (*(slot.add(12) as *const AtomicU32)).store(bytes.len() as u32, Ordering::Relaxed);
+                    (*(slot as *const AtomicU64)).store(pos + 1, Ordering::Release);
+                }
+            }
+            2 => {
+                let Some(a) = take(8) else { break };
+                let d = u64::from_le_bytes(a.try_into().unwrap());
+                shared.header().head.fetch_add(d, Ordering::AcqRel);
+            }
+            3 => {
+                let Some(a) = take(9) else { break };
+                let v = u64::from_le_bytes(a[1..].try_into().unwrap());
+                shared.header().lost[usize::from(a[0]) % 8].store(v, Ordering::Relaxed);
+            }
+            4 => {
+                shared.drain(false, &mut check);
+            }
+            _ => {
+                let Some(a) = take(1) else { break };
+                let pos = shared.header().head.fetch_add(1, Ordering::AcqRel);
+                let slot = shared.slot(pos);
+                unsafe { (*(slot.add(8) as *const AtomicU32)).store(pick_pid(a[0]), Ordering::Relaxed) };
+            }
+        }
+    }
+    shared.drain(true, &mut check);
+    for v in shared.lost() {
+        assert!(v <= COUNTER_LIMIT);
+    }
+    (handed, shared.corrupt())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn event(kind: u8, addr: u64, size: u64, old: u64, nframes: usize) -> Vec<u8> {
+        let mut e = crate::event::RawEvent::header(5_000, 7, kind, addr, size);
+        e.old_addr = old;
+        e.encode(&vec![0x401000; nframes])
+    }
+
+    #[test]
+    fn events_an_agent_writes_pass() {
+        let ok = |ev: &[u8]| check_event(ev, 1_000, 10_000);
+        assert_eq!(ok(&event(0, 0x5555_0000_1000, 64, 0, 3)), Ok(()));
+        assert_eq!(ok(&event(4, 0x5555_0000_1000, 0, 0, 0)), Ok(()));
+        // munmap names a length the program chose; realloc to nothing.
+        assert_eq!(ok(&event(11, 0x7f00_0000_0000, u64::MAX, 0, 0)), Ok(()));
+        assert_eq!(ok(&event(2, 0, 0, 0x5555_0000_1000, 0)), Ok(()));
+        assert_eq!(ok(&event(2, 0x5555_0000_2000, 128, 0x5555_0000_1000, 2)), Ok(()));
+    }
+
+    #[test]
+    fn events_no_agent_writes_are_refused() {
+        let no = |ev: &[u8]| check_event(ev, 1_000, 10_000).is_err();
+        // Kernel kinds, exec/exit/fork, unknown kinds.
+        for kind in [17, 32, 36, 48, 49, 50, 255] {
+            assert!(no(&event(kind, 0x1000, 64, 0, 1)), "kind {kind}");
+        }
+        // A block beyond the address space, or wrapping it.
+        assert!(no(&event(0, 0x1000, 1 << 60, 0, 1)));
+        assert!(no(&event(0, u64::MAX - 8, 64, 0, 1)));
+        // An allocation at 0, a release of 0, a free with a size.
+        assert!(no(&event(0, 0, 64, 0, 1)));
+        assert!(no(&event(4, 0, 0, 0, 0)));
+        assert!(no(&event(4, 0x1000, 8, 0, 0)));
+        // An old block on a malloc.
+        assert!(no(&event(0, 0x1000, 64, 0x2000, 1)));
+        // Too early, too late.
+        assert!(check_event(&event(0, 0x1000, 64, 0, 1), 6_000, 10_000).is_err());
+        assert!(check_event(&event(0, 0x1000, 64, 0, 1), 1_000, 4_000).is_err());
+        // Frames: more than an event holds, or not as many as it says.
+        let mut e = event(0, 0x1000, 64, 0, 2);
+        e[offsets::NFRAMES] = 3;
+        assert!(no(&e));
+        e[offsets::NFRAMES] = 200;
+        assert!(no(&e));
+        assert!(no(&event(0, 0x1000, 64, 0, 2)[..60]));
+        // A kernel stack.
+        let mut e = event(0, 0x1000, 64, 0, 1);
+        e[offsets::FLAGS] = FLAG_KERNEL_STACK;
+        assert!(no(&e));
+    }
+
+    /// Random and adversarial rings, from a fixed generator: every drain
+    /// returns, and nothing it hands on is another process's or malformed
+    /// (fuzz_drain checks). The fuzz target explores further.
+    #[test]
+    fn hostile_rings_never_hang_the_drain_nor_get_through() {
+        let mut x = 0x9e37_79b9_7f4a_7c15u64;
+        for round in 0..64 {
+            let len = 64 + round * 40;
+            let data: Vec<u8> = (0..len)
+                .map(|_| {
+                    x ^= x << 13;
+                    x ^= x >> 7;
+                    x ^= x << 17;
+                    (x >> 24) as u8
+                })
+                .collect();
+            fuzz_drain(&data);
+        }
+    }
+
+    #[test]
+    fn well_framed_events_of_this_process_get_through() {
+        // Publish five good events (op 1 with pid byte 0: this process,
+        // kind 0, 1 frame, ts now, size 64), then drain.
+        let mut data = Vec::new();
+        for _ in 0..5 {
+            data.extend_from_slice(&[1, 0, 0, 1, 0, 64]);
+        }
+        // And one of pid 1, one of a kernel kind.
+        data.extend_from_slice(&[1, 2, 0, 1, 0, 64, 1, 0, 32, 1, 0, 64]);
+        data.push(4);
+        assert_eq!(fuzz_drain(&data), (5, 2));
     }
 }

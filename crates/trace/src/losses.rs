@@ -76,6 +76,12 @@ pub const LOSS_REASONS: &[LossReason] = &[
         why: "the process died while the agent was writing it",
     },
     LossReason {
+        name: "corrupt_slot",
+        effect: LossEffect::Missing,
+        what: ("record rejected", "records rejected"),
+        why: "the traced process wrote into the agent's shared memory what no agent writes",
+    },
+    LossReason {
         name: "recursion",
         effect: LossEffect::Missing,
         what: ("kernel event lost", "kernel events lost"),
