@@ -103,12 +103,20 @@ impl Recording {
     /// Starts `memleak record -v -p PID --capture inject` and returns once
     /// the agent is attached.
     fn start(pid: u32, trace: &Path, extra: &[&str]) -> Recording {
+        let mut args = vec!["--capture", "inject"];
+        args.extend_from_slice(extra);
+        Recording::start_with(pid, trace, &args, "call sites patched")
+    }
+
+    /// Starts `memleak record -v -p PID ARGS` and returns once it said
+    /// `ready`.
+    fn start_with(pid: u32, trace: &Path, args: &[&str], ready: &str) -> Recording {
         let mut child = memleak()
-            .args(["record", "-v", "--capture", "inject", "-p"])
+            .args(["record", "-v", "-p"])
             .arg(pid.to_string())
             .arg("-o")
             .arg(trace)
-            .args(extra)
+            .args(args)
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
@@ -129,7 +137,7 @@ impl Recording {
         let mut seen = Vec::new();
         loop {
             match r.stderr.recv_timeout(Duration::from_secs(60)) {
-                Ok(line) if line.contains("call sites patched") => break,
+                Ok(line) if line.contains(ready) => break,
                 Ok(line) => seen.push(line),
                 Err(_) => panic!("the agent did not attach:\n{}", seen.join("\n")),
             }
@@ -747,4 +755,96 @@ fn twenty_injects_into_a_node_server_that_keeps_answering() {
         "port ",
     );
     cycles_into(&server, "node");
+}
+
+/// A root for a container: `program` and the objects it loads, copied to
+/// the paths they have here (the copies have the same build ids and no
+/// debug information: Debian keeps libc's in /usr/lib/debug/.build-id).
+fn container_root(dir: &Path, program: &Path) -> PathBuf {
+    let root = dir.join("root");
+    for sub in ["proc", "old"] {
+        std::fs::create_dir_all(root.join(sub)).unwrap();
+    }
+    std::fs::copy(program, root.join("program")).unwrap();
+    let ldd = Command::new("ldd").arg(program).output().unwrap();
+    for lib in String::from_utf8_lossy(&ldd.stdout)
+        .split_whitespace()
+        .filter(|w| w.starts_with('/'))
+    {
+        let to = root.join(lib.trim_start_matches('/'));
+        std::fs::create_dir_all(to.parent().unwrap()).unwrap();
+        std::fs::copy(std::fs::canonicalize(lib).unwrap(), &to).unwrap();
+    }
+    root
+}
+
+/// The fixture `attach` in a container of its own: new pid and mount
+/// namespaces, its root pivoted to a copy of what it needs. It is pid 1
+/// there. Recorded from here by its pid here, with `capture`: exactly the
+/// leaks it makes after the attach, with full stacks, and libc's frames
+/// with their file and line from this host's debug files (the
+/// container's libc has none). Inject recorded nothing there: the agent
+/// compared its own pid, 1, with the pid here.
+fn in_a_container(capture: &str) {
+    let fx = Fixture::load("attach");
+    let dir = tempfile::tempdir().unwrap();
+    let root = container_root(dir.path(), &fx.binary());
+    let script = format!(
+        "set -e; mount --make-rprivate /; mount --bind {r} {r}; \
+         mount -t proc proc {r}/proc; cd {r}; pivot_root . old; exec /program",
+        r = root.display()
+    );
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(
+        Path::new("unshare"),
+        &["--pid", "--fork", "--mount", "sh", "-c", &script],
+    );
+    // unshare's child is the container's pid 1.
+    let pid = common::procs::children(target.pid())[0];
+    let status = std::fs::read_to_string(format!("/proc/{pid}/status")).unwrap();
+    assert!(
+        status
+            .lines()
+            .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
+        "not pid 1 of its namespace: {status}"
+    );
+    let rec = Recording::start_with(
+        pid,
+        &trace,
+        &["--capture", capture],
+        "memleak: recording pid",
+    );
+    target.ask("go", "leaked");
+    rec.finish();
+    target.end_with("more");
+    let report = check_trace(&fx, &trace, &["outstanding"]);
+    let libc_lines = report
+        .stacks
+        .iter()
+        .flat_map(|s| &s.frames)
+        .filter(|f| f.function.as_deref() == Some("__libc_start_call_main"))
+        .filter(|f| f.line.is_some())
+        .count();
+    assert!(libc_lines > 0, "libc's frames have no line");
+    eprintln!(
+        "{capture}: {} stacks outstanding, {libc_lines} libc frames with a line",
+        report.stacks.len()
+    );
+}
+
+#[test]
+fn inject_into_a_container_with_its_own_pids_and_root() {
+    if !can_inject() {
+        return;
+    }
+    in_a_container("inject");
+}
+
+#[test]
+fn probes_on_a_container_with_its_own_pids_and_root() {
+    if !can_inject() {
+        return;
+    }
+    in_a_container("bpf");
 }

@@ -633,6 +633,12 @@ fn record(
         Ok(())
     };
 
+    if args.verbose && !args.pid.is_empty() {
+        // Scripts (and tests) wait for this: from here on, what the
+        // processes do is recorded.
+        let pids: Vec<String> = args.pid.iter().map(u32::to_string).collect();
+        say!("memleak: recording pid {}", pids.join(","));
+    }
     let started = Instant::now();
     let poll = Duration::from_millis(args.poll_ms.max(1));
     let kill_after = args.kill_after.unwrap_or(DEFAULT_KILL_AFTER);

@@ -92,3 +92,26 @@ pub fn wait_orphan(pid: u32, secs: u64) -> Option<libc::c_int> {
         std::thread::sleep(Duration::from_millis(10));
     }
 }
+
+/// The processes whose parent is `pid`.
+pub fn children(pid: u32) -> Vec<u32> {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let found: Vec<u32> = std::fs::read_dir("/proc")
+            .unwrap()
+            .flatten()
+            .filter_map(|e| e.file_name().to_str()?.parse::<u32>().ok())
+            .filter(|&p| {
+                std::fs::read_to_string(format!("/proc/{p}/stat")).is_ok_and(|stat| {
+                    stat.rsplit_once(')')
+                        .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+                        == Some(&pid.to_string())
+                })
+            })
+            .collect();
+        if !found.is_empty() || Instant::now() > deadline {
+            return found;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

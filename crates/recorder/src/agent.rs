@@ -596,6 +596,7 @@ impl Shared {
     pub fn sink(&self) -> AgentTables {
         AgentTables {
             map: self.map.clone(),
+            own: HashMap::new(),
         }
     }
 
@@ -901,6 +902,9 @@ fn prefetch(slot: *const u8) {
 /// The agent's unwind tables: an [`UnwindSink`] into the shared memory.
 pub struct AgentTables {
     map: Arc<Mapping>,
+    /// The pid each process has in its own pid namespace, by the pid
+    /// here: the one its agent looks its table up by.
+    own: HashMap<u32, u32>,
 }
 
 impl AgentTables {
@@ -934,6 +938,10 @@ impl UnwindSink for AgentTables {
     }
 
     fn set_process(&mut self, pid: u32, table: &ProcTable) -> io::Result<()> {
+        let pid = *self
+            .own
+            .entry(pid)
+            .or_insert_with(|| innermost_pid(pid).unwrap_or(pid));
         let h = self.map.header();
         let slot = (0..h.ntables)
             .find(|&i| self.table(i).pid.load(Ordering::Relaxed) == pid)
@@ -958,6 +966,7 @@ impl UnwindSink for AgentTables {
     }
 
     fn remove_process(&mut self, pid: u32) -> io::Result<()> {
+        let pid = self.own.remove(&pid).unwrap_or(pid);
         let h = self.map.header();
         if let Some(i) = (0..h.ntables).find(|&i| self.table(i).pid.load(Ordering::Relaxed) == pid)
         {
@@ -1058,7 +1067,8 @@ pub fn fuzz_drain(data: &[u8]) -> (u64, u64) {
                 unsafe {
                     std::ptr::copy_nonoverlapping(bytes.as_ptr(), slot.add(16), bytes.len());
                     (*(slot.add(8) as *const AtomicU32)).store(me, Ordering::Relaxed);
-                    (*(slot.add(12) as *const AtomicU32)).store(bytes.len() as u32, Ordering::Relaxed);
+                    (*(slot.add(12) as *const AtomicU32))
+                        .store(bytes.len() as u32, Ordering::Relaxed);
                     (*(slot as *const AtomicU64)).store(pos + 1, Ordering::Release);
                 }
             }
@@ -1079,7 +1089,9 @@ pub fn fuzz_drain(data: &[u8]) -> (u64, u64) {
                 let Some(a) = take(1) else { break };
                 let pos = shared.header().head.fetch_add(1, Ordering::AcqRel);
                 let slot = shared.slot(pos);
-                unsafe { (*(slot.add(8) as *const AtomicU32)).store(pick_pid(a[0]), Ordering::Relaxed) };
+                unsafe {
+                    (*(slot.add(8) as *const AtomicU32)).store(pick_pid(a[0]), Ordering::Relaxed)
+                };
             }
         }
     }
@@ -1108,7 +1120,10 @@ mod tests {
         // munmap names a length the program chose; realloc to nothing.
         assert_eq!(ok(&event(11, 0x7f00_0000_0000, u64::MAX, 0, 0)), Ok(()));
         assert_eq!(ok(&event(2, 0, 0, 0x5555_0000_1000, 0)), Ok(()));
-        assert_eq!(ok(&event(2, 0x5555_0000_2000, 128, 0x5555_0000_1000, 2)), Ok(()));
+        assert_eq!(
+            ok(&event(2, 0x5555_0000_2000, 128, 0x5555_0000_1000, 2)),
+            Ok(())
+        );
     }
 
     #[test]
