@@ -107,6 +107,9 @@ static u32 table_idx = ~0u;      /* this process's table, once found */
  * scope). */
 static int injected;
 static void *next_handle = RTLD_NEXT;
+/* A seccomp filter is in force, or about to be (seccomp section): the
+ * agent makes no system call the program did not make. */
+static int sandboxed;
 static u64 table_gen_seen = ~0ull;
 
 /* ---- thread state ---- */
@@ -440,7 +443,8 @@ static void stop_for_recorder(void)
 {
 	siginfo_t si;
 
-	if (!on || !H || injected || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+	if (!on || !H || injected || __atomic_load_n(&sandboxed, __ATOMIC_RELAXED) ||
+	    __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
 		return;
 	memset(&si, 0, sizeof(si));
 	si.si_signo = SIGSTOP;
@@ -471,6 +475,114 @@ EXPORT int dlclose(void *h)
 {
 	stop_for_recorder();
 	return ((dlclose_t)dlsym(next_handle, "dlclose"))(h);
+}
+
+/* ---- seccomp ----
+ *
+ * A program may forbid system calls with a seccomp filter, and be killed
+ * (SIGSYS) for making one: the futex the agent wakes the recorder with, or
+ * waits for room on, was enough. So the agent watches for a filter (one
+ * in force at its start, in /proc/self/status; one the program installs,
+ * through prctl() or syscall(), both taken here) and from then on makes
+ * no system call of its own: the recorder is not woken (it drains every
+ * --poll-ms anyway), a writer that finds the ring full waits a little
+ * without sleeping and then drops its event (counted), a thread whose
+ * stack is not known yet is recorded with its first frame only, a thread
+ * first seen then is named by its process, no stop is asked for at
+ * dlopen. A filter installed by a raw system call (inline assembly) is
+ * not seen. */
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__)
+	__builtin_ia32_pause();
+#endif
+}
+
+static void enter_sandbox(void)
+{
+	if (!__atomic_exchange_n(&sandboxed, 1, __ATOMIC_ACQ_REL) && H && on)
+		__atomic_fetch_add(&H->sandboxed, 1, __ATOMIC_RELAXED);
+}
+
+/* The number after `key` in `buf`, or 0. */
+static u64 status_number(const char *buf, const char *key)
+{
+	const char *at = strstr(buf, key);
+	u64 v = 0;
+
+	if (!at)
+		return 0;
+	at += strlen(key);
+	while (*at == ' ' || *at == '\t')
+		at++;
+	for (; *at >= '0' && *at <= '9'; at++)
+		v = v * 10 + (u64)(*at - '0');
+	return v;
+}
+
+/* Whether a seccomp filter (or strict mode) is in force, and the pid, from
+ * /proc/self/status: read at start, when the loader has just opened and
+ * read files itself. */
+static int seccomp_in_force(u32 *pid)
+{
+	char buf[4096];
+	long n, fd = sys_openat(AT_FDCWD, "/proc/self/status", O_RDONLY | O_CLOEXEC);
+
+	if (fd < 0)
+		return 0;
+	n = sys_read((int)fd, buf, sizeof(buf) - 1);
+	sys_close((int)fd);
+	if (n <= 0)
+		return 0;
+	buf[n] = 0;
+	*pid = (u32)status_number(buf, "\nPid:");
+	return *pid && status_number(buf, "\nSeccomp:") != 0;
+}
+
+typedef int (*prctl_t)(int, unsigned long, unsigned long, unsigned long, unsigned long);
+typedef long (*syscall_t)(long, long, long, long, long, long, long);
+
+/* PR_SET_SECCOMP and SECCOMP_SET_MODE_*, without linux/seccomp.h. */
+#define ML_PR_SET_SECCOMP 22
+#define ML_SECCOMP_SET_MODE_STRICT 0
+#define ML_SECCOMP_SET_MODE_FILTER 1
+
+EXPORT int prctl(int option, ...)
+{
+	static prctl_t next;
+	unsigned long a[4];
+	va_list ap;
+
+	va_start(ap, option);
+	for (int i = 0; i < 4; i++)
+		a[i] = va_arg(ap, unsigned long);
+	va_end(ap);
+	if (option == ML_PR_SET_SECCOMP)
+		enter_sandbox();
+	if (!next)
+		next = (prctl_t)dlsym(next_handle, "prctl");
+	return next(option, a[0], a[1], a[2], a[3]);
+}
+
+/* glibc's syscall(), which libseccomp calls seccomp(2) through. */
+EXPORT long syscall(long nr, ...)
+{
+	static syscall_t next;
+	long a[6];
+	va_list ap;
+
+	va_start(ap, nr);
+	for (int i = 0; i < 6; i++)
+		a[i] = va_arg(ap, long);
+	va_end(ap);
+	if ((nr == SYS_seccomp &&
+	     (a[0] == ML_SECCOMP_SET_MODE_FILTER || a[0] == ML_SECCOMP_SET_MODE_STRICT)) ||
+	    (nr == SYS_prctl && a[0] == ML_PR_SET_SECCOMP))
+		enter_sandbox();
+	if (!next)
+		next = (syscall_t)dlsym(next_handle, "syscall");
+	return next(nr, a[0], a[1], a[2], a[3], a[4], a[5]);
 }
 
 /* ---- init ---- */
@@ -613,15 +725,17 @@ static int64_t sample_gap(struct thread *self)
 /* A thread's first look (or its first after a fork): the generator
  * seeded from getrandom, else the clock and the thread, and a first
  * sample point. Once per thread: the system call is off the fast path. */
+static u32 thread_id(void);
+
 static void sample_seed(struct thread *self)
 {
 	u64 seed = 0;
 	struct timespec ts;
 
-	if (sys_getrandom(&seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) ||
-	    !seed) {
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED) ||
+	    sys_getrandom(&seed, sizeof(seed), 1 /* GRND_NONBLOCK */) != sizeof(seed) || !seed) {
 		clock_gettime(CLOCK_MONOTONIC, &ts);
-		seed = ts_of_raw(&ts) ^ ((u64)sys_gettid() << 32) ^ (u64)self;
+		seed = ts_of_raw(&ts) ^ ((u64)thread_id() << 32) ^ (u64)self;
 	}
 	T.rng = seed | 1;
 	T.sample_left = sample_gap(self);
@@ -698,7 +812,7 @@ static struct thread *new_thread(void)
 			}
 		}
 	}
-	if (!t) {
+	if (!t && !__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
 		t = sys_mmap(NULL, sizeof(*t), PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
 			     0);
 		if (sys_failed((long)t))
@@ -722,8 +836,11 @@ static inline struct thread *me(void)
 	return likely(t != NULL) ? t : new_thread();
 }
 
+/* The thread's id; its process's under a seccomp filter. */
 static u32 thread_id(void)
 {
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED))
+		return my_pid;
 	return (u32)sys_gettid();
 }
 
@@ -772,6 +889,12 @@ static void after_fork(void)
 {
 	struct thread *t = pthread_getspecific(key);
 
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
+		/* Its pid would take a system call: the child is not
+		 * recorded. */
+		on = 0;
+		return;
+	}
 	my_pid = (u32)sys_getpid();
 	if (t) {
 		t->tid = 0;
@@ -791,6 +914,7 @@ static int loaded_for_inject(void);
 static void init(void)
 {
 	char spec_buf[300];
+	u32 filtered_pid = 0;
 
 	state = ST_INITING;
 	if (loaded_for_inject()) {
@@ -832,7 +956,17 @@ static void init(void)
 		pthread_atfork(NULL, NULL, after_fork);
 	}
 	state = ST_READY;
-	after_fork();
+	if (H && seccomp_in_force(&filtered_pid)) {
+		/* Under a filter from the start: after_fork's work, with the
+		 * pid /proc gave (getpid could be forbidden). */
+		my_pid = filtered_pid;
+		on = pid_traced(my_pid);
+		if (on)
+			__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+		enter_sandbox();
+	} else {
+		after_fork();
+	}
 	strip_env();
 	stop_for_recorder();
 }
@@ -893,6 +1027,8 @@ static inline struct mla_slot *slot_at(u64 pos)
  * make one until the recorder ran again, thousands a second. */
 static void wake_recorder(void)
 {
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED))
+		return;
 	if (__atomic_load_n(&H->sleeping, __ATOMIC_RELAXED) &&
 	    __atomic_exchange_n(&H->sleeping, 0, __ATOMIC_ACQ_REL)) {
 		__atomic_fetch_add(&H->wake_seq, 1, __ATOMIC_RELEASE);
@@ -913,6 +1049,18 @@ static int wait_for_room(u64 pos, u32 waits)
 	static const struct timespec most = { 0, 10000000 };
 	u32 seq;
 
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
+		/* No futex: spin (about 1 ms at most) for the recorder's next
+		 * drain, then give this event up. */
+		if (waits >= 64 || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+			return 0;
+		for (int i = 0; i < 4096; i++) {
+			if ((int64_t)(__atomic_load_n(&slot_at(pos)->seq, __ATOMIC_ACQUIRE) - pos) >= 0)
+				return 1;
+			cpu_relax();
+		}
+		return 1;
+	}
 	if (__atomic_load_n(&H->stop, __ATOMIC_RELAXED) ||
 	    (waits % 16 == 15 && sys_kill((pid_t)H->recorder_pid, 0) == -ESRCH)) {
 		on = 0;
@@ -1026,9 +1174,11 @@ static int mapping_of(u64 addr, u64 *lo, u64 *hi)
 {
 	char buf[4096];
 	size_t have = 0;
-	int fd = (int)sys_openat(AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
-	int found = 0;
+	int fd, found = 0;
 
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED))
+		return 0;
+	fd = (int)sys_openat(AT_FDCWD, "/proc/self/maps", O_RDONLY | O_CLOEXEC);
 	if (fd < 0)
 		return 0;
 	for (;;) {
@@ -2173,6 +2323,7 @@ static struct hook {
 	{ .name = "mmap" }, { .name = "mmap64" }, { .name = "munmap" }, { .name = "mremap" },
 	{ .name = "strdup" }, { .name = "strndup" }, { .name = "vasprintf" }, { .name = "asprintf" }, { .name = "getdelim" }, { .name = "getline" },
 	{ .name = "dlopen" }, { .name = "dlclose" }, { .name = "dlsym" },
+	{ .name = "prctl" }, { .name = "syscall" },
 	{ .name = "_Znwm" }, { .name = "_ZnwmRKSt9nothrow_t" }, { .name = "_ZnwmSt11align_val_t" },
 	{ .name = "_ZnwmSt11align_val_tRKSt9nothrow_t" }, { .name = "_Znam" }, { .name = "_ZnamRKSt9nothrow_t" },
 	{ .name = "_ZnamSt11align_val_t" }, { .name = "_ZnamSt11align_val_tRKSt9nothrow_t" },

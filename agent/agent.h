@@ -78,7 +78,8 @@ struct mla_header {
 	__u64 lost[8];       /* 384: by enum memleak_lost */
 	__u64 agents;        /* 448: processes whose agent started */
 	__u64 sample_mean;   /* 456: record --sample: mean bytes between samples; 0 records every call */
-	__u8 pad3[48];
+	__u64 sandboxed;     /* 464: processes whose agent saw a seccomp filter come */
+	__u8 pad3[40];
 	__u32 pids[MLA_MAX_PIDS]; /* 512 */
 };
 
@@ -113,6 +114,7 @@ _Static_assert(offsetof(struct mla_header, head) == 256, "head");
 _Static_assert(offsetof(struct mla_header, tail) == 320, "tail");
 _Static_assert(offsetof(struct mla_header, lost) == 384, "lost");
 _Static_assert(offsetof(struct mla_header, sample_mean) == 456, "sample_mean");
+_Static_assert(offsetof(struct mla_header, sandboxed) == 464, "sandboxed");
 _Static_assert(offsetof(struct mla_header, pids) == 512, "pids");
 _Static_assert(sizeof(struct mla_header) <= MLA_HEADER_BYTES, "header");
 _Static_assert(sizeof(struct mla_table) == 16 + 16 + 32 * UNWIND_MAX_MAPS, "table");

@@ -214,3 +214,50 @@ fn a_small_ring_makes_writers_wait_not_lose() {
     ]);
     common::fixtures::check_trace(&fx, &trace, &["outstanding", "mappings"]);
 }
+
+/// A program that installs a seccomp filter after it started, forbidding
+/// system calls it never makes (futex, openat, getrandom, gettid, getpid,
+/// kill, tgkill, rt_tgsigqueueinfo: fixtures/seccomp.c), through prctl
+/// and through syscall(SYS_seccomp). The agent made a futex call to wake
+/// the recorder, and the program died of SIGSYS (exit 159). It sees the
+/// filter come and makes no system call since: the program ends with 0,
+/// its leak is exact, and the trace says what the filter changed.
+#[test]
+fn a_seccomp_filter_installed_after_start_does_not_kill_the_program() {
+    if !common::can_record() || !common::has_tool("cc") {
+        return;
+    }
+    for how in ["prctl", "syscall"] {
+        let fx = Fixture {
+            name: "seccomp".into(),
+            expected: serde_json::json!({ "program": "seccomp", "args": [how] }),
+            build: Build::FramePointer,
+        };
+        // record_command_with asserts the command's exit status was 0.
+        let (_dir, trace) = record_command_with(
+            &[fx.binary().as_os_str(), how.as_ref()],
+            &[],
+            &["--capture", "preload"],
+        );
+        let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
+        assert!(
+            meta.notes
+                .iter()
+                .any(|n| n.starts_with("1 process(es) installed a seccomp filter")),
+            "{how}: {:?}",
+            meta.notes
+        );
+        let report = analyze(&trace, &AnalyzeOptions::default()).unwrap();
+        let three: Vec<(u64, u64)> = report
+            .stacks
+            .iter()
+            .filter(|s| {
+                s.frames
+                    .first()
+                    .is_some_and(|f| f.function.as_deref() == Some("leak_three"))
+            })
+            .map(|s| (s.bytes, s.count))
+            .collect();
+        assert_eq!(three, [(1000, 1); 3], "{how}");
+    }
+}

@@ -855,6 +855,17 @@ fn record(
                 .lost
                 .insert("sample_set_full".into(), set_full);
         }
+        if a.shared.sandboxed() > 0 {
+            let note = format!(
+                "{} process(es) installed a seccomp filter: from then on their agent made no \
+                 system call (the recorder was not woken, a writer that found the ring full \
+                 gave its event up, counted; threads first seen then are named by their process, \
+                 their stacks cut at the first frame, forks not recorded)",
+                a.shared.sandboxed()
+            );
+            say!("memleak: note: {note}");
+            rec.meta_mut().notes.push(note);
+        }
         if a.shared.agents() == 0 {
             let note = "the agent did not start in the command (LD_PRELOAD ignored or \
                         cleared): nothing was recorded; record with --capture bpf"

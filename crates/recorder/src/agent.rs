@@ -68,7 +68,8 @@ struct Header {
     lost: [AtomicU64; 8],
     agents: AtomicU64,
     sample_mean: u64,
-    _pad3: [u8; 48],
+    sandboxed: AtomicU64,
+    _pad3: [u8; 40],
     pids: [AtomicU32; MAX_PIDS],
 }
 
@@ -81,6 +82,7 @@ const _: () = assert!(std::mem::offset_of!(Header, tail) == 320);
 const _: () = assert!(std::mem::offset_of!(Header, lost) == 384);
 const _: () = assert!(std::mem::offset_of!(Header, agents) == 448);
 const _: () = assert!(std::mem::offset_of!(Header, sample_mean) == 456);
+const _: () = assert!(std::mem::offset_of!(Header, sandboxed) == 464);
 const _: () = assert!(std::mem::offset_of!(Header, pids) == 512);
 const _: () = assert!(std::mem::size_of::<Header>() <= HEADER_BYTES);
 
@@ -585,6 +587,14 @@ impl Shared {
     /// Processes whose agent started.
     pub fn agents(&self) -> u64 {
         self.header().agents.load(Ordering::Relaxed)
+    }
+
+    /// Processes whose agent saw a seccomp filter come, and makes no
+    /// system call since (as the agent says: a count, bounded by the
+    /// processes recorded).
+    pub fn sandboxed(&self) -> u64 {
+        let n = self.header().sandboxed.load(Ordering::Relaxed);
+        n.min(self.writers.borrow().len() as u64)
     }
 
     /// Walks by how they ended (by `UnwindEnd` code), from the records.
