@@ -848,3 +848,35 @@ fn probes_on_a_container_with_its_own_pids_and_root() {
     }
     in_a_container("bpf");
 }
+
+/// A running program whose executable was deleted after it started (an
+/// upgrade, a build that replaced it): its maps name it `... (deleted)`,
+/// and every stack was one frame, `??`, marked truncated, with each
+/// capture. It is read through /proc/PID/map_files now: exactly the
+/// leaks, with full stacks.
+#[test]
+fn a_program_whose_executable_was_deleted_keeps_its_stacks() {
+    if !can_inject() {
+        return;
+    }
+    let fx = Fixture::load("attach");
+    for capture in ["inject", "bpf"] {
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join("attach");
+        std::fs::copy(fx.binary(), &exe).unwrap();
+        let trace = dir.path().join("trace.parquet");
+        let _guard = recording_guard(false);
+        let mut target = Target::start(&exe, &[]);
+        std::fs::remove_file(&exe).unwrap();
+        let rec = Recording::start_with(
+            target.pid(),
+            &trace,
+            &["--capture", capture],
+            "memleak: recording pid",
+        );
+        target.ask("go", "leaked");
+        rec.finish();
+        target.end_with("more");
+        check_trace(&fx, &trace, &["outstanding"]);
+    }
+}

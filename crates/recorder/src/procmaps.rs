@@ -227,7 +227,16 @@ impl MapsCache {
 /// path through `/proc/PID/root` dies with the process, and a frame of a
 /// short-lived process (a forked child) symbolized a moment after it
 /// exited lost its source lines.
+///
+/// A file deleted (or replaced) since the process mapped it, which its
+/// maps name with ` (deleted)`, is opened through `/proc/PID/map_files`:
+/// the process's own copy, still readable there.
 pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
+    if path.ends_with(" (deleted)") {
+        if let Some(file) = mapped_file(pid, path) {
+            return file;
+        }
+    }
     if sees_our_files(pid) {
         return PathBuf::from(path);
     }
@@ -237,6 +246,17 @@ pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
     } else {
         PathBuf::from(path)
     }
+}
+
+/// `/proc/PID/map_files/START-END` of the first mapping of `path` (as the
+/// maps name it), if it opens.
+fn mapped_file(pid: u32, path: &str) -> Option<PathBuf> {
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).ok()?;
+    let m = parse_maps(&maps)
+        .into_iter()
+        .find(|m| m.path.as_deref() == Some(path))?;
+    let file = PathBuf::from(format!("/proc/{pid}/map_files/{:x}-{:x}", m.start, m.end));
+    std::fs::File::open(&file).is_ok().then_some(file)
 }
 
 /// The object of a mapping at a path that outlives the process: its plain
