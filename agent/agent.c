@@ -910,6 +910,7 @@ static void after_fork(void)
 #define RESOLVE(name) real.name = dlsym(next_handle, #name)
 
 static int loaded_for_inject(void);
+static void find_own_text(void);
 
 static void init(void)
 {
@@ -917,6 +918,7 @@ static void init(void)
 	u32 filtered_pid = 0;
 
 	state = ST_INITING;
+	find_own_text();
 	if (loaded_for_inject()) {
 		injected = 1;
 		next_handle = RTLD_DEFAULT;
@@ -1150,6 +1152,33 @@ static inline void header(struct thread *self, struct mla_slot *s, u8 kind, u64 
 	s->len = MEMLEAK_HDR_SIZE;
 }
 
+/* The agent's own code, whose frames no stack keeps. */
+static u64 own_text_lo, own_text_len;
+extern const ElfW(Ehdr) __ehdr_start __attribute__((visibility("hidden")));
+
+static void find_own_text(void)
+{
+	const ElfW(Ehdr) *eh = &__ehdr_start;
+	const ElfW(Phdr) *ph = (const ElfW(Phdr) *)((const char *)eh + eh->e_phoff);
+	u64 base = 0, lo = ~0ull, hi = 0;
+
+	for (int i = 0; i < eh->e_phnum; i++)
+		if (ph[i].p_type == PT_LOAD && ph[i].p_offset == 0)
+			base = (u64)eh - ph[i].p_vaddr;
+	for (int i = 0; i < eh->e_phnum; i++) {
+		if (ph[i].p_type != PT_LOAD || !(ph[i].p_flags & PF_X))
+			continue;
+		if (base + ph[i].p_vaddr < lo)
+			lo = base + ph[i].p_vaddr;
+		if (base + ph[i].p_vaddr + ph[i].p_memsz > hi)
+			hi = base + ph[i].p_vaddr + ph[i].p_memsz;
+	}
+	if (hi > lo) {
+		own_text_lo = lo;
+		own_text_len = hi - lo;
+	}
+}
+
 /* ---- stack walks: bpf/memleak.bpf.c's, reading the stack directly,
  * every read checked against the stack it belongs to ---- */
 
@@ -1352,7 +1381,9 @@ static int row_step(struct walk *w)
 	}
 	pc = w->pc;
 	w->frames[i] = w->interrupted ? pc + 1 : pc;
-	w->n = i + 1;
+	/* A frame of the agent (its dlopen, around the loader's
+	 * allocations) is walked through, not kept. */
+	w->n = pc - own_text_lo < own_text_len ? i : i + 1;
 	at = w->exact ? pc : pc - 1;
 	rule = rule_at(w, at);
 	sp = w->sp;
@@ -1509,7 +1540,8 @@ static void walk_stack(struct thread *self, struct mla_slot *s, const struct reg
 				}
 				if (!bp || (bp & 7) || !rd(&w, bp, &next) || !rd(&w, bp + 8, &ra) || !ra)
 					break;
-				e->frames[w.n++] = ra;
+				if (ra - own_text_lo >= own_text_len)
+					e->frames[w.n++] = ra;
 				if (next <= bp)
 					break;
 				w.bp = next;

@@ -156,6 +156,7 @@ fn check_with(cmd: &[&str], env: &[(&str, &str)], record_env: &[(String, String)
 }
 
 fn check_trace(cmd: &str, trace: &Path, vg: &Valgrind) {
+    common::fixtures::no_agent_frames(trace);
     let opts = AnalyzeOptions {
         filter: Filter {
             kind: KindScope::Heap,

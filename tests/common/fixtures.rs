@@ -383,6 +383,21 @@ pub fn event_counts(trace: &Path) -> BTreeMap<String, u64> {
         .clone()
 }
 
+/// No frame of any stack is in memleak's agent (its dlopen, around the
+/// loader's allocations, used to be in every stack through dlopen).
+pub fn no_agent_frames(trace: &Path) {
+    let frames = memleak_trace::Trace::open(trace).unwrap().frames().unwrap();
+    let agent: Vec<_> = frames
+        .iter()
+        .filter(|f| {
+            f.path
+                .as_deref()
+                .is_some_and(|p| p.contains("memleak-agent") || p.contains("memleak-inject"))
+        })
+        .collect();
+    assert!(agent.is_empty(), "frames of the agent: {agent:?}");
+}
+
 /// Events a recording lost, whatever the reason; a program's own failed
 /// allocations (`failed_alloc`) are not lost events.
 pub fn lost_events(meta: &memleak_trace::Meta) -> u64 {
@@ -454,6 +469,7 @@ fn check_times(fx: &Fixture, trace: &Path) {
 /// Checks a recorded trace against the expected groups under `keys`.
 pub fn check_trace(fx: &Fixture, trace: &Path, keys: &[&str]) -> Report {
     check_times(fx, trace);
+    no_agent_frames(trace);
     let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
     // Losses: none, unless the expected file lists them (exactly).
     let lost: BTreeMap<String, u64> = report
