@@ -33,6 +33,7 @@ TEST_PACKAGES=(
     golang-go protobuf-compiler                              # pprof export test (go tool pprof, protoc)
     chromium                                                 # HTML report test (headless)
     openjdk-17-jre-headless                                  # Spark (memleak sql test)
+    musl-tools                                               # musl programs (tests/musl.rs: musl-gcc)
 )
 if [ "$demo" -eq 0 ]; then
     APT_PACKAGES+=("${TEST_PACKAGES[@]}")

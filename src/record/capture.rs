@@ -16,12 +16,15 @@
 //! ld.so's notifications, and the recorder builds the unwind tables the
 //! agent walks stacks with, as it builds them for the probe.
 
+use std::collections::HashSet;
 use std::io::Write;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 
 use anyhow::{Context, Result};
 use memleak_recorder::agent::{self, Shared};
+use memleak_recorder::elf::ElfFile;
 use memleak_recorder::unwind::{ProcTable, Row, UnwindSink};
 
 /// The agent, built by build.rs.
@@ -109,7 +112,8 @@ pub fn choose(asked: Capture, s: &Situation<'_>) -> Result<Chosen> {
         match executable(&s.argv[0]) {
             None => None,
             Some(exe) => match inspect(&exe) {
-                Ok(Kind::Dynamic) => None,
+                Ok(Kind::Dynamic(None)) => None,
+                Ok(Kind::Dynamic(Some(ld))) => agent_cannot_load(&exe, &ld),
                 Ok(Kind::Static) => Some(format!(
                     "{} is statically linked: nothing can be preloaded",
                     exe.display()
@@ -133,7 +137,9 @@ pub fn choose(asked: Capture, s: &Situation<'_>) -> Result<Chosen> {
 }
 
 enum Kind {
-    Dynamic,
+    /// With its program interpreter (`PT_INTERP`); `None` for a script or
+    /// a file that is not ELF.
+    Dynamic(Option<PathBuf>),
     Static,
     SetId,
 }
@@ -160,17 +166,91 @@ fn inspect(exe: &Path) -> std::io::Result<Kind> {
     }
     let data = std::fs::read(exe)?;
     if data.len() < 64 || &data[..4] != b"\x7fELF" || data[4] != 2 {
-        return Ok(Kind::Dynamic);
+        return Ok(Kind::Dynamic(None));
     }
     let u16_at = |o: usize| u16::from_le_bytes([data[o], data[o + 1]]) as usize;
-    let phoff = u64::from_le_bytes(data[32..40].try_into().unwrap_or_default()) as usize;
-    let (phentsize, phnum) = (u16_at(54), u16_at(56));
-    let interp = (0..phnum).any(|i| {
+    let u64_at = |o: usize| {
+        data.get(o..o + 8).map_or(0, |b| {
+            u64::from_le_bytes(b.try_into().unwrap_or_default()) as usize
+        })
+    };
+    let (phoff, phentsize, phnum) = (u64_at(32), u16_at(54), u16_at(56));
+    let interp = (0..phnum).find_map(|i| {
         let at = phoff + i * phentsize;
-        data.get(at..at + 4)
-            .is_some_and(|t| u32::from_le_bytes(t.try_into().unwrap_or_default()) == 3)
+        let kind = data.get(at..at + 4)?;
+        if u32::from_le_bytes(kind.try_into().unwrap_or_default()) != 3 {
+            return None;
+        }
+        // p_offset and p_filesz: the path, NUL-terminated.
+        let (offset, size) = (u64_at(at + 8), u64_at(at + 32));
+        let path = data.get(offset..offset.checked_add(size)?)?;
+        let path = path.split(|&b| b == 0).next().unwrap_or_default();
+        Some(PathBuf::from(std::ffi::OsStr::from_bytes(path)))
     });
-    Ok(if interp { Kind::Dynamic } else { Kind::Static })
+    Ok(match interp {
+        Some(ld) => Kind::Dynamic(Some(ld)),
+        None => Kind::Static,
+    })
+}
+
+/// Why memleak's agent cannot be loaded into a program that `ld`, its
+/// program interpreter, runs; `None` if it can. The agent is built with
+/// glibc and needs libc.so.6. glibc's ld.so is not the C library (it
+/// defines no `__libc_start_main`): the agent's symbols are bound in
+/// libc.so.6, which has them all. musl's ld.so is its libc, and answers
+/// for libc.so.6 too, but lacks some of glibc's functions: with the agent
+/// preloaded it would not start the program at all (`Error relocating
+/// ...: symbol not found`, exit status 127). A program whose interpreter
+/// cannot be read is left to preload.
+fn agent_cannot_load(exe: &Path, ld: &Path) -> Option<String> {
+    let (defined, _) = dynamic_names(&ElfFile::open(ld).ok()?);
+    if !defined.contains("__libc_start_main") {
+        return None;
+    }
+    let agent = ElfFile::parse(AGENT_SO.to_vec()).expect("build.rs built an ELF file");
+    let (_, needed) = dynamic_names(&agent);
+    let missing: Vec<&str> = needed
+        .iter()
+        .map(String::as_str)
+        .filter(|n| !defined.contains(*n))
+        .collect();
+    if missing.is_empty() {
+        return None;
+    }
+    Some(format!(
+        "{} runs with {}, a C library that is not glibc: memleak's agent needs {} from glibc, \
+         which it lacks",
+        exe.display(),
+        ld.display(),
+        missing.join(", ")
+    ))
+}
+
+/// The names `.dynsym` defines, and those it needs (undefined and not
+/// weak: ld.so refuses to start a program without them).
+fn dynamic_names(elf: &ElfFile) -> (HashSet<String>, Vec<String>) {
+    const STB_WEAK: u8 = 2;
+    let (mut defined, mut needed) = (HashSet::new(), Vec::new());
+    let (Some(symbols), Some(strings)) = (elf.section(".dynsym"), elf.section(".dynstr")) else {
+        return (defined, needed);
+    };
+    // Elf64_Sym: st_name (4 bytes), st_info, st_other, st_shndx (2), ...;
+    // 24 bytes. The first is the null symbol.
+    for sym in symbols.bytes.chunks_exact(24).skip(1) {
+        let at = u32::from_le_bytes(sym[..4].try_into().expect("4 bytes")) as usize;
+        let Some(name) = strings.bytes.get(at..) else {
+            continue;
+        };
+        let name = name.split(|&b| b == 0).next().unwrap_or_default();
+        let name = String::from_utf8_lossy(name).into_owned();
+        let shndx = u16::from_le_bytes([sym[6], sym[7]]);
+        if shndx != 0 {
+            defined.insert(name);
+        } else if sym[4] >> 4 != STB_WEAK && !name.is_empty() {
+            needed.push(name);
+        }
+    }
+    (defined, needed)
 }
 
 /// Writes unwind tables to the agent and to the probe: a process that
@@ -219,7 +299,11 @@ pub fn runs_without_agent(pid: u32) -> bool {
 /// runs in secure-execution mode (setuid), where ld.so ignores it.
 pub fn agent_left_out(pid: u32, entry: &str) -> bool {
     use memleak_recorder::providers::{search_order, secure_exec, SearchOrder};
-    if !matches!(search_order(pid), Ok(SearchOrder::NotReady)) || agent_mapped(pid) {
+    let loading = matches!(
+        search_order(pid),
+        Ok(SearchOrder::Loading { .. } | SearchOrder::NotReady)
+    );
+    if !loading || agent_mapped(pid) {
         return false;
     }
     if secure_exec(pid) {

@@ -874,6 +874,11 @@ fn record(
             rec.meta_mut().notes.push(note);
         }
     }
+    // A process whose malloc was found only at its exit ran unrecorded.
+    for note in search.borrow().found_at_exit() {
+        say!("memleak: warning: {note}");
+        rec.meta_mut().notes.push(note);
+    }
     if has_user_targets {
         let tables = unwinder.as_ref().map(Unwinder::stats).unwrap_or_default();
         rec.set_unwind(cfg.unwind, &unwind_ends(&probes, agent.as_ref()), tables);

@@ -66,11 +66,20 @@ pub enum SearchOrder {
     /// The link map: the executable, the preloads, the needed libraries
     /// breadth first, then what `dlopen` added.
     Dynamic(Vec<Object>),
-    /// ld.so has not built the list yet (the process has just exec'd) or
-    /// is changing it (inside `dlopen` or `dlclose`).
+    /// ld.so has not built the list yet: the process has just exec'd,
+    /// and only the executable and its program interpreter are mapped.
+    Loading {
+        /// The executable.
+        exe: Object,
+        /// Its program interpreter, ld.so (the file mapped at `AT_BASE`);
+        /// `None` if the maps do not show it.
+        interpreter: Option<Object>,
+    },
+    /// ld.so is changing the list (inside `dlopen` or `dlclose`).
     NotReady,
 }
 
+const AT_BASE: u64 = 7;
 const AT_ENTRY: u64 = 9;
 const DT_DEBUG: u64 = 21;
 const DT_NULL: u64 = 0;
@@ -230,16 +239,40 @@ pub fn search_order(pid: u32) -> Result<SearchOrder, String> {
         .find(|&(tag, _)| tag == DT_DEBUG)
         .map(|(_, value)| value);
     let r_debug = r_debug.ok_or_else(|| format!("{exe_name} has no DT_DEBUG entry"))?;
+    let maps = || read_maps(pid).map_err(|e| format!("/proc/{pid}/maps: {}", describe_io(&e)));
     // struct r_debug { int r_version; struct link_map *r_map;
     //                  ElfW(Addr) r_brk; int r_state; ElfW(Addr) r_ldbase; }
-    if r_debug == 0 || mem.u32(r_debug)? == 0 {
+    // (musl's struct debug has the same layout, and its struct dso begins
+    // as struct link_map does.)
+    let first = match r_debug {
+        0 => 0,
+        _ if mem.u32(r_debug)? == 0 => 0,
+        _ => mem.u64(r_debug + 8)?,
+    };
+    if first == 0 {
+        let base = auxv(pid, AT_BASE)?;
+        let interpreter = maps()?
+            .into_iter()
+            .find(|m| m.is_file() && m.start == base && m.offset == 0)
+            .and_then(|m| {
+                let name = m.path?;
+                Some(Object {
+                    path: openable(pid, &name, Some((m.start, m.end))),
+                    name,
+                })
+            });
+        return Ok(SearchOrder::Loading {
+            exe: Object {
+                name: exe_name,
+                path: exe_path,
+            },
+            interpreter,
+        });
+    }
+    if mem.u32(r_debug + 24)? != RT_CONSISTENT {
         return Ok(SearchOrder::NotReady);
     }
-    let first = mem.u64(r_debug + 8)?;
-    if first == 0 || mem.u32(r_debug + 24)? != RT_CONSISTENT {
-        return Ok(SearchOrder::NotReady);
-    }
-    let maps = read_maps(pid).map_err(|e| format!("/proc/{pid}/maps: {}", describe_io(&e)))?;
+    let maps = maps()?;
     let mut objects: Vec<Object> = Vec::new();
     let mut seen = HashSet::new();
     let mut lm = first;
@@ -349,15 +382,34 @@ pub struct Allocators {
     points: HashMap<(FileId, &'static str), Option<ProbePoint>>,
     attached: HashMap<u32, HashSet<(FileId, u64)>>,
     reported: HashSet<(u32, String)>,
+    heap: HashMap<u32, Heap>,
 }
 
-/// Objects whose allocator functions are the usual ones: no note.
+/// What the searches saw of a process's malloc: whether the process ran
+/// with it probed.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Heap {
+    /// Executed; its malloc not found yet.
+    Waiting,
+    /// Found and probed (in this object) by the last search, after the
+    /// process had been waiting for it: at a stop of ld.so's before the
+    /// program ran, or at its exit, after it ran without.
+    Found(String),
+    /// Found, then seen again at a later stop; or found probed already
+    /// (libc, probed before a command starts), before the program ran (at
+    /// its exec), or when the recording started (a running process).
+    Probed,
+}
+
+/// Objects whose allocator functions are the usual ones: no note. musl's
+/// libc is its ld.so, `ld-musl-ARCH.so.1` (on Debian a link to
+/// `x86_64-linux-musl/libc.so`, the name its maps show).
 fn usual_provider(name: &str) -> bool {
     let file = Path::new(name)
         .file_name()
         .map(|f| f.to_string_lossy().into_owned())
         .unwrap_or_default();
-    ["libc.so", "libstdc++.so", "libc++.so"]
+    ["libc.so", "ld-musl", "libstdc++.so", "libc++.so"]
         .iter()
         .any(|p| file.starts_with(p))
 }
@@ -374,6 +426,7 @@ impl Allocators {
             points: HashMap::new(),
             attached: HashMap::new(),
             reported: HashSet::new(),
+            heap: HashMap::new(),
         }
     }
 
@@ -402,10 +455,23 @@ impl Allocators {
                 return found;
             }
         };
-        let (objects, is_static) = match order {
-            SearchOrder::NotReady => return Found::new(Search::NotReady),
-            SearchOrder::Static(exe) => (vec![exe], true),
-            SearchOrder::Dynamic(objects) => (objects, false),
+        // `before_run`: the objects are all there is before the program
+        // runs.
+        let (objects, is_static, before_run) = match order {
+            SearchOrder::Loading {
+                exe,
+                interpreter: Some(ld),
+            } if self.is_libc(&ld) => (vec![exe, ld], false, true),
+            SearchOrder::Loading { .. } => {
+                self.heap.insert(pid, Heap::Waiting);
+                return Found::new(Search::NotReady);
+            }
+            SearchOrder::NotReady => {
+                self.heap_seen(pid, false, None);
+                return Found::new(Search::NotReady);
+            }
+            SearchOrder::Static(exe) => (vec![exe], true, true),
+            SearchOrder::Dynamic(objects) => (objects, false, false),
         };
         let mut found = Found::new(Search::Ready);
         let mut warnings = Vec::new();
@@ -458,6 +524,7 @@ impl Allocators {
             })
             .collect();
         let attached = self.attached.entry(pid).or_default();
+        let mut malloc_in = None;
         for (i, (obj, id)) in ids.iter().enumerate() {
             let Some(Ok(Loaded { elf, .. })) = self.files.get(id) else {
                 continue;
@@ -491,6 +558,10 @@ impl Allocators {
                 if attached.insert((*id, point.entry_offset)) {
                     lib.points.push(point);
                 }
+            }
+            if provided.contains(&"malloc") {
+                let new = lib.points.iter().any(|p| p.func.symbol == "malloc");
+                malloc_in = Some((obj.name.clone(), new));
             }
             if is_static {
                 if !provided.contains(&"malloc") && self.funcs.iter().any(|f| f.symbol == "malloc")
@@ -536,10 +607,71 @@ impl Allocators {
                 found.no_malloc = Some(why);
             }
         }
+        self.heap_seen(pid, before_run, malloc_in);
         found.warnings = self.once(pid, warnings);
         let notes = std::mem::take(&mut found.notes);
         found.notes = self.once(pid, notes);
         found
+    }
+
+    /// Records a search of `pid` that found its malloc in `malloc_in`,
+    /// probed by this search (true) or before (`None`: not found, or not
+    /// searched for).
+    fn heap_seen(&mut self, pid: u32, before_run: bool, malloc_in: Option<(String, bool)>) {
+        let next = match (self.heap.remove(&pid), malloc_in) {
+            (Some(Heap::Waiting), Some((object, true))) if !before_run => Heap::Found(object),
+            (_, Some(_)) | (Some(Heap::Found(_)), None) => Heap::Probed,
+            (Some(state), None) => state,
+            (None, None) => return,
+        };
+        self.heap.insert(pid, next);
+    }
+
+    /// The processes that ran without their heap probed, one line each:
+    /// their malloc was found only by the search at their exit (ld.so
+    /// never stopped before: a loader other than the one memleak stops
+    /// in), and they are gone. A process whose malloc no object exports
+    /// was warned about by [`update`](Self::update) already.
+    pub fn found_at_exit(&self) -> Vec<String> {
+        let mut lines: Vec<(u32, String)> = self
+            .heap
+            .iter()
+            .filter_map(|(&pid, state)| match state {
+                Heap::Found(object) if crate::procmaps::gone(pid) => Some((
+                    pid,
+                    format!(
+                        "process {pid} ran without its allocator probed: memleak found its \
+                         malloc (in {object}) only at its exit, and recorded none of its heap"
+                    ),
+                )),
+                _ => None,
+            })
+            .collect();
+        lines.sort();
+        lines.into_iter().map(|(_, line)| line).collect()
+    }
+
+    /// Whether `ld`, a program interpreter, is also the C library: it
+    /// exports `__libc_start_main`, which a program's start code calls.
+    /// musl's ld.so is its libc.so; glibc's is not (before glibc 2.32 it
+    /// exported a malloc of its own, so malloc does not tell). The
+    /// allocator functions of such a loader are probed as soon as the
+    /// process is executed, before ld.so runs, as glibc's libc is before a
+    /// command starts: no stop of ours may come before the program runs
+    /// (the `_dl_debug_state` stops are put in this system's ld.so, not
+    /// musl's). A preloaded allocator, which comes before libc in the
+    /// search order, is found in the link map at a later stop.
+    fn is_libc(&mut self, ld: &Object) -> bool {
+        let Ok(id) = file_id(&ld.path) else {
+            return false;
+        };
+        let loaded = self
+            .files
+            .entry(id)
+            .or_insert_with(|| Loaded::open(&ld.path));
+        loaded
+            .as_ref()
+            .is_ok_and(|l| l.exports.contains("__libc_start_main"))
     }
 
     /// The lines not reported for `pid` yet.
@@ -676,6 +808,36 @@ mod tests {
                 .any(|n| n.contains("malloc") && n.contains("libjemalloc.so.2")),
             "{:?}",
             found.notes
+        );
+    }
+
+    /// A process found waiting for ld.so at its exec whose malloc the
+    /// search at its exit probes ran unrecorded: it is named once gone.
+    /// One whose malloc was probed already (libc, before the command
+    /// started), or found at a stop it then ran on from (a preloaded
+    /// allocator), or at its exec (musl, a static program), is not.
+    #[test]
+    fn only_a_malloc_probed_at_the_exit_is_reported() {
+        let mut a = Allocators::new(Policy::Auto, false);
+        // Beyond any pid_max: gone.
+        let [late, glibc, preloaded, musl] = [u32::MAX, u32::MAX - 1, u32::MAX - 2, u32::MAX - 3];
+        let found = |object: &str, new: bool| Some((object.to_string(), new));
+        for pid in [late, glibc, preloaded] {
+            a.heap.insert(pid, Heap::Waiting);
+        }
+        a.heap_seen(late, false, found("/opt/lib/libc.so.6", true));
+        a.heap_seen(glibc, false, found("/lib/libc.so.6", false));
+        a.heap_seen(glibc, false, found("/lib/libc.so.6", false));
+        a.heap_seen(preloaded, false, found("/lib/libjemalloc.so.2", true));
+        a.heap_seen(preloaded, false, None);
+        a.heap_seen(musl, true, found("/lib/ld-musl-x86_64.so.1", true));
+        a.heap_seen(musl, false, found("/lib/ld-musl-x86_64.so.1", false));
+        assert_eq!(
+            a.found_at_exit(),
+            [format!(
+                "process {late} ran without its allocator probed: memleak found its malloc \
+                 (in /opt/lib/libc.so.6) only at its exit, and recorded none of its heap"
+            )]
         );
     }
 
