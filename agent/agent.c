@@ -907,6 +907,27 @@ static void after_fork(void)
 		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
 }
 
+/* pthread_atfork(NULL, NULL, child), looked up: glibc's headers make it a
+ * call of __register_atfork, which musl does not have (the agent failed
+ * to load there), and musl's pthread_atfork is glibc's compat symbol. */
+extern void *__dso_handle __attribute__((weak, visibility("hidden")));
+typedef int (*register_atfork_t)(void (*)(void), void (*)(void), void (*)(void), void *);
+typedef int (*pthread_atfork_t)(void (*)(void), void (*)(void), void (*)(void));
+
+static void on_fork_child(void (*child)(void))
+{
+	register_atfork_t reg = (register_atfork_t)dlsym(RTLD_DEFAULT, "__register_atfork");
+	pthread_atfork_t plain;
+
+	if (reg) {
+		reg(NULL, NULL, child, &__dso_handle ? __dso_handle : NULL);
+		return;
+	}
+	plain = (pthread_atfork_t)dlsym(RTLD_DEFAULT, "pthread_atfork");
+	if (plain)
+		plain(NULL, NULL, child);
+}
+
 #define RESOLVE(name) real.name = dlsym(next_handle, #name)
 
 static int loaded_for_inject(void);
@@ -944,7 +965,7 @@ static void init(void)
 		return; /* never ready: everything passes through the boot path */
 	if (injected) {
 		/* Idle until memleak_attach(). */
-		pthread_atfork(NULL, NULL, after_fork);
+		on_fork_child(after_fork);
 		state = ST_READY;
 		return;
 	}
@@ -955,7 +976,7 @@ static void init(void)
 		tables = (struct mla_table *)((char *)H + H->tables_off);
 		rows = (struct unwind_row *)((char *)H + H->rows_off);
 		sampling_start(H->sample_mean);
-		pthread_atfork(NULL, NULL, after_fork);
+		on_fork_child(after_fork);
 	}
 	state = ST_READY;
 	if (H && seccomp_in_force(&filtered_pid)) {
