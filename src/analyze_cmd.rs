@@ -251,6 +251,15 @@ fn write_report(
         WeightArg::Allocations => Weight::Allocations,
     };
     let out = args.output.as_deref();
+    // Folded stacks have no place for a note: the one that every other
+    // format carries is said here.
+    if let (Format::Folded, Some(s)) = (args.format, report.summary.sampling) {
+        say!(
+            "memleak: note: a sampled recording (mean {}): the folded stacks' figures are \
+             estimates",
+            memleak_analyze::format_bytes(s.mean_bytes)
+        );
+    }
     // A flamegraph is drawn in memory first, so that its failure says so.
     let svg = |report| Svg(weight).render(report).context("drawing the flamegraph");
     match args.format {

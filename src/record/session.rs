@@ -153,6 +153,11 @@ pub fn run(mut args: RecordArgs) -> Result<ExitCode> {
         if !process_alive(pid) {
             bail!("no such process: {pid}");
         }
+        // `exec memleak record -p $$` from a shell: the shell is gone,
+        // and its pid is memleak's own.
+        if pid == std::process::id() {
+            bail!("process {pid} is memleak itself (exec memleak record -p $$?): give the pid of the program to record");
+        }
     }
     let object = match &args.object {
         Some(p) => {

@@ -17,8 +17,18 @@ pub(super) fn figures(
     output: &Path,
     lost: &BTreeMap<String, u64>,
 ) -> String {
-    let per_event = Duration::from_nanos(cpu_ns / stats.events.max(1));
-    let total: u64 = lost.values().sum();
+    // Per event, once there is one to divide by.
+    let cpu = match cpu_ns.checked_div(stats.events) {
+        Some(per_event) => format!(
+            "{} of memleak's CPU per event",
+            human_duration(Duration::from_nanos(per_event))
+        ),
+        None => format!(
+            "{} of memleak's CPU",
+            human_duration(Duration::from_nanos(cpu_ns))
+        ),
+    };
+    let total = lost.values().fold(0u64, |a, &n| a.saturating_add(n));
     let lost = if total == 0 {
         "no events lost".to_string()
     } else {
@@ -30,10 +40,9 @@ pub(super) fn figures(
         format!("lost {total} events ({})", reasons.join(", "))
     };
     format!(
-        "memleak: recorded {} events in {} ({} of memleak's CPU per event), {} stacks, {} frames to {}; {lost}",
+        "memleak: recorded {} events in {} ({cpu}), {} stacks, {} frames to {}; {lost}",
         stats.events,
         human_duration(elapsed),
-        human_duration(per_event),
         stats.stacks,
         stats.frames,
         output.display(),
@@ -82,6 +91,18 @@ mod tests {
             ),
             "memleak: recorded 1000 events in 1.62 s (21 us of memleak's CPU per event), \
              3 stacks, 12 frames to t.parquet; no events lost"
+        );
+        let none = Stats::default();
+        assert_eq!(
+            figures(
+                &none,
+                Duration::from_secs(3),
+                204_100_000,
+                Path::new("t"),
+                &lost
+            ),
+            "memleak: recorded 0 events in 3.00 s (204.1 ms of memleak's CPU), 0 stacks, \
+             0 frames to t; no events lost"
         );
         assert_eq!(
             next_command(Path::new("/tmp/my trace")),

@@ -62,4 +62,5 @@ pub use model::{
 };
 pub use render::Render;
 pub use suppress::Suppression;
+pub use time::format_bytes;
 pub use verdicts::{ClassTotals, VerdictSet, VerdictTotals};
