@@ -460,10 +460,24 @@ typedef int (*dlclose_t)(void *);
 
 static void patch_new_objects(void);
 
+static u32 count_objects(void);
+static void patch_deepbound(u32 skip);
+
 EXPORT void *dlopen(const char *file, int flags)
 {
-	void *h = ((dlopen_t)dlsym(next_handle, "dlopen"))(file, flags);
+	dlopen_t next = (dlopen_t)dlsym(next_handle, "dlopen");
+	u32 before = 0;
+	void *h;
 
+	/* RTLD_DEEPBIND: the library binds malloc and free to libc's, ahead
+	 * of the agent in the global scope. Its call sites are patched as
+	 * inject patches a process's, or a block it frees that the program
+	 * allocated would be reported lost, and what it allocates missed. */
+	if (!injected && (flags & RTLD_DEEPBIND) && on && !__atomic_load_n(&sandboxed, __ATOMIC_RELAXED))
+		before = count_objects();
+	h = next(file, flags);
+	if (h && before)
+		patch_deepbound(before);
 	if (h && injected)
 		patch_new_objects();
 	else if (h)
@@ -2562,6 +2576,62 @@ static long patch_all(int attach)
 		resolve_hooks();
 	dl_iterate_phdr(patch_object, &p);
 	return p.slots;
+}
+
+/* ---- RTLD_DEEPBIND under preload: the objects a dlopen added get their
+ * call sites patched, as inject patches every object. Ours are the
+ * agent's definitions, theirs the next ones (libc's). ---- */
+
+static int count_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+	(*(u32 *)data)++;
+	return 0;
+}
+
+static u32 count_objects(void)
+{
+	u32 n = 0;
+
+	dl_iterate_phdr(count_cb, &n);
+	return n;
+}
+
+struct deepbound {
+	u32 seen, skip;
+	struct patching p;
+};
+
+static int patch_deep_cb(struct dl_phdr_info *info, size_t size, void *data)
+{
+	struct deepbound *d = data;
+
+	if (d->seen++ < d->skip)
+		return 0;
+	return patch_object(info, size, &d->p);
+}
+
+static void patch_deepbound(u32 skip)
+{
+	static int resolved;
+	struct deepbound d = { 0, skip, { 1, 0, 0 } };
+
+	if (!resolved) {
+		Dl_info info;
+		void *me_h = NULL;
+
+		/* Our own handle, by the next dlopen: not this one's stop. */
+		if (dladdr((void *)patch_deepbound, &info)) {
+			my_base = (u64)info.dli_fbase;
+			me_h = ((dlopen_t)dlsym(RTLD_NEXT, "dlopen"))(info.dli_fname,
+								      RTLD_NOW | RTLD_NOLOAD);
+		}
+		for (u32 i = 0; i < NHOOKS; i++) {
+			hooks[i].mine = me_h ? dlsym(me_h, hooks[i].name) : NULL;
+			hooks[i].theirs = dlsym(RTLD_NEXT, hooks[i].name);
+		}
+		resolved = 1;
+	}
+	dl_iterate_phdr(patch_deep_cb, &d);
 }
 
 static void patch_new_objects(void)
