@@ -2402,6 +2402,8 @@ static struct hook {
 #define NHOOKS (sizeof(hooks) / sizeof(hooks[0]))
 
 static u64 my_base;    /* this library's load address: never patched */
+static void *reused_at; /* the shared memory of the last attach, and its size */
+static u64 reused_len;
 static int attached;   /* between memleak_attach and memleak_detach */
 
 static struct hook *hook_named(const char *name)
@@ -2662,12 +2664,24 @@ EXPORT long memleak_attach(int fd)
 		sys_close(fd);
 		return -EPROTO;
 	}
-	h = sys_mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	/* The previous recording's memory is never unmapped: a call still in
+	 * flight may write to it (the recorder freed its pages). This one
+	 * takes its place when it fits (MAP_FIXED replaces a mapping with no
+	 * moment unmapped): 200 attach/detach cycles leave one mapping, not
+	 * 200 of 100 MB of address space each. A late write of the old
+	 * recording lands in the new ring, whose recorder rejects it. */
+	if (reused_at && hdr.total_bytes <= reused_len)
+		h = sys_mmap(reused_at, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_FIXED,
+			     fd, 0);
+	else
+		h = sys_mmap(NULL, hdr.total_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	sys_close(fd);
 	if (sys_failed((long)h))
 		return (long)h;
-	/* The previous recording's memory stays mapped (a call still in
-	 * flight may write to it); the recorder freed its pages. */
+	if ((void *)h != reused_at) {
+		reused_at = h;
+		reused_len = hdr.total_bytes;
+	}
 	on = 0;
 	/* --sample: this recording's mean, and an empty set of sampled
 	 * blocks (an earlier recording's are not this one's). */
