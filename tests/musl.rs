@@ -237,7 +237,8 @@ fn a_static_musl_program_is_recorded_by_the_probes_in_it() {
 /// program from another distribution's tree, or Nix's, is): memleak's
 /// `_dl_debug_state` stops are in this system's ld.so, so the search that
 /// finds its malloc is the one at its exit. The recording says the
-/// process ran unrecorded, in a warning and in the trace's notes.
+/// process ran unrecorded, in a warning, in the trace's notes and as a
+/// loss (`unprobed_process`).
 #[test]
 fn a_process_whose_malloc_is_found_only_at_its_exit_is_said_to_be_unrecorded() {
     if !common::can_record() {
@@ -281,9 +282,16 @@ fn a_process_whose_malloc_is_found_only_at_its_exit_is_said_to_be_unrecorded() {
         err.lines()
             .filter(|l| l.starts_with("memleak: warning:"))
             .collect::<Vec<_>>(),
-        [format!("memleak: warning: {note}")],
+        [
+            format!("memleak: warning: {note}"),
+            "memleak: warning: 1 process ran unrecorded (its allocator was found only at its \
+             exit): outstanding figures are uncertain"
+                .to_string()
+        ],
         "{err}"
     );
     assert!(meta.notes.contains(&note), "{:?}", meta.notes);
+    // A loss, which every report shows, not a note alone.
+    assert_eq!(meta.counters.lost.get("unprobed_process"), Some(&1));
     assert_eq!(through(&trace, "leak_three"), []);
 }

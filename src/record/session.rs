@@ -879,8 +879,16 @@ fn record(
             rec.meta_mut().notes.push(note);
         }
     }
-    // A process whose malloc was found only at its exit ran unrecorded.
-    for note in search.borrow().found_at_exit() {
+    // A process whose malloc was found only at its exit ran unrecorded:
+    // a loss every report shows, not only a note.
+    let unrecorded = search.borrow().found_at_exit();
+    if !unrecorded.is_empty() {
+        rec.meta_mut()
+            .counters
+            .lost
+            .insert("unprobed_process".into(), unrecorded.len() as u64);
+    }
+    for note in unrecorded {
         say!("memleak: warning: {note}");
         rec.meta_mut().notes.push(note);
     }

@@ -82,6 +82,12 @@ pub const LOSS_REASONS: &[LossReason] = &[
         why: "the traced process wrote into the agent's shared memory what no agent writes",
     },
     LossReason {
+        name: "unprobed_process",
+        effect: LossEffect::Missing,
+        what: ("process ran unrecorded", "processes ran unrecorded"),
+        why: "its allocator was found only at its exit",
+    },
+    LossReason {
         name: "recursion",
         effect: LossEffect::Missing,
         what: ("kernel event lost", "kernel events lost"),
