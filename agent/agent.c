@@ -499,8 +499,8 @@ EXPORT int dlclose(void *h)
  * in force at its start, in /proc/self/status; one the program installs,
  * through prctl() or syscall(), both taken here) and from then on makes
  * no system call of its own: the recorder is not woken (it drains every
- * --poll-ms anyway), a writer that finds the ring full waits a little
- * without sleeping and then drops its event (counted), a thread whose
+ * millisecond instead), a writer that finds the ring full spins without
+ * sleeping, for 1 s at most, and then drops its event (counted), a thread whose
  * stack is not known yet is recorded with its first frame only, a thread
  * first seen then is named by its process, no stop is asked for at
  * dlopen. A filter installed by a raw system call (inline assembly) is
@@ -1081,15 +1081,26 @@ static void wake_recorder(void)
  * under load, and both sides slept at once. Gives up, and stops recording,
  * if the recording ended or the recorder is gone (checked every 16 waits
  * of at most 10 ms). */
-static int wait_for_room(u64 pos, u32 waits)
+static int wait_for_room(u64 pos, u32 waits, u64 *since)
 {
 	static const struct timespec most = { 0, 10000000 };
 	u32 seq;
 
 	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
-		/* No futex: spin (about 1 ms at most) for the recorder's next
-		 * drain, then give this event up. */
-		if (waits >= 64 || __atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+		/* No futex, and no kill() to see whether the recorder lives:
+		 * spin for its next drain (it drains every millisecond while
+		 * an agent is sandboxed), up to 1 s of the clock (the vDSO's),
+		 * then give this event up. */
+		struct timespec t;
+		u64 now;
+
+		if (__atomic_load_n(&H->stop, __ATOMIC_RELAXED))
+			return 0;
+		clock_gettime(CLOCK_MONOTONIC_COARSE, &t);
+		now = ts_of_raw(&t);
+		if (!*since)
+			*since = now;
+		if (now - *since > 1000000000ull)
 			return 0;
 		for (int i = 0; i < 4096; i++) {
 			if ((int64_t)(__atomic_load_n(&slot_at(pos)->seq, __ATOMIC_ACQUIRE) - pos) >= 0)
@@ -1122,6 +1133,7 @@ static struct mla_slot *claim(u64 *at)
 {
 	u64 pos = __atomic_load_n(&H->head, __ATOMIC_RELAXED);
 	u32 waits = 0, behind = 0;
+	u64 since = 0;
 
 	for (;;) {
 		struct mla_slot *s = slot_at(pos);
@@ -1142,7 +1154,7 @@ static struct mla_slot *claim(u64 *at)
 			}
 		} else if (d < 0) {
 			/* Full. */
-			if (!wait_for_room(pos, waits++)) {
+			if (!wait_for_room(pos, waits++, &since)) {
 				count_lost(ML_RING_FULL);
 				return NULL;
 			}

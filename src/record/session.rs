@@ -863,8 +863,8 @@ fn record(
         if a.shared.sandboxed() > 0 {
             let note = format!(
                 "{} process(es) installed a seccomp filter: from then on their agent made no \
-                 system call (the recorder was not woken, a writer that found the ring full \
-                 gave its event up, counted; threads first seen then are named by their process, \
+                 system call (the recorder polled every millisecond, a writer that found the \
+                 ring full spun for room; threads first seen then are named by their process, \
                  their stacks cut at the first frame, forks not recorded)",
                 a.shared.sandboxed()
             );
