@@ -759,3 +759,43 @@ fn beside_another_recording() {
     // The other recording is still running: the checks above ran beside it.
     assert!(attached(), "the other recording ended early");
 }
+
+/// A followed child that executes a program whose allocator nothing has
+/// probed yet: a static one (seed_static), the shell's children under
+/// `--follow-forks`. Its allocator was searched for after an exec of the
+/// command only: the children were recorded with the shell's libc
+/// probes, which a static program never calls (0 of their leaks). Each
+/// child's leak, 5 blocks of 4 bytes from alloc_v3, is now recorded, with
+/// both captures.
+#[test]
+fn followed_children_that_execute_a_static_program() {
+    if !common::can_record() {
+        return;
+    }
+    let prog = common::fixtures::fixtures_dir().join("seed_static");
+    let script = format!("{p}; {p}; true", p = prog.display());
+    for capture in CAPTURES {
+        let (_dir, trace) = common::fixtures::record_command_with(
+            &["/bin/sh".as_ref(), "-c".as_ref(), script.as_ref()],
+            &[],
+            &["--follow-forks", "--capture", capture],
+        );
+        let report = memleak_analyze::report::analyze(
+            &trace,
+            &memleak_analyze::report::AnalyzeOptions::default(),
+        )
+        .unwrap();
+        let mut by_pid: Vec<(u64, u64)> = report
+            .stacks
+            .iter()
+            .filter(|s| {
+                s.frames
+                    .first()
+                    .is_some_and(|f| f.function.as_deref() == Some("alloc_v3"))
+            })
+            .map(|s| (s.bytes, s.count))
+            .collect();
+        by_pid.sort();
+        assert_eq!(by_pid, [(20, 5), (20, 5)], "{capture}");
+    }
+}

@@ -459,9 +459,10 @@ impl Child {
     }
 
     /// Non-blocking: handles ptrace stops and exits; the command's exit
-    /// status is then in [`exit`](Self::exit). `on_stop` runs
-    /// while the command is stopped with its address space intact: at its
-    /// exit, after each exec, and at the `_dl_debug_state` stops. `on_maps`
+    /// status is then in [`exit`](Self::exit). `on_stop` gets the process
+    /// (the command, or one it forked that we follow) stopped with its
+    /// address space intact: at the command's exit, after each exec, and
+    /// at the `_dl_debug_state` stops. `on_maps`
     /// gets the process of a thread stopped where its mappings may have
     /// changed (an exec, ld.so's `_dl_debug_state`), before it runs on.
     /// `on_exit` runs at the command's exit stop, after `on_stop`: the
@@ -476,7 +477,7 @@ impl Child {
     /// PTRACE_EVENT_STOP, with SIGTRAP), and it is let go.
     pub fn poll(
         &mut self,
-        on_stop: &mut dyn FnMut() -> Result<()>,
+        on_stop: &mut dyn FnMut(u32) -> Result<()>,
         on_exit: &mut dyn FnMut() -> Result<()>,
         on_fork: &mut dyn FnMut(u32) -> Result<()>,
         on_maps: &mut dyn FnMut(u32) -> Result<()>,
@@ -528,7 +529,7 @@ impl Child {
                 // Exit of the process: its address space is still there.
                 libc::PTRACE_EVENT_EXIT => {
                     if main {
-                        on_stop()?;
+                        on_stop(self.pid)?;
                         on_exit()?;
                     } else {
                         // Where its stack ends, for the scan at exit.
@@ -537,11 +538,10 @@ impl Child {
                     0
                 }
                 // A new program (`env LD_PRELOAD=... prog`): mapped, not
-                // run yet.
+                // run yet. In a followed process too: a static or musl
+                // program, whose allocator nothing probed yet.
                 libc::PTRACE_EVENT_EXEC => {
-                    if main {
-                        on_stop()?;
-                    }
+                    on_stop(tgid_of(tid as u32))?;
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }
@@ -563,14 +563,14 @@ impl Child {
                     if !main && is_process(tid as u32) {
                         self.adopt(tid as u32, on_fork)?;
                     }
-                    on_stop()?;
+                    on_stop(tgid_of(tid as u32))?;
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }
                 // Signal-delivery stops. Our probe on ld.so's
                 // _dl_debug_state: the maps are about to change.
                 0 if sig == libc::SIGSTOP && probe_sigstop(tid as u32) => {
-                    on_stop()?;
+                    on_stop(tgid_of(tid as u32))?;
                     on_maps(tgid_of(tid as u32))?;
                     0
                 }
@@ -726,7 +726,7 @@ mod tests {
             let pid = c.pid;
             let failed = loop {
                 let r = c.poll(
-                    &mut || Ok(()),
+                    &mut |_| Ok(()),
                     &mut || anyhow::bail!("the scan failed"),
                     &mut |_| Ok(()),
                     &mut |_| Ok(()),
@@ -774,9 +774,12 @@ mod tests {
                 || std::fs::read_dir(format!("/proc/{pid}/task")).map_or(0, |d| d.count());
             let deadline = std::time::Instant::now() + Duration::from_secs(20);
             while threads() < 5 && std::time::Instant::now() < deadline {
-                c.poll(&mut || Ok(()), &mut || Ok(()), &mut |_| Ok(()), &mut |_| {
-                    Ok(())
-                })
+                c.poll(
+                    &mut |_| Ok(()),
+                    &mut || Ok(()),
+                    &mut |_| Ok(()),
+                    &mut |_| Ok(()),
+                )
                 .unwrap();
                 std::thread::sleep(Duration::from_millis(1));
             }

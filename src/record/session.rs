@@ -526,7 +526,20 @@ fn record(
         if let Some(a) = &agent {
             a.borrow().shared.add_pid(pid);
         }
+        // The objects probed so far that the new process maps (a copy of
+        // its parent's): not those of another followed process's exec (a
+        // static program), whose path may have died with it.
+        let mapped: std::collections::HashSet<u64> = memleak_recorder::procmaps::read_maps(pid)
+            .unwrap_or_default()
+            .iter()
+            .map(|m| m.inode)
+            .filter(|&i| i != 0)
+            .collect();
         for lib in libs.borrow().iter().filter(|_| !preload) {
+            use std::os::unix::fs::MetadataExt;
+            if !std::fs::metadata(&lib.path).is_ok_and(|m| mapped.contains(&m.ino())) {
+                continue;
+            }
             probes.attach_library(pid as i32, lib)?;
             search.borrow_mut().mark_attached(pid, lib);
         }
@@ -573,8 +586,9 @@ fn record(
         }
         Ok(())
     };
-    let mut on_stop = || -> Result<()> {
-        // The child is stopped at exit, or in ld.so before it unmaps a
+    let mut on_stop = |pid: u32| -> Result<()> {
+        // The child (or a process it forked that we follow) is stopped
+        // at exit, after an exec, or in ld.so before it unmaps a
         // library, with its address space intact: drain what it did and
         // capture its maps, so a program that lives 5 ms, or a dlclosed
         // library, still symbolizes. After an exec or a dlopen, the
@@ -583,33 +597,39 @@ fn record(
         let mut rec = recorder.borrow_mut();
         let notes = &mut rec.meta_mut().notes;
         if !preload {
-            add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
-        } else if capture::runs_without_agent(child_pid) {
+            add_providers(&probes, &search, pid, &libs, notes, args, false)?;
+        } else if capture::runs_without_agent(pid) {
             // A static or setuid program, or one executed behind the
             // agent's back (a raw execve): the probes take over.
-            if without_agent.borrow_mut().insert(child_pid) {
-                let note = format!(
-                    "process {child_pid} runs without memleak's agent since an exec \
-                     (LD_PRELOAD no longer names it): recorded with the probes from then on"
-                );
+            // Said of the first few: a followed shell loop can run
+            // thousands of such programs.
+            if without_agent.borrow_mut().insert(pid) && without_agent.borrow().len() <= 4 {
+                let note = if without_agent.borrow().len() < 4 {
+                    format!(
+                        "process {pid} runs without memleak's agent since an exec \
+                         (LD_PRELOAD no longer names it): recorded with the probes from then on"
+                    )
+                } else {
+                    "more processes run without memleak's agent since an exec: recorded with \
+                     the probes"
+                        .to_string()
+                };
                 say!("memleak: note: {note}");
                 notes.push(note);
             }
             load_uprobes()?;
-            add_providers(&probes, &search, child_pid, &libs, notes, args, false)?;
+            add_providers(&probes, &search, pid, &libs, notes, args, false)?;
         } else if let (Some(entry), Some(ld)) = (&agent_entry, &ld_so) {
             // Just executed, and ld.so will not load the agent: its
             // allocators are probed at ld.so's stop, once it has loaded
             // the program's objects.
-            if !dl_stopped.borrow().contains(&child_pid)
-                && capture::agent_left_out(child_pid, entry)
-            {
+            if !dl_stopped.borrow().contains(&pid) && capture::agent_left_out(pid, entry) {
                 load_uprobes()?;
-                probes.attach_dl_stops(child_pid as i32, ld)?;
-                dl_stopped.borrow_mut().insert(child_pid);
+                probes.attach_dl_stops(pid as i32, ld)?;
+                dl_stopped.borrow_mut().insert(pid);
             }
         }
-        rec.snapshot_maps(child_pid)?;
+        rec.snapshot_maps(pid)?;
         rec.flush_frames()?;
         Ok(())
     };
