@@ -4,6 +4,7 @@
 //! SIGTERM arrives.
 
 use std::cell::RefCell;
+use std::collections::HashMap;
 use std::io::IsTerminal;
 use std::mem::MaybeUninit;
 use std::path::PathBuf;
@@ -448,6 +449,15 @@ fn record(
     if matches!(target, Target::Child(_)) && !args.detach {
         catch_suspend_signals();
     }
+    // A program whose loader is not ours (a glibc of its own, as a Nix
+    // store or a foreign tree has; musl's, which is its libc too) gets
+    // ld.so's stops in its own loader (once per process and loader), or
+    // its malloc would be found only at its exit.
+    let own_loaders: RefCell<HashMap<u32, u64>> = RefCell::default();
+    let ours = ld_so.as_deref().and_then(|p| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p).ok().map(|m| m.ino())
+    });
     if let Target::Child(c) = &mut target {
         // The program is mapped now, not run: a static one is probed here,
         // and its table written.
@@ -455,6 +465,7 @@ fn record(
         let notes = &mut recorder.meta_mut().notes;
         c.release(args.follow_forks, &mut || {
             if !preload {
+                stops_in_own_loader(&probes, ours, &mut own_loaders.borrow_mut(), pid, notes);
                 add_providers(&probes, &search, pid, &libs, notes, args, !kernel)?;
             }
             on_maps(pid)
@@ -573,6 +584,7 @@ fn record(
     };
     let without_agent: RefCell<std::collections::HashSet<u32>> = RefCell::default();
     let dl_stopped: RefCell<std::collections::HashSet<u32>> = RefCell::default();
+
     // The first process without the agent loads the uprobe programs and
     // their row array, to which the tables written so far are copied.
     let load_uprobes = || -> Result<()> {
@@ -586,6 +598,7 @@ fn record(
         }
         Ok(())
     };
+
     let mut on_stop = |pid: u32| -> Result<()> {
         // The child (or a process it forked that we follow) is stopped
         // at exit, after an exec, or in ld.so before it unmaps a
@@ -597,6 +610,7 @@ fn record(
         let mut rec = recorder.borrow_mut();
         let notes = &mut rec.meta_mut().notes;
         if !preload {
+            stops_in_own_loader(&probes, ours, &mut own_loaders.borrow_mut(), pid, notes);
             add_providers(&probes, &search, pid, &libs, notes, args, false)?;
         } else if capture::runs_without_agent(pid) {
             // A static or setuid program, or one executed behind the
@@ -618,6 +632,7 @@ fn record(
                 notes.push(note);
             }
             load_uprobes()?;
+            stops_in_own_loader(&probes, ours, &mut own_loaders.borrow_mut(), pid, notes);
             add_providers(&probes, &search, pid, &libs, notes, args, false)?;
         } else if let (Some(entry), Some(ld)) = (&agent_entry, &ld_so) {
             // Just executed, and ld.so will not load the agent: its
@@ -985,6 +1000,42 @@ fn record(
         Some(e) => ExitCode::from(e.shell_code().clamp(0, 255) as u8),
         None => ExitCode::SUCCESS,
     })
+}
+
+/// Puts ld.so's stops in `pid`'s own loader (the object at its
+/// `AT_BASE`) when that is not `ours` (by inode) and not done yet for
+/// this process and loader (`done`). The uprobe programs must be loaded.
+/// A loader without `_dl_debug_state` gets a warning, not an error.
+fn stops_in_own_loader(
+    probes: &Probes<'_>,
+    ours: Option<u64>,
+    done: &mut HashMap<u32, u64>,
+    pid: u32,
+    notes: &mut Vec<String>,
+) {
+    let Ok(maps) = memleak_recorder::procmaps::read_maps(pid) else {
+        return;
+    };
+    let Some(path) = memleak_recorder::procmaps::loader(pid, &maps) else {
+        return;
+    };
+    let inode = maps
+        .iter()
+        .find(|m| m.path.as_deref() == Some(path.as_str()))
+        .map_or(0, |m| m.inode);
+    if Some(inode) == ours || done.get(&pid) == Some(&inode) {
+        return;
+    }
+    done.insert(pid, inode);
+    let file = memleak_recorder::procmaps::resolve_in_process(pid, &path);
+    if let Err(e) = probes.attach_dl_stops(pid as i32, &file) {
+        let note = format!(
+            "process {pid}: no stop in its loader {path} ({e:#}): a library it loads later is \
+             found at its exit"
+        );
+        say!("memleak: warning: {note}");
+        notes.push(note);
+    }
 }
 
 /// The loss counters by `LOST_REASONS` index: the probe's, and the

@@ -232,7 +232,8 @@ impl Process {
         // The loader is the object the kernel mapped for the program's
         // interpreter (AT_BASE), whatever its file is called; by its
         // name when the program is ld.so itself (`ld.so ./prog`).
-        let Some(ld) = loader_of(pid, &maps).or_else(|| path_ending("/ld-linux-x86-64.so.2"))
+        let Some(ld) =
+            crate::procmaps::loader(pid, &maps).or_else(|| path_ending("/ld-linux-x86-64.so.2"))
         else {
             return err(format!(
                 "process {pid} has no glibc loader (statically linked, or another libc)"
@@ -723,25 +724,6 @@ impl Drop for Stopped<'_> {
     fn drop(&mut self) {
         self.release();
     }
-}
-
-/// The path of the program's loader: the mapping at `AT_BASE` of its
-/// auxiliary vector (0 for a static program).
-fn loader_of(pid: u32, maps: &[Mapping]) -> Option<String> {
-    const AT_BASE: u64 = 7;
-    let auxv = fs::read(format!("/proc/{pid}/auxv")).ok()?;
-    let base = auxv
-        .chunks_exact(16)
-        .map(|e| {
-            let word = |i: usize| u64::from_ne_bytes(e[i..i + 8].try_into().expect("8 bytes"));
-            (word(0), word(8))
-        })
-        .find(|&(key, _)| key == AT_BASE)
-        .map(|(_, v)| v)
-        .filter(|&v| v != 0)?;
-    maps.iter()
-        .find(|m| m.start == base)
-        .and_then(|m| m.path.clone())
 }
 
 /// The signals a faulting instruction raises. One of them during a

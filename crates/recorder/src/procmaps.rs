@@ -248,6 +248,26 @@ pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
     }
 }
 
+/// The path of a process's loader, as its maps name it: the mapping at
+/// `AT_BASE` of its auxiliary vector, whatever the file is called (`None`
+/// for a static program, or one run as `ld.so ./prog`).
+pub fn loader(pid: u32, maps: &[Mapping]) -> Option<String> {
+    const AT_BASE: u64 = 7;
+    let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
+    let base = auxv
+        .chunks_exact(16)
+        .map(|e| {
+            let word = |i: usize| u64::from_ne_bytes(e[i..i + 8].try_into().expect("8 bytes"));
+            (word(0), word(8))
+        })
+        .find(|&(key, _)| key == AT_BASE)
+        .map(|(_, v)| v)
+        .filter(|&v| v != 0)?;
+    maps.iter()
+        .find(|m| m.start == base)
+        .and_then(|m| m.path.clone())
+}
+
 /// `/proc/PID/map_files/START-END` of the first mapping of `path` (as the
 /// maps name it), if it opens.
 fn mapped_file(pid: u32, path: &str) -> Option<PathBuf> {
