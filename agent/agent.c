@@ -2453,14 +2453,17 @@ static void *inject_dlsym(void *h, const char *name)
 
 /* Our definitions (by our own handle: RTLD_DEFAULT would not find them)
  * and the process's (libstdc++'s operators once it is loaded). */
-static void resolve_hooks(void)
+static void resolve_hooks(void *me_h)
 {
 	Dl_info info;
-	void *me_h = NULL;
 
 	if (dladdr((void *)resolve_hooks, &info)) {
 		my_base = (u64)info.dli_fbase;
-		me_h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+		/* Our own handle: the one the injector got from dlopen, or
+		 * glibc's by our path (musl's dlopen opens the path again, and
+		 * the memfd behind it is closed by then). */
+		if (!me_h)
+			me_h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
 	}
 	if (!real_dlsym)
 		real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
@@ -2582,12 +2585,12 @@ static int patch_object(struct dl_phdr_info *info, size_t size, void *data)
 	return 0;
 }
 
-static long patch_all(int attach)
+static long patch_all(int attach, void *self)
 {
 	struct patching p = { attach, 0, 0 };
 
 	if (attach)
-		resolve_hooks();
+		resolve_hooks(self);
 	dl_iterate_phdr(patch_object, &p);
 	return p.slots;
 }
@@ -2651,14 +2654,15 @@ static void patch_deepbound(u32 skip)
 static void patch_new_objects(void)
 {
 	if (__atomic_load_n(&attached, __ATOMIC_ACQUIRE))
-		patch_all(1);
+		patch_all(1, NULL);
 }
 
 /* Attaches to the shared memory the recorder made (its descriptor `fd`,
- * closed here) and patches the call sites. Returns the number of slots
+ * closed here) and patches the call sites; `self` is this library's
+ * handle when the recorder just loaded it, else NULL. Returns the number of slots
  * patched, or a negative errno. Called by the recorder, through ptrace,
  * on a thread it stopped outside the allocator and the loader. */
-EXPORT long memleak_attach(int fd)
+EXPORT long memleak_attach(int fd, void *self)
 {
 	struct mla_header hdr;
 	struct mla_header *h;
@@ -2720,7 +2724,7 @@ EXPORT long memleak_attach(int fd)
 	if (on)
 		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
 	__atomic_store_n(&attached, 1, __ATOMIC_RELEASE);
-	n = patch_all(1);
+	n = patch_all(1, self);
 	return n;
 }
 
@@ -2732,5 +2736,5 @@ EXPORT long memleak_detach(void)
 		return -EINVAL;
 	__atomic_store_n(&attached, 0, __ATOMIC_RELEASE);
 	__atomic_store_n(&on, 0, __ATOMIC_RELEASE);
-	return patch_all(0);
+	return patch_all(0, NULL);
 }

@@ -925,3 +925,38 @@ fn inject_finds_a_loader_of_another_name() {
     target.end_with("more");
     check_trace(&fx, &trace, &["outstanding"]);
 }
+
+/// A running musl program (as on Alpine): its loader is its libc, which
+/// the injector takes for both, and the agent finds its own functions by
+/// the handle of its dlopen (musl's dlopen cannot find it again by the
+/// memfd's path). Exactly the leaks made after the attach. It was refused
+/// ("not glibc's loader"), then patched no call site.
+#[test]
+fn inject_into_a_musl_program() {
+    if !can_inject() || !common::has_tool("musl-gcc") {
+        return;
+    }
+    let fx = Fixture::load("attach");
+    let dir = tempfile::tempdir().unwrap();
+    let exe = dir.path().join("attach");
+    let status = Command::new("musl-gcc")
+        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
+        .arg(&exe)
+        .arg("-I")
+        .arg(common::fixtures::root().join("fixtures"))
+        .arg(common::fixtures::root().join("fixtures/attach.c"))
+        .status()
+        .unwrap();
+    assert!(status.success());
+    let trace = dir.path().join("trace.parquet");
+    let _guard = recording_guard(false);
+    let mut target = Target::start(&exe, &[]);
+    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
+    assert!(maps.contains("-musl/libc.so"), "{maps}");
+    let rec = Recording::start(target.pid(), &trace, &[]);
+    target.ask("go", "leaked");
+    let err = rec.finish();
+    assert!(!err.contains(" 0 call sites patched"), "{err}");
+    target.end_with("more");
+    check_trace(&fx, &trace, &["outstanding"]);
+}

@@ -29,7 +29,7 @@
 //!   (mmap, brk, munmap). Stale words on the stack make this test err on
 //!   the safe side: another try, later, on another thread.
 //! - Processes that cannot take the agent are refused before anything is
-//!   touched: statically linked, not glibc's loader, 32-bit, already
+//!   touched: statically linked, neither glibc nor musl, 32-bit, already
 //!   traced, stopped, or running under a seccomp filter (a forbidden
 //!   system call there kills the process).
 
@@ -235,12 +235,18 @@ impl Process {
         let Some(ld) =
             crate::procmaps::loader(pid, &maps).or_else(|| path_ending("/ld-linux-x86-64.so.2"))
         else {
-            return err(format!(
-                "process {pid} has no glibc loader (statically linked, or another libc)"
-            ));
+            return err(format!("process {pid} has no loader (statically linked)"));
         };
-        let Some(libc_path) = path_ending("/libc.so.6") else {
-            return err(format!("process {pid} does not run glibc"));
+        // glibc's libc.so.6; or musl's, which is its loader too (it
+        // defines __libc_start_main).
+        let loader_is_libc = || {
+            ElfFile::open(&resolve_in_process(pid, &ld))
+                .is_ok_and(|e| e.lookup_function("__libc_start_main").is_some())
+        };
+        let Some(libc_path) =
+            path_ending("/libc.so.6").or_else(|| loader_is_libc().then(|| ld.clone()))
+        else {
+            return err(format!("process {pid} runs neither glibc nor musl"));
         };
         let libc_base = base_of(&maps, &libc_path)
             .ok_or_else(|| InjectError(format!("process {pid}: libc's first page")))?;
@@ -252,7 +258,13 @@ impl Process {
                 .ok_or_else(|| InjectError(format!("{libc_path} has no {name}")))
         };
         let dlopen = func("dlopen").or_else(|_| func("__libc_dlopen_mode"))?;
-        let mut forbidden: Vec<(u64, u64)> = text_of(&maps, &ld);
+        // The loader's code, all of it; musl's is its libc too, whose
+        // allocator and dl* entry points are forbidden below, as glibc's.
+        let mut forbidden: Vec<(u64, u64)> = if ld == libc_path {
+            Vec::new()
+        } else {
+            text_of(&maps, &ld)
+        };
         for name in ALLOCATOR_ENTRY_POINTS {
             if let Some(s) = libc.lookup_function(name) {
                 forbidden.push((libc_base + s.value, libc_base + s.value + s.size.max(1)));
@@ -838,6 +850,10 @@ pub fn attach<T>(
     let pid = process.pid;
     let mut t = Stopped::at_safe_point(process, None)?;
     let loaded = process.agent.is_none();
+    // The handle of the agent's dlopen, for its lookups of its own
+    // functions (musl's dlopen cannot find it again by the memfd's path,
+    // closed by then); 0 when an earlier recording loaded it.
+    let mut self_handle = 0;
     let base = match process.agent {
         Some(base) => base,
         None => {
@@ -855,6 +871,7 @@ pub fn attach<T>(
                 .or_else(|e| err(format!("writing the agent into process {pid}: {e}")))?;
             let path = t.push_str(&format!("/proc/self/fd/{fd}"))?;
             let handle = t.call(process.dlopen, &[path, RTLD_NOW])?;
+            self_handle = handle;
             t.call(process.close, &[fd])?;
             if handle == 0 {
                 return err(format!(
@@ -894,7 +911,7 @@ pub fn attach<T>(
         }
     };
     let attach = agent_function(agent_so, base, "memleak_attach")?;
-    let sites = t.call(attach, &[ring_fd as u64])? as i64;
+    let sites = t.call(attach, &[ring_fd as u64, self_handle])? as i64;
     if sites == -i64::from(libc::EBUSY) || sites == -i64::from(libc::EINVAL) {
         // Refused before it took the descriptor.
         let _ = t.call(process.close, &[ring_fd as u64]);
