@@ -13,7 +13,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 
-use common::fixtures::{fixtures_dir, memleak, recording_guard};
+use common::fixtures::{fixtures_dir, memleak, recording_guard, through};
 use common::procs::wait_within;
 use memleak_analyze::report::{analyze, AnalyzeOptions};
 
@@ -45,23 +45,6 @@ fn meta_of(trace: &Path) -> memleak_trace::Meta {
 
 fn lost(meta: &memleak_trace::Meta, reason: &str) -> u64 {
     meta.counters.lost.get(reason).copied().unwrap_or(0)
-}
-
-/// Outstanding (bytes, count) of the stacks through `function`.
-fn through(trace: &Path, function: &str) -> Vec<(u64, u64)> {
-    let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
-    let mut out: Vec<(u64, u64)> = report
-        .stacks
-        .iter()
-        .filter(|s| {
-            s.frames
-                .iter()
-                .any(|f| f.function.as_deref() == Some(function))
-        })
-        .map(|s| (s.bytes, s.count))
-        .collect();
-    out.sort();
-    out
 }
 
 /// Only the command, its one exec and its one exit (the probes'), and

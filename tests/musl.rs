@@ -17,8 +17,7 @@ mod common;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use common::fixtures::{lost_events, memleak, recording_guard};
-use memleak_analyze::report::{analyze, AnalyzeOptions};
+use common::fixtures::{lost_events, memleak, recording_guard, through};
 
 /// Leaks 3 × 1000 bytes from `leak_three`, 5 × 100 from `leak_calloc` and
 /// 3000 (a realloc of 10) from `leak_realloc`; `churn` frees its 100
@@ -118,26 +117,6 @@ fn record(dir: &Path, exe: &Path, options: &[&str]) -> (Output, PathBuf) {
 
 fn stderr(out: &Output) -> String {
     String::from_utf8_lossy(&out.stderr).into_owned()
-}
-
-/// Outstanding (bytes, count) of the stacks through `function` that have
-/// anything outstanding (the report also keeps the stack of a block that
-/// realloc moved, with nothing).
-fn through(trace: &Path, function: &str) -> Vec<(u64, u64)> {
-    let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
-    let mut out: Vec<(u64, u64)> = report
-        .stacks
-        .iter()
-        .filter(|s| {
-            s.count > 0
-                && s.frames
-                    .iter()
-                    .any(|f| f.function.as_deref() == Some(function))
-        })
-        .map(|s| (s.bytes, s.count))
-        .collect();
-    out.sort();
-    out
 }
 
 /// The program ran to its end, recorded by `capture`: every heap event,

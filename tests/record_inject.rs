@@ -330,6 +330,29 @@ fn which(tool: &str) -> PathBuf {
         .unwrap()
 }
 
+/// One `record --capture inject -d DURATION -p PID` to `trace`, which
+/// must succeed and leave the process alive; `what` names it.
+fn inject_once(pid: u32, trace: &Path, duration: &str, what: &str) {
+    let out = memleak()
+        .args(["record", "-q", "--capture", "inject", "--force", "-d"])
+        .arg(duration)
+        .arg("-p")
+        .arg(pid.to_string())
+        .arg("-o")
+        .arg(trace)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{what}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(
+        common::procs::proc_state(pid).is_some_and(|s| s != 'Z'),
+        "{what}: the process died"
+    );
+}
+
 /// 200 attach/detach cycles of 100 ms on four threads that allocate
 /// without pause: every recording succeeds, the threads keep running, the
 /// agent is loaded once and its shared memory mapped once, and after the
@@ -352,31 +375,7 @@ fn attach_and_detach_200_times() {
     let before = rate(&mut target);
     let trace = dir.path().join("t");
     for cycle in 0..200 {
-        let out = memleak()
-            .args([
-                "record",
-                "-q",
-                "--capture",
-                "inject",
-                "-d",
-                "100ms",
-                "--force",
-                "-p",
-            ])
-            .arg(target.pid().to_string())
-            .arg("-o")
-            .arg(&trace)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "cycle {cycle}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            common::procs::proc_state(target.pid()).is_some_and(|s| s != 'Z'),
-            "the program died at cycle {cycle}"
-        );
+        inject_once(target.pid(), &trace, "100ms", &format!("cycle {cycle}"));
         if cycle % 50 == 0 {
             // On a loaded machine the workers may wait for a core: give
             // them up to 10 s to be seen counting.
@@ -679,31 +678,7 @@ fn cycles_into(server: &Server, name: &str) {
     let trace = dir.path().join("t");
     let mut events = 0;
     for cycle in 0..20 {
-        let out = memleak()
-            .args([
-                "record",
-                "-q",
-                "--capture",
-                "inject",
-                "-d",
-                "300ms",
-                "--force",
-                "-p",
-            ])
-            .arg(pid.to_string())
-            .arg("-o")
-            .arg(&trace)
-            .output()
-            .unwrap();
-        assert!(
-            out.status.success(),
-            "{name}, cycle {cycle}: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            common::procs::proc_state(pid).is_some_and(|s| s != 'Z'),
-            "{name} died at cycle {cycle}"
-        );
+        inject_once(pid, &trace, "300ms", &format!("{name}, cycle {cycle}"));
         let meta = memleak_trace::Trace::open(&trace).unwrap().meta().clone();
         events += meta.counters.events.values().sum::<u64>();
     }
@@ -763,6 +738,27 @@ fn twenty_injects_into_a_node_server_that_keeps_answering() {
     cycles_into(&server, "node");
 }
 
+/// The attach fixture, started as `target` and running as process `pid`,
+/// recorded by `record -v -p PID ARGS` (once it says `ready`) from before
+/// its leaks to after them: exactly its expected leaks. The report, and
+/// record's stderr.
+fn record_the_attach_fixture(
+    mut target: Target,
+    pid: u32,
+    trace: &Path,
+    args: &[&str],
+    ready: &str,
+) -> (memleak_analyze::Report, String) {
+    let rec = Recording::start_with(pid, trace, args, ready);
+    target.ask("go", "leaked");
+    let err = rec.finish();
+    target.end_with("more");
+    (
+        check_trace(&Fixture::load("attach"), trace, &["outstanding"]),
+        err,
+    )
+}
+
 /// A root for a container: `program` and the objects it loads, copied to
 /// the paths they have here (the copies have the same build ids and no
 /// debug information: Debian keeps libc's in /usr/lib/debug/.build-id).
@@ -802,7 +798,7 @@ fn in_a_container(capture: &str) {
     );
     let trace = dir.path().join("trace.parquet");
     let _guard = recording_guard(false);
-    let mut target = Target::start(
+    let target = Target::start(
         Path::new("unshare"),
         &["--pid", "--fork", "--mount", "sh", "-c", &script],
     );
@@ -815,16 +811,13 @@ fn in_a_container(capture: &str) {
             .any(|l| l.starts_with("NSpid:") && l.ends_with("\t1")),
         "not pid 1 of its namespace: {status}"
     );
-    let rec = Recording::start_with(
+    let (report, _) = record_the_attach_fixture(
+        target,
         pid,
         &trace,
         &["--capture", capture],
         "memleak: recording pid",
     );
-    target.ask("go", "leaked");
-    rec.finish();
-    target.end_with("more");
-    let report = check_trace(&fx, &trace, &["outstanding"]);
     let libc_lines = report
         .stacks
         .iter()
@@ -872,18 +865,11 @@ fn a_program_whose_executable_was_deleted_keeps_its_stacks() {
         std::fs::copy(fx.binary(), &exe).unwrap();
         let trace = dir.path().join("trace.parquet");
         let _guard = recording_guard(false);
-        let mut target = Target::start(&exe, &[]);
+        let target = Target::start(&exe, &[]);
         std::fs::remove_file(&exe).unwrap();
-        let rec = Recording::start_with(
-            target.pid(),
-            &trace,
-            &["--capture", capture],
-            "memleak: recording pid",
-        );
-        target.ask("go", "leaked");
-        rec.finish();
-        target.end_with("more");
-        check_trace(&fx, &trace, &["outstanding"]);
+        let pid = target.pid();
+        let args = ["--capture", capture];
+        record_the_attach_fixture(target, pid, &trace, &args, "memleak: recording pid");
     }
 }
 
@@ -897,7 +883,6 @@ fn inject_finds_a_loader_of_another_name() {
     if !can_inject() {
         return;
     }
-    let fx = Fixture::load("attach");
     let dir = tempfile::tempdir().unwrap();
     let ld = dir.path().join("ld-glibc-copy.so");
     std::fs::copy(
@@ -905,25 +890,33 @@ fn inject_finds_a_loader_of_another_name() {
         &ld,
     )
     .unwrap();
-    let exe = dir.path().join("attach");
-    let status = Command::new("cc")
+    let linker = format!("-Wl,--dynamic-linker={}", ld.display());
+    inject_into_attach_built_with(dir.path(), "cc", Some(&linker), "ld-glibc-copy.so");
+}
+
+/// The attach fixture built with `cc [FLAG]` into `dir`, started, checked
+/// to map `mapped`, injected into and recorded: exactly its leaks.
+/// record's stderr.
+fn inject_into_attach_built_with(dir: &Path, cc: &str, flag: Option<&str>, mapped: &str) -> String {
+    let exe = dir.join("attach");
+    let fixtures = common::fixtures::root().join("fixtures");
+    let status = Command::new(cc)
         .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
         .arg(&exe)
-        .arg(common::fixtures::root().join("fixtures/attach.c"))
-        .arg(format!("-Wl,--dynamic-linker={}", ld.display()))
+        .arg(format!("-I{}", fixtures.display()))
+        .arg(fixtures.join("attach.c"))
+        .args(flag)
         .status()
         .unwrap();
     assert!(status.success());
-    let trace = dir.path().join("trace.parquet");
+    let trace = dir.join("trace.parquet");
     let _guard = recording_guard(false);
-    let mut target = Target::start(&exe, &[]);
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
-    assert!(maps.contains("ld-glibc-copy.so"), "{maps}");
-    let rec = Recording::start(target.pid(), &trace, &[]);
-    target.ask("go", "leaked");
-    rec.finish();
-    target.end_with("more");
-    check_trace(&fx, &trace, &["outstanding"]);
+    let target = Target::start(&exe, &[]);
+    let pid = target.pid();
+    let maps = std::fs::read_to_string(format!("/proc/{pid}/maps")).unwrap();
+    assert!(maps.contains(mapped), "{maps}");
+    let args = ["--capture", "inject"];
+    record_the_attach_fixture(target, pid, &trace, &args, "call sites patched").1
 }
 
 /// A running musl program (as on Alpine): its loader is its libc, which
@@ -936,27 +929,7 @@ fn inject_into_a_musl_program() {
     if !can_inject() || !common::has_tool("musl-gcc") {
         return;
     }
-    let fx = Fixture::load("attach");
     let dir = tempfile::tempdir().unwrap();
-    let exe = dir.path().join("attach");
-    let status = Command::new("musl-gcc")
-        .args(["-O2", "-g", "-fno-omit-frame-pointer", "-o"])
-        .arg(&exe)
-        .arg("-I")
-        .arg(common::fixtures::root().join("fixtures"))
-        .arg(common::fixtures::root().join("fixtures/attach.c"))
-        .status()
-        .unwrap();
-    assert!(status.success());
-    let trace = dir.path().join("trace.parquet");
-    let _guard = recording_guard(false);
-    let mut target = Target::start(&exe, &[]);
-    let maps = std::fs::read_to_string(format!("/proc/{}/maps", target.pid())).unwrap();
-    assert!(maps.contains("-musl/libc.so"), "{maps}");
-    let rec = Recording::start(target.pid(), &trace, &[]);
-    target.ask("go", "leaked");
-    let err = rec.finish();
+    let err = inject_into_attach_built_with(dir.path(), "musl-gcc", None, "-musl/libc.so");
     assert!(!err.contains(" 0 call sites patched"), "{err}");
-    target.end_with("more");
-    check_trace(&fx, &trace, &["outstanding"]);
 }

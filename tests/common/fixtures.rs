@@ -383,6 +383,24 @@ pub fn event_counts(trace: &Path) -> BTreeMap<String, u64> {
         .clone()
 }
 
+/// Outstanding (bytes, blocks) of each stack through `function`, sorted.
+pub fn through(trace: &Path, function: &str) -> Vec<(u64, u64)> {
+    let report = analyze(trace, &AnalyzeOptions::default()).unwrap();
+    let mut out: Vec<(u64, u64)> = report
+        .stacks
+        .iter()
+        .filter(|s| {
+            s.count > 0
+                && s.frames
+                    .iter()
+                    .any(|f| f.function.as_deref() == Some(function))
+        })
+        .map(|s| (s.bytes, s.count))
+        .collect();
+    out.sort();
+    out
+}
+
 /// No frame of any stack is in memleak's agent (its dlopen, around the
 /// loader's allocations, used to be in every stack through dlopen).
 pub fn no_agent_frames(trace: &Path) {
