@@ -231,7 +231,7 @@ fn a_program_with_a_loader_of_its_own_is_recorded() {
         ("/lib64/ld-linux-x86-64.so.2", "ld-linux-x86-64.so.2"),
         ("/lib/x86_64-linux-gnu/libc.so.6", "libc.so.6"),
     ] {
-        std::fs::copy(from, libs.join(to)).unwrap();
+        common::copy_executable(std::path::Path::new(from), &libs.join(to));
     }
     let exe = build(
         dir.path(),

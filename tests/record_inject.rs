@@ -767,7 +767,7 @@ fn container_root(dir: &Path, program: &Path) -> PathBuf {
     for sub in ["proc", "old"] {
         std::fs::create_dir_all(root.join(sub)).unwrap();
     }
-    std::fs::copy(program, root.join("program")).unwrap();
+    common::copy_executable(program, &root.join("program"));
     let ldd = Command::new("ldd").arg(program).output().unwrap();
     for lib in String::from_utf8_lossy(&ldd.stdout)
         .split_whitespace()
@@ -775,7 +775,7 @@ fn container_root(dir: &Path, program: &Path) -> PathBuf {
     {
         let to = root.join(lib.trim_start_matches('/'));
         std::fs::create_dir_all(to.parent().unwrap()).unwrap();
-        std::fs::copy(std::fs::canonicalize(lib).unwrap(), &to).unwrap();
+        common::copy_executable(&std::fs::canonicalize(lib).unwrap(), &to);
     }
     root
 }
@@ -862,7 +862,7 @@ fn a_program_whose_executable_was_deleted_keeps_its_stacks() {
     for capture in ["inject", "bpf"] {
         let dir = tempfile::tempdir().unwrap();
         let exe = dir.path().join("attach");
-        std::fs::copy(fx.binary(), &exe).unwrap();
+        common::copy_executable(&fx.binary(), &exe);
         let trace = dir.path().join("trace.parquet");
         let _guard = recording_guard(false);
         let target = Target::start(&exe, &[]);
@@ -885,11 +885,10 @@ fn inject_finds_a_loader_of_another_name() {
     }
     let dir = tempfile::tempdir().unwrap();
     let ld = dir.path().join("ld-glibc-copy.so");
-    std::fs::copy(
-        std::fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap(),
+    common::copy_executable(
+        &std::fs::canonicalize("/lib64/ld-linux-x86-64.so.2").unwrap(),
         &ld,
-    )
-    .unwrap();
+    );
     let linker = format!("-Wl,--dynamic-linker={}", ld.display());
     inject_into_attach_built_with(dir.path(), "cc", Some(&linker), "ld-glibc-copy.so");
 }

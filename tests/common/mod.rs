@@ -88,3 +88,16 @@ impl Drop for Tmpfs {
             .status();
     }
 }
+
+/// Copies a program or library that a test then runs, with `cp`: the
+/// copy's descriptor, open for writing, is then in `cp` alone. Copied
+/// here, a child another test forks meanwhile would hold it until its
+/// exec, and running the copy would fail with ETXTBSY ("Text file busy").
+pub fn copy_executable(from: &std::path::Path, to: &std::path::Path) {
+    let status = std::process::Command::new("cp")
+        .arg(from)
+        .arg(to)
+        .status()
+        .unwrap();
+    assert!(status.success(), "cp {} {}", from.display(), to.display());
+}
