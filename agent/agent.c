@@ -899,17 +899,13 @@ static struct mla_header *map_shared(const char *spec)
 	return sys_failed((long)p) ? NULL : p;
 }
 
-static void after_fork(void)
+/* This process is `pid` from now on: at its start, and in a forked
+ * child. */
+static void become(u32 pid)
 {
 	struct thread *t = pthread_getspecific(key);
 
-	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
-		/* Its pid would take a system call: the child is not
-		 * recorded. */
-		on = 0;
-		return;
-	}
-	my_pid = (u32)sys_getpid();
+	my_pid = pid;
 	if (t) {
 		t->tid = 0;
 		t->rng = 0; /* the child draws its own sample points */
@@ -919,6 +915,17 @@ static void after_fork(void)
 	on = H && pid_traced(my_pid);
 	if (on)
 		__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+}
+
+static void after_fork(void)
+{
+	if (__atomic_load_n(&sandboxed, __ATOMIC_RELAXED)) {
+		/* Its pid would take a system call: the child is not
+		 * recorded. */
+		on = 0;
+		return;
+	}
+	become((u32)sys_getpid());
 }
 
 /* pthread_atfork(NULL, NULL, child), looked up: glibc's headers make it a
@@ -994,12 +1001,9 @@ static void init(void)
 	}
 	state = ST_READY;
 	if (H && seccomp_in_force(&filtered_pid)) {
-		/* Under a filter from the start: after_fork's work, with the
-		 * pid /proc gave (getpid could be forbidden). */
-		my_pid = filtered_pid;
-		on = pid_traced(my_pid);
-		if (on)
-			__atomic_fetch_add(&H->agents, 1, __ATOMIC_RELAXED);
+		/* Under a filter from the start: the pid /proc gave (getpid
+		 * could be forbidden). */
+		become(filtered_pid);
 		enter_sandbox();
 	} else {
 		after_fork();
@@ -2451,8 +2455,10 @@ static void *inject_dlsym(void *h, const char *name)
 	return p;
 }
 
-/* Our definitions (by our own handle: RTLD_DEFAULT would not find them)
- * and the process's (libstdc++'s operators once it is loaded). */
+/* Our definitions (by our own handle: RTLD_DEFAULT would not find them
+ * when injected) and the next ones: the process's when injected, libc's
+ * (or a preloaded allocator's) when preloaded; libstdc++'s operators once
+ * it is loaded. */
 static void resolve_hooks(void *me_h)
 {
 	Dl_info info;
@@ -2461,18 +2467,22 @@ static void resolve_hooks(void *me_h)
 		my_base = (u64)info.dli_fbase;
 		/* Our own handle: the one the injector got from dlopen, or
 		 * glibc's by our path (musl's dlopen opens the path again, and
-		 * the memfd behind it is closed by then). */
+		 * the memfd behind it is closed by then). The next dlopen, not
+		 * ours, which would stop the process for the recorder. */
 		if (!me_h)
-			me_h = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+			me_h = ((dlopen_t)dlsym(next_handle, "dlopen"))(info.dli_fname,
+									RTLD_NOW | RTLD_NOLOAD);
 	}
-	if (!real_dlsym)
-		real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
-	hook_named("dlsym")->mine = real_dlsym ? (void *)inject_dlsym : NULL;
+	if (injected) {
+		if (!real_dlsym)
+			real_dlsym = (dlsym_t)dlsym(RTLD_DEFAULT, "dlsym");
+		hook_named("dlsym")->mine = real_dlsym ? (void *)inject_dlsym : NULL;
+	}
 	for (u32 i = 0; i < NHOOKS; i++) {
 		if (!hooks[i].mine && me_h)
 			hooks[i].mine = dlsym(me_h, hooks[i].name);
 		if (!hooks[i].theirs)
-			hooks[i].theirs = dlsym(RTLD_DEFAULT, hooks[i].name);
+			hooks[i].theirs = dlsym(next_handle, hooks[i].name);
 	}
 	/* One reference was taken above; the library is never unloaded. */
 }
@@ -2629,25 +2639,9 @@ static int patch_deep_cb(struct dl_phdr_info *info, size_t size, void *data)
 
 static void patch_deepbound(u32 skip)
 {
-	static int resolved;
 	struct deepbound d = { 0, skip, { 1, 0, 0 } };
 
-	if (!resolved) {
-		Dl_info info;
-		void *me_h = NULL;
-
-		/* Our own handle, by the next dlopen: not this one's stop. */
-		if (dladdr((void *)patch_deepbound, &info)) {
-			my_base = (u64)info.dli_fbase;
-			me_h = ((dlopen_t)dlsym(RTLD_NEXT, "dlopen"))(info.dli_fname,
-								      RTLD_NOW | RTLD_NOLOAD);
-		}
-		for (u32 i = 0; i < NHOOKS; i++) {
-			hooks[i].mine = me_h ? dlsym(me_h, hooks[i].name) : NULL;
-			hooks[i].theirs = dlsym(RTLD_NEXT, hooks[i].name);
-		}
-		resolved = 1;
-	}
+	resolve_hooks(NULL);
 	dl_iterate_phdr(patch_deep_cb, &d);
 }
 

@@ -451,8 +451,8 @@ fn record(
     }
     // A program whose loader is not ours (a glibc of its own, as a Nix
     // store or a foreign tree has; musl's, which is its libc too) gets
-    // ld.so's stops in its own loader (once per process and loader), or
-    // its malloc would be found only at its exit.
+    // ld.so's stops in its own loader, or its malloc would be found only
+    // at its exit.
     let own_loaders: RefCell<HashMap<u32, u64>> = RefCell::default();
     let ours = ld_so.as_deref().and_then(|p| {
         use std::os::unix::fs::MetadataExt;
@@ -617,17 +617,20 @@ fn record(
             // agent's back (a raw execve): the probes take over.
             // Said of the first few: a followed shell loop can run
             // thousands of such programs.
-            if without_agent.borrow_mut().insert(pid) && without_agent.borrow().len() <= 4 {
-                let note = if without_agent.borrow().len() < 4 {
-                    format!(
-                        "process {pid} runs without memleak's agent since an exec \
-                         (LD_PRELOAD no longer names it): recorded with the probes from then on"
-                    )
-                } else {
+            let new = without_agent.borrow_mut().insert(pid);
+            let note = match without_agent.borrow().len() {
+                1..=3 if new => Some(format!(
+                    "process {pid} runs without memleak's agent since an exec \
+                     (LD_PRELOAD no longer names it): recorded with the probes from then on"
+                )),
+                4 if new => Some(
                     "more processes run without memleak's agent since an exec: recorded with \
                      the probes"
-                        .to_string()
-                };
+                        .to_string(),
+                ),
+                _ => None,
+            };
+            if let Some(note) = note {
                 say!("memleak: note: {note}");
                 notes.push(note);
             }
@@ -1002,10 +1005,12 @@ fn record(
     })
 }
 
-/// Puts ld.so's stops in `pid`'s own loader (the object at its
-/// `AT_BASE`) when that is not `ours` (by inode) and not done yet for
-/// this process and loader (`done`). The uprobe programs must be loaded.
-/// A loader without `_dl_debug_state` gets a warning, not an error.
+/// Puts ld.so's stops in `pid`'s own loader when that is not `ours` (by
+/// inode), once per process and loader: `done` keeps where each process's
+/// loader was mapped, which changes only at an exec, so that the stops
+/// between (new threads, dlopen) read no maps. The uprobe programs must
+/// be loaded. A loader without `_dl_debug_state` gets a warning, not an
+/// error.
 fn stops_in_own_loader(
     probes: &Probes<'_>,
     ours: Option<u64>,
@@ -1013,22 +1018,26 @@ fn stops_in_own_loader(
     pid: u32,
     notes: &mut Vec<String>,
 ) {
-    let Ok(maps) = memleak_recorder::procmaps::read_maps(pid) else {
+    use memleak_recorder::procmaps::{loader, loader_base, read_maps, resolve_in_process};
+    let Some(base) = loader_base(pid) else {
         return;
     };
-    let Some(path) = memleak_recorder::procmaps::loader(pid, &maps) else {
-        return;
-    };
-    let inode = maps
-        .iter()
-        .find(|m| m.path.as_deref() == Some(path.as_str()))
-        .map_or(0, |m| m.inode);
-    if Some(inode) == ours || done.get(&pid) == Some(&inode) {
+    if done.insert(pid, base) == Some(base) {
         return;
     }
-    done.insert(pid, inode);
-    let file = memleak_recorder::procmaps::resolve_in_process(pid, &path);
-    if let Err(e) = probes.attach_dl_stops(pid as i32, &file) {
+    let Ok(maps) = read_maps(pid) else {
+        return;
+    };
+    let Some(ld) = loader(pid, &maps) else {
+        return;
+    };
+    if Some(ld.inode) == ours {
+        return;
+    }
+    let Some(path) = ld.path.as_deref() else {
+        return;
+    };
+    if let Err(e) = probes.attach_dl_stops(pid as i32, &resolve_in_process(pid, path)) {
         let note = format!(
             "process {pid}: no stop in its loader {path} ({e:#}): a library it loads later is \
              found at its exit"

@@ -16,7 +16,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use crate::event::{offsets, UnwindEnd, FLAG_KERNEL_STACK, MAX_FRAMES};
-use crate::procmaps::gone;
+use crate::procmaps::{gone, status_field};
 use crate::unwind::{ProcTable, Row, UnwindSink};
 
 /// `MLA_MAGIC`: "MLAGENT1".
@@ -183,7 +183,11 @@ pub struct Shared {
     /// Threads seen in events, by (pid here, tid written): the thread's
     /// id here, or `None` for a thread of another process.
     threads: HashMap<(u32, u32), Option<u32>>,
-    /// Slots and counters rejected: what no agent writes (see `check`).
+    /// The (pid, tid) the last record accepted had, and what they are
+    /// here: `writers` and `threads` looked up once per change of thread.
+    last_thread: Cell<Option<(PidTid, PidTid)>>,
+    /// Slots and counters rejected: what no agent writes (see
+    /// `check_event`).
     corrupt: u64,
     /// `head` was seen out of its range, counted once.
     bad_head: bool,
@@ -199,6 +203,9 @@ pub struct Shared {
     /// slot is the target's memory, and may change while it is read.
     copy: Box<[u8; SLOT_BYTES]>,
 }
+
+/// A (pid, tid) pair.
+type PidTid = (u32, u32);
 
 /// A loss counter larger than this was not counted by an agent: 2^40
 /// calls is 12 days at a billion a second.
@@ -385,6 +392,7 @@ impl Shared {
             unfinished: 0,
             writers: RefCell::default(),
             threads: HashMap::new(),
+            last_thread: Cell::new(None),
             corrupt: 0,
             bad_head: false,
             final_wait: None,
@@ -419,6 +427,8 @@ impl Shared {
     pub fn add_pid(&self, pid: u32) -> bool {
         let own = innermost_pid(pid).unwrap_or(pid);
         self.writers.borrow_mut().insert(own, pid);
+        // A pid of another namespace may name another process now.
+        self.last_thread.set(None);
         let h = self.header();
         let n = h.npids.load(Ordering::Relaxed) as usize;
         let used = &h.pids[..n.min(MAX_PIDS)];
@@ -680,16 +690,14 @@ impl Shared {
                 if len == 0 {
                     continue;
                 }
-                match self.accept(len, newest_ns) {
-                    Some(len) => {
-                        let ev = &self.copy[..len];
-                        let (flags, nframes) = end_of(ev);
-                        self.count_end(flags, nframes);
-                        if !f(&self.copy[..len]) {
-                            return n;
-                        }
-                    }
-                    None => self.corrupt += 1,
+                if !self.accept(len, newest_ns) {
+                    self.corrupt += 1;
+                    continue;
+                }
+                let (flags, nframes) = end_of(&self.copy[..len]);
+                self.count_end(flags, nframes);
+                if !f(&self.copy[..len]) {
+                    return n;
                 }
                 continue;
             }
@@ -787,22 +795,37 @@ impl Shared {
         self.header().tail.store(self.tail, Ordering::Relaxed);
     }
 
-    /// The copied event of `len` bytes if an agent of a process recorded
-    /// could have written it, with its pid and tid made the ones here;
-    /// its length.
-    fn accept(&mut self, len: usize, newest_ns: u64) -> Option<usize> {
-        check_event(&self.copy[..len], self.created_ns, newest_ns).ok()?;
+    /// Whether the copied event of `len` bytes is one an agent of a
+    /// process recorded could have written; its pid and tid are made the
+    /// ones here.
+    fn accept(&mut self, len: usize, newest_ns: u64) -> bool {
+        if check_event(&self.copy[..len], self.created_ns, newest_ns).is_err() {
+            return false;
+        }
         let u32_at = |ev: &[u8], o: usize| u32::from_ne_bytes(ev[o..o + 4].try_into().unwrap());
-        let (own, tid) = (
+        let written = (
             u32_at(&self.copy[..], offsets::PID),
             u32_at(&self.copy[..], offsets::TID),
         );
-        let pid = *self.writers.borrow().get(&own)?;
-        let tid = self.thread(pid, own, tid)?;
+        // Most records are the same thread's as the one before: its
+        // answer is kept, and the two lookups are made once per change.
+        let here = match self.last_thread.get() {
+            Some((w, here)) if w == written => here,
+            _ => {
+                let Some(pid) = self.writers.borrow().get(&written.0).copied() else {
+                    return false;
+                };
+                let Some(tid) = self.thread(pid, written.0, written.1) else {
+                    return false;
+                };
+                self.last_thread.set(Some((written, (pid, tid))));
+                (pid, tid)
+            }
+        };
         let ev = &mut self.copy[..len];
-        ev[offsets::PID..offsets::PID + 4].copy_from_slice(&pid.to_ne_bytes());
-        ev[offsets::TID..offsets::TID + 4].copy_from_slice(&tid.to_ne_bytes());
-        Some(len)
+        ev[offsets::PID..offsets::PID + 4].copy_from_slice(&here.0.to_ne_bytes());
+        ev[offsets::TID..offsets::TID + 4].copy_from_slice(&here.1.to_ne_bytes());
+        true
     }
 
     /// The id here of thread `tid` (as process `own` names it) of process
@@ -822,8 +845,11 @@ impl Shared {
             if of {
                 Some(tid)
             } else {
-                match std::fs::read_to_string(format!("/proc/{tid}/status")) {
-                    Ok(st) if status_field(&st, "Tgid:") != Some(pid) => None,
+                let tgid = std::fs::read_to_string(format!("/proc/{tid}/status"))
+                    .ok()
+                    .and_then(|st| status_field(&st, "Tgid:")?.parse::<u32>().ok());
+                match tgid {
+                    Some(other) if other != pid => None,
                     _ => Some(tid),
                 }
             }
@@ -856,21 +882,10 @@ fn end_of(ev: &[u8]) -> (u8, u16) {
     )
 }
 
-/// A numeric field of a `/proc/PID/status` file: its first number.
-fn status_field(status: &str, key: &str) -> Option<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .and_then(|v| v.split_whitespace().next())
-        .and_then(|v| v.parse().ok())
-}
-
 /// The pids of a process, from the recorder's pid namespace to its own
 /// (`NSpid`): one entry when both are the same.
 fn ns_pids(status: &str) -> Vec<u32> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix("NSpid:"))
+    status_field(status, "NSpid:")
         .map(|v| {
             v.split_whitespace()
                 .filter_map(|p| p.parse().ok())

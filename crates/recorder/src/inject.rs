@@ -40,7 +40,7 @@ use std::os::unix::fs::FileExt;
 use std::time::{Duration, Instant};
 
 use crate::elf::ElfFile;
-use crate::procmaps::{read_maps, resolve_in_process, Mapping};
+use crate::procmaps::{read_maps, resolve_in_process, status_field, Mapping};
 use crate::unwind::{self as uw, ObjectMap, UnwindCache};
 
 /// The name of the agent's memfd in an injected process (agent.c,
@@ -189,24 +189,17 @@ fn text_of(maps: &[Mapping], path: &str) -> Vec<(u64, u64)> {
         .collect()
 }
 
-fn status_field(status: &str, key: &str) -> Option<String> {
-    status
-        .lines()
-        .find_map(|l| l.strip_prefix(key))
-        .map(|v| v.trim().to_string())
-}
-
 impl Process {
     /// Looks at `pid` and says whether it can take the agent.
     pub fn inspect(pid: u32) -> Result<Process, InjectError> {
         let status = fs::read_to_string(format!("/proc/{pid}/status"))
             .or_else(|e| err(format!("process {pid}: {e}")))?;
-        if let Some(tracer) = status_field(&status, "TracerPid:").filter(|t| t != "0") {
+        if let Some(tracer) = status_field(&status, "TracerPid:").filter(|&t| t != "0") {
             return err(format!(
                 "process {pid} is already traced (by pid {tracer}): it cannot be injected"
             ));
         }
-        if status_field(&status, "Seccomp:").as_deref() == Some("2") {
+        if status_field(&status, "Seccomp:") == Some("2") {
             return err(format!(
                 "process {pid} runs under a seccomp filter: a system call the agent \
                  needs could kill it"
@@ -232,8 +225,9 @@ impl Process {
         // The loader is the object the kernel mapped for the program's
         // interpreter (AT_BASE), whatever its file is called; by its
         // name when the program is ld.so itself (`ld.so ./prog`).
-        let Some(ld) =
-            crate::procmaps::loader(pid, &maps).or_else(|| path_ending("/ld-linux-x86-64.so.2"))
+        let Some(ld) = crate::procmaps::loader(pid, &maps)
+            .and_then(|m| m.path.clone())
+            .or_else(|| path_ending("/ld-linux-x86-64.so.2"))
         else {
             return err(format!("process {pid} has no loader (statically linked)"));
         };

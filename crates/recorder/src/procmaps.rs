@@ -248,24 +248,35 @@ pub fn resolve_in_process(pid: u32, path: &str) -> PathBuf {
     }
 }
 
-/// The path of a process's loader, as its maps name it: the mapping at
-/// `AT_BASE` of its auxiliary vector, whatever the file is called (`None`
-/// for a static program, or one run as `ld.so ./prog`).
-pub fn loader(pid: u32, maps: &[Mapping]) -> Option<String> {
+/// Where a process's loader is mapped: `AT_BASE` of its auxiliary vector
+/// (`None` for a static program, or one run as `ld.so ./prog`). It changes
+/// only at an exec.
+pub fn loader_base(pid: u32) -> Option<u64> {
     const AT_BASE: u64 = 7;
     let auxv = std::fs::read(format!("/proc/{pid}/auxv")).ok()?;
-    let base = auxv
-        .chunks_exact(16)
+    auxv.chunks_exact(16)
         .map(|e| {
             let word = |i: usize| u64::from_ne_bytes(e[i..i + 8].try_into().expect("8 bytes"));
             (word(0), word(8))
         })
         .find(|&(key, _)| key == AT_BASE)
         .map(|(_, v)| v)
-        .filter(|&v| v != 0)?;
-    maps.iter()
-        .find(|m| m.start == base)
-        .and_then(|m| m.path.clone())
+        .filter(|&v| v != 0)
+}
+
+/// The mapping of a process's loader: the one at [`loader_base`],
+/// whatever the file is called.
+pub fn loader(pid: u32, maps: &[Mapping]) -> Option<&Mapping> {
+    let base = loader_base(pid)?;
+    maps.iter().find(|m| m.start == base)
+}
+
+/// A field of a `/proc/PID/status` file, trimmed (`Seccomp:` → `2`).
+pub fn status_field<'a>(status: &'a str, key: &str) -> Option<&'a str> {
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix(key))
+        .map(str::trim)
 }
 
 /// `/proc/PID/map_files/START-END` of the first mapping of `path` (as the
